@@ -1,0 +1,39 @@
+"""sodaray: search-based language-model inversion (SODA and baselines) at cluster scale."""
+
+from sodaray.api import ALGORITHMS, invert, make_config
+from sodaray.models import LoadedModel, ModelLoadError, load_model, wrap_model
+from sodaray.objectives import (
+    Objective,
+    TargetSet,
+    make_targets,
+    read_logits_file,
+    targets_from_logits,
+    targets_from_text,
+)
+from sodaray.presets import PRESETS, get_preset
+from sodaray.search.base import InversionResult, SearchConfig
+from sodaray.search.soda import SodaConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALGORITHMS",
+    "PRESETS",
+    "InversionResult",
+    "LoadedModel",
+    "ModelLoadError",
+    "Objective",
+    "SearchConfig",
+    "SodaConfig",
+    "TargetSet",
+    "__version__",
+    "get_preset",
+    "invert",
+    "load_model",
+    "make_config",
+    "make_targets",
+    "read_logits_file",
+    "targets_from_logits",
+    "targets_from_text",
+    "wrap_model",
+]

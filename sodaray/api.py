@@ -1,0 +1,140 @@
+"""`invert`: the one entry point the CLI, the runner and the tuner call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import TargetSet
+from sodaray.search.base import BatchSearch, InversionResult, SearchConfig
+from sodaray.search.pool import run_pool
+from sodaray.search.soda import SodaBatch, SodaConfig
+
+log = logging.getLogger(__name__)
+
+# algorithm name -> (config class, batch-state class)
+ALGORITHMS: dict[str, tuple[type[SearchConfig], Callable[..., BatchSearch]]] = {
+    "soda": (SodaConfig, SodaBatch),
+}
+
+
+def make_config(
+    algorithm: str = "soda", params: dict[str, Any] | None = None, *, source: str = "config"
+) -> SearchConfig:
+    """An algorithm's config from a name and a mapping of parameters (validated)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[algorithm][0].from_dict(dict(params or {}), source=source)
+
+
+def invert(
+    model: LoadedModel,
+    targets: TargetSet,
+    config: SearchConfig | None = None,
+    *,
+    length: int | Literal["auto"] | None = None,
+    max_length: int = 10,
+    on_result: Callable[[InversionResult], None] | None = None,
+) -> list[InversionResult]:
+    """Recover the inputs behind `targets`; results come back in target order.
+
+    `length`: None searches each target at its true length (known when the targets were made
+    from inputs); an int searches that length; "auto" tries 1..`max_length`, shortest first,
+    and keeps the first length that matches. `on_result` is called as each target finishes.
+    """
+    config = config or SodaConfig()
+    algo = config.algorithm
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algo!r}")
+    batch_cls = ALGORITHMS[algo][1]
+    n_targets = len(targets)
+    if length is None:
+        if targets.true_tokens is None:
+            raise ValueError("the input length is unknown: pass length=N or length='auto'")
+        lengths = [len(t) for t in targets.true_tokens]
+        plan = [lengths]
+    elif length == "auto":
+        if max_length < 1:
+            raise ValueError("max_length must be at least 1")
+        plan = [[L] * n_targets for L in range(1, max_length + 1)]
+    elif isinstance(length, int) and length >= 1:
+        plan = [[length] * n_targets]
+    else:
+        raise ValueError(f"length must be a positive integer or 'auto', not {length!r}")
+
+    generator = torch.Generator(device=model.device).manual_seed(config.seed)
+    collector = _Collector(model, targets, config, on_result)
+    pending = list(range(n_targets))
+    for stage_index, stage in enumerate(plan):
+        collector.last_stage = stage_index == len(plan) - 1
+        collector.retry = []
+        by_length: dict[int, list[int]] = {}
+        for row in pending:
+            by_length.setdefault(stage[row], []).append(row)
+        for n, rows in sorted(by_length.items()):
+            group = targets.subset(rows)
+            run_pool(
+                lambda slots, group=group, n=n: batch_cls(
+                    model, group, n, config, slots, generator
+                ),
+                len(rows),
+                max_steps=config.max_steps,
+                max_batch_size=config.max_batch_size,
+                on_finished=lambda *out, rows=rows, n=n: collector.finished(rows, n, *out),
+                device=model.device,
+            )
+        pending = sorted(collector.retry)
+        if not pending:
+            break
+    results = collector.results
+    return [results[i] for i in range(n_targets)]
+
+
+class _Collector:
+    """Turns finished pool slots into results; with auto length, unfound rows try again."""
+
+    def __init__(self, model, targets, config, on_result) -> None:
+        self.model, self.targets, self.config, self.on_result = model, targets, config, on_result
+        self.results: dict[int, InversionResult] = {}
+        self.retry: list[int] = []
+        self.last_stage = True
+
+    def finished(self, rows, n, local, tokens, found, loss, steps, seconds) -> None:
+        targets = self.targets
+        for j, i in enumerate(local):
+            row = rows[int(i)]
+            prev = self.results.get(row)
+            true = targets.true_tokens[row] if targets.true_tokens is not None else None
+            toks = [int(t) for t in tokens[j]]
+            res = InversionResult(
+                sample_id=targets.sample_ids[row],
+                tokens=toks,
+                text=self.model.decode(toks),
+                found=bool(found[j]),
+                exact=None if true is None else toks == list(true),
+                steps=int(steps[j]) + (prev.steps if prev else 0),
+                seconds=float(seconds[j]) + (prev.seconds if prev else 0.0),
+                final_loss=float(loss[j]),
+                length=n,
+                algorithm=self.config.algorithm,
+                seed=self.config.seed,
+                true_tokens=None if true is None else list(true),
+                lengths_tried=(prev.lengths_tried if prev else []) + [n],
+            )
+            self.results[row] = res
+            if not res.found and not self.last_stage:
+                self.retry.append(row)
+            elif self.on_result is not None:
+                self.on_result(res)
+
+
+def summarize(results: list[InversionResult]) -> dict[str, float]:
+    """Counts for logs and progress lines."""
+    found = np.array([r.found for r in results], dtype=bool)
+    exact = np.array([bool(r.exact) for r in results], dtype=bool)
+    return {"n": len(results), "found": int(found.sum()), "exact": int(exact.sum())}

@@ -1,0 +1,286 @@
+"""The `sodaray` command. Bad input ends in one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + traceback
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parse_tokens(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--tokens takes comma-separated integers, got {text!r}"
+        ) from exc
+    if not tokens:
+        raise argparse.ArgumentTypeError("--tokens is empty")
+    return tokens
+
+
+def _parse_length(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--length takes a positive integer or 'auto', not {text!r}"
+        ) from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--length must be at least 1, not {value}")
+    return value
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    import yaml
+
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _add_invert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "invert",
+        help="recover the input behind a model output",
+        description="Recover the exact input that produced a model's output.",
+    )
+    p.add_argument("--model", required=True, help="hub id, local folder, or .gguf file")
+    p.add_argument("--gguf-file", help="GGUF file name inside the --model folder")
+    src = p.add_argument_group("what to invert (inputs whose output is observed, or the output)")
+    src.add_argument("--prompt", action="append", default=[], help="an input text (repeatable)")
+    src.add_argument(
+        "--tokens",
+        action="append",
+        default=[],
+        type=_parse_tokens,
+        help="an input as token ids, e.g. 1,2,3 (repeatable)",
+    )
+    src.add_argument(
+        "--output-text",
+        action="append",
+        default=[],
+        help="an observed output text (text objective; repeatable)",
+    )
+    src.add_argument("--logits-file", help="observed logits (.npy or .safetensors)")
+    obj = p.add_argument_group("objective")
+    obj.add_argument("--objective", choices=["logits", "text"], default=None)
+    obj.add_argument("--top-k", type=int, help="observe only the top-k logits")
+    obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
+    obj.add_argument("--loss", choices=["huber", "mse"], default="huber")
+    obj.add_argument("--fluency-weight", type=float, default=0.0)
+    obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
+    obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
+    srch = p.add_argument_group("search")
+    srch.add_argument("--algorithm", default="soda")
+    srch.add_argument(
+        "--length",
+        type=_parse_length,
+        default=None,
+        help="input length N, or 'auto' (default: the true length when known)",
+    )
+    srch.add_argument("--max-length", type=int, default=10, help="longest length for --length auto")
+    srch.add_argument("--preset", help="paper preset name, e.g. tinystories-33m")
+    srch.add_argument("--preset-file", help="preset YAML (e.g. written by `sodaray tune`)")
+    srch.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        type=_parse_param,
+        help="algorithm parameter KEY=VALUE (repeatable), e.g. temperature=0.03",
+    )
+    srch.add_argument("--max-steps", type=int, default=None)
+    srch.add_argument("--max-batch-size", type=int, default=None)
+    srch.add_argument("--seed", type=int, default=0)
+    run = p.add_argument_group("model placement")
+    run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    run.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    run.add_argument(
+        "--bos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prepend BOS as fixed context (default: as the tokenizer does)",
+    )
+    run.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON object per target")
+    p.set_defaults(func=cmd_invert)
+
+
+def _algorithm_config(args: argparse.Namespace):
+    from sodaray.api import make_config
+    from sodaray.presets import get_preset, load_preset_file
+
+    params: dict[str, Any] = {}
+    if args.preset:
+        if args.algorithm != "soda":
+            raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
+        params.update(get_preset(args.preset).soda)
+    if args.preset_file:
+        params.update(load_preset_file(args.preset_file))
+    params.update(dict(args.param))
+    if args.max_steps is not None:
+        params["max_steps"] = args.max_steps
+    if args.max_batch_size is not None:
+        params["max_batch_size"] = args.max_batch_size
+    params["seed"] = args.seed
+    return make_config(args.algorithm, params, source="parameters")
+
+
+def cmd_invert(args: argparse.Namespace) -> int:
+    import torch
+
+    from sodaray.api import invert
+    from sodaray.models import load_model
+    from sodaray.objectives import (
+        Objective,
+        make_targets,
+        read_logits_file,
+        targets_from_logits,
+        targets_from_text,
+    )
+
+    sources = sum(
+        [bool(args.prompt or args.tokens), bool(args.output_text), bool(args.logits_file)]
+    )
+    if sources != 1:
+        raise CliError(
+            "give inputs (--prompt/--tokens) or one observed output "
+            "(--output-text or --logits-file), not both and not neither"
+        )
+    if any(not p for p in args.prompt):
+        raise CliError("--prompt is empty")
+    if args.top_k is not None and args.top_k < 1:
+        raise CliError(f"--top-k must be at least 1, not {args.top_k}")
+    config = _algorithm_config(args)  # validate before the (slow) model load
+    if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CliError(f"--device {args.device}: CUDA is not available on this machine")
+    kind = args.objective or ("text" if args.output_text else "logits")
+    objective = Objective(
+        kind=kind,
+        top_k=args.top_k,
+        output_tokens=args.output_tokens,
+        loss=args.loss,
+        fluency_weight=args.fluency_weight,
+        atol=args.atol,
+        rtol=args.rtol,
+    )
+    logging.info("loading %s", args.model)
+    model = load_model(
+        args.model,
+        gguf_file=args.gguf_file,
+        device=args.device,
+        dtype=args.dtype,
+        bos=args.bos,
+        trust_remote_code=args.trust_remote_code,
+    )
+    length = args.length
+    if args.prompt or args.tokens:
+        texts_tokens = [model.encode(p) for p in args.prompt] + list(args.tokens)
+        targets = make_targets(model, texts_tokens, objective=objective)
+    elif args.output_text:
+        if kind != "text":
+            raise CliError("--output-text observes text: use --objective text")
+        targets = targets_from_text(model, args.output_text, objective=objective)
+        length = length or "auto"
+    else:
+        values, indices = read_logits_file(args.logits_file)
+        targets = targets_from_logits(model, values, indices, objective=objective)
+        length = length or "auto"
+
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(targets), desc="inverting", unit="target", file=sys.stderr)
+    counts = {"found": 0}
+
+    def progress(res) -> None:
+        counts["found"] += int(res.found)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(found=counts["found"])
+
+    try:
+        results = invert(
+            model, targets, config, length=length, max_length=args.max_length, on_result=progress
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    for res in results:
+        if args.json:
+            print(json.dumps(res.to_dict()))
+        else:
+            status = "FOUND" if res.found else "not found"
+            exact = "" if res.exact is None else (" exact" if res.exact else " (differs from true)")
+            print(
+                f"[{res.sample_id}] {status}{exact} after {res.steps} steps "
+                f"({res.seconds:.1f}s): tokens={res.tokens} text={res.text!r}"
+            )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sodaray", description="Search-based language-model inversion.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_invert(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        _quiet_libraries()
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write("sodaray: interrupted\n")
+        return 130
+    except (CliError, ValueError, FileNotFoundError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        sys.stderr.write(f"sodaray: error: {message}\n")
+        return EXIT_USAGE
+
+
+def _quiet_libraries() -> None:
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,446 @@
+"""What the auditor observed (targets), the loss against it, and the hard-match check.
+
+Two observations are supported, as in the paper:
+- `logits`: the target's logits at the last input position, all of them or the top-k (values
+  and indices), optionally at `output_tokens` positions, with the target's own greedy
+  continuation as fixed context after the input;
+- `text`: the target's greedy continuation of `output_tokens` tokens (paper Eq. 5).
+An optional fluency penalty (paper Eq. 6) adds the candidate's mean negative log-likelihood.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+
+ObjectiveKind = Literal["logits", "text"]
+LossKind = Literal["huber", "mse"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How a candidate is scored and when it counts as found.
+
+    `top_k=None` observes all logits. `atol`/`rtol` default to the paper's tolerance for the
+    model's size (1e-4 under 100M parameters, 1e-3 above) when left as None.
+    """
+
+    kind: ObjectiveKind = "logits"
+    top_k: int | None = None
+    output_tokens: int = 1
+    loss: LossKind = "huber"
+    huber_delta: float = 1.0
+    fluency_weight: float = 0.0
+    atol: float | None = None
+    rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("logits", "text"):
+            raise ValueError(f"objective must be 'logits' or 'text', not {self.kind!r}")
+        if self.loss not in ("huber", "mse"):
+            raise ValueError(f"loss must be 'huber' or 'mse', not {self.loss!r}")
+        if self.output_tokens < 1:
+            raise ValueError(f"output_tokens must be at least 1, not {self.output_tokens}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be at least 1, not {self.top_k}")
+        if self.kind == "text" and self.top_k is not None:
+            raise ValueError("top_k applies to the logits objective only")
+        if self.huber_delta <= 0:
+            raise ValueError("huber_delta must be positive")
+        if self.fluency_weight < 0:
+            raise ValueError("fluency_weight must be non-negative")
+
+
+@dataclass
+class TargetSet:
+    """N observed outputs to invert, as tensors on the CPU (rows enter the search in batches).
+
+    `continuation` (N, m) is the target's greedy continuation: fixed context after the input
+    for the logits objective, and the observed text for the text objective. `observed_values`
+    (N, m, k) and `observed_indices` (N, m, k) hold the observed logits (indices None = all V).
+    """
+
+    objective: Objective
+    continuation: Tensor
+    observed_values: Tensor | None = None
+    observed_indices: Tensor | None = None
+    true_tokens: list[list[int]] | None = None
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    sample_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sample_ids:
+            self.sample_ids = list(range(len(self)))
+
+    def __len__(self) -> int:
+        return int(self.continuation.shape[0])
+
+    def subset(self, rows: list[int] | np.ndarray) -> TargetSet:
+        idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+        return replace(
+            self,
+            continuation=self.continuation[idx],
+            observed_values=None if self.observed_values is None else self.observed_values[idx],
+            observed_indices=None if self.observed_indices is None else self.observed_indices[idx],
+            true_tokens=None if self.true_tokens is None else [self.true_tokens[i] for i in rows],
+            sample_ids=[self.sample_ids[i] for i in rows],
+        )
+
+
+# ---- building targets ---------------------------------------------------------------------------
+def _resolve_tolerance(model: LoadedModel, objective: Objective) -> tuple[float, float]:
+    default = model.default_tolerance
+    atol = objective.atol if objective.atol is not None else default
+    rtol = objective.rtol if objective.rtol is not None else default
+    return atol, rtol
+
+
+def _check_top_k(model: LoadedModel, objective: Objective) -> None:
+    if objective.top_k is not None and objective.top_k > model.vocab_size:
+        raise ValueError(
+            f"top_k={objective.top_k} is larger than the vocabulary ({model.vocab_size})"
+        )
+
+
+def check_token_ids(model: LoadedModel, tokens: list[list[int]]) -> None:
+    for row in tokens:
+        if not row:
+            raise ValueError("an input has no tokens")
+        bad = [t for t in row if not 0 <= int(t) < model.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {model.vocab_size})")
+
+
+@torch.no_grad()
+def greedy_continuation(model: LoadedModel, tokens: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """Greedy continuation (B, steps) of equal-length inputs and the logits that chose it
+    (B, steps, V). Re-runs the whole sequence per step: `steps` is small here."""
+    seq = tokens
+    chosen, logits_seen = [], []
+    for _ in range(steps):
+        logits = model.token_logits(seq)[:, -1].float()
+        nxt = logits.argmax(-1)
+        chosen.append(nxt)
+        logits_seen.append(logits)
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+    return torch.stack(chosen, 1), torch.stack(logits_seen, 1)
+
+
+def make_targets(
+    model: LoadedModel,
+    tokens: list[list[int]] | None = None,
+    *,
+    texts: list[str] | None = None,
+    objective: Objective | None = None,
+    batch_size: int = 256,
+) -> TargetSet:
+    """Targets from known inputs (token ids or texts): the model's own output is observed.
+
+    Inputs of different lengths are fine; the search groups them by length.
+    """
+    objective = objective or Objective()
+    if (tokens is None) == (texts is None):
+        raise ValueError("give exactly one of tokens or texts")
+    if texts is not None:
+        if any(not t for t in texts):
+            raise ValueError("an input text is empty")
+        tokens = [model.encode(t) for t in texts]
+    assert tokens is not None
+    tokens = [[int(t) for t in row] for row in tokens]
+    check_token_ids(model, tokens)
+    _check_top_k(model, objective)
+    atol, rtol = _resolve_tolerance(model, objective)
+    m = objective.output_tokens
+    conts, values, indices = [], [], []
+    order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
+    # Group equal lengths so each forward is one batch.
+    by_row: dict[int, tuple[Tensor, Tensor]] = {}
+    start = 0
+    while start < len(order):
+        n = len(tokens[order[start]])
+        end = start
+        while end < len(order) and len(tokens[order[end]]) == n and end - start < batch_size:
+            end += 1
+        rows = order[start:end]
+        x = torch.tensor([tokens[i] for i in rows], device=model.device)
+        cont, logits = greedy_continuation(model, x, m)
+        for j, i in enumerate(rows):
+            by_row[i] = (cont[j].cpu(), logits[j].cpu())
+        start = end
+    for i in range(len(tokens)):
+        cont, logits = by_row[i]
+        conts.append(cont)
+        if objective.kind == "logits":
+            if objective.top_k is None:
+                values.append(logits)
+            else:
+                top = logits.topk(objective.top_k, dim=-1)
+                values.append(top.values)
+                indices.append(top.indices)
+    return TargetSet(
+        objective=objective,
+        continuation=torch.stack(conts),
+        observed_values=torch.stack(values) if values else None,
+        observed_indices=torch.stack(indices) if indices else None,
+        true_tokens=tokens,
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+def targets_from_text(
+    model: LoadedModel, observed: list[str], *, objective: Objective | None = None
+) -> TargetSet:
+    """Targets from observed output texts (the text objective; true inputs unknown).
+
+    Each text is tokenized; its tokens are the greedy continuation to reproduce. Texts must
+    tokenize to the same number of tokens to share a batch, so each keeps its own length m.
+    """
+    base = objective or Objective(kind="text")
+    if base.kind != "text":
+        base = replace(base, kind="text", top_k=None)
+    encoded = []
+    for text in observed:
+        if not text:
+            raise ValueError("an observed output text is empty")
+        encoded.append(model.encode(text))
+    lengths = {len(e) for e in encoded}
+    if len(lengths) > 1:
+        raise ValueError(
+            "observed texts tokenize to different lengths "
+            f"({sorted(lengths)}); invert them in separate calls"
+        )
+    base = replace(base, output_tokens=len(encoded[0]))
+    atol, rtol = _resolve_tolerance(model, base)
+    return TargetSet(
+        objective=base,
+        continuation=torch.tensor(encoded, dtype=torch.long),
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+def targets_from_logits(
+    model: LoadedModel,
+    values: Tensor | np.ndarray,
+    indices: Tensor | np.ndarray | None = None,
+    *,
+    objective: Objective | None = None,
+) -> TargetSet:
+    """Targets from observed logits: values (N, m, V) for all logits, or (N, m, k) with their
+    vocabulary indices for top-k. (V,) / (m, V) shapes are read as a single target."""
+    values = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    if indices is not None:
+        indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        if indices.shape != values.shape:
+            raise ValueError(
+                f"logits indices shape {tuple(indices.shape)} differs from values "
+                f"{tuple(values.shape)}"
+            )
+    while values.dim() < 3:
+        values = values.unsqueeze(0)
+        indices = None if indices is None else indices.unsqueeze(0)
+    if values.dim() != 3:
+        raise ValueError(f"logits must have 1 to 3 dimensions (N, m, V|k), got {values.dim()}")
+    n_obs, m, k = values.shape
+    if indices is None:
+        if k != model.vocab_size:
+            raise ValueError(
+                f"logits have {k} entries per position but the model's vocabulary is "
+                f"{model.vocab_size}; pass indices for top-k logits"
+            )
+        top_k = None
+    else:
+        if int(indices.min()) < 0 or int(indices.max()) >= model.vocab_size:
+            raise ValueError(f"logits indices fall outside the vocabulary [0, {model.vocab_size})")
+        top_k = k
+    if not torch.isfinite(values).all():
+        raise ValueError("observed logits contain NaN or infinity")
+    base = objective or Objective()
+    base = replace(base, kind="logits", top_k=top_k, output_tokens=m)
+    atol, rtol = _resolve_tolerance(model, base)
+    # The greedy continuation is the argmax of each observed position.
+    best = values.argmax(-1)
+    cont = best if indices is None else indices.gather(-1, best[..., None]).squeeze(-1)
+    return TargetSet(
+        objective=base,
+        continuation=cont,
+        observed_values=values,
+        observed_indices=indices,
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """Read observed logits from .npy (values only) or .safetensors (`values`/`logits` and
+    optional `indices`). Never unpickles."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"logits file not found: {path}")
+    if path.suffix not in (".npy", ".safetensors"):
+        raise ValueError(f"logits file must be .npy or .safetensors, not {path.suffix!r}")
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False), None
+        from safetensors.numpy import load_file
+
+        data = load_file(str(path))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot read logits file {path}: {first}") from exc
+    key = "values" if "values" in data else "logits" if "logits" in data else None
+    if key is None:
+        raise ValueError(f"{path}: expected a tensor named 'values' or 'logits'")
+    return data[key], data.get("indices")
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+@dataclass
+class BatchTargets:
+    """The rows of a `TargetSet` that sit in the search batch, on the model's device."""
+
+    continuation: Tensor  # (B, m)
+    observed_values: Tensor | None  # (B, m, k)
+    observed_indices: Tensor | None  # (B, m, k)
+
+    @classmethod
+    def from_set(cls, targets: TargetSet, rows: np.ndarray, device: torch.device) -> BatchTargets:
+        idx = torch.as_tensor(rows, dtype=torch.long)
+
+        def take(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[idx].to(device)
+
+        return cls(
+            take(targets.continuation),
+            take(targets.observed_values),
+            take(targets.observed_indices),
+        )
+
+    def put(self, slots: Tensor, other: BatchTargets) -> None:
+        """Write `other`'s rows into `slots` (a refill)."""
+        self.continuation[slots] = other.continuation
+        if self.observed_values is not None:
+            self.observed_values[slots] = other.observed_values
+        if self.observed_indices is not None:
+            self.observed_indices[slots] = other.observed_indices
+
+    def select(self, keep: Tensor) -> BatchTargets:
+        return BatchTargets(
+            self.continuation[keep],
+            None if self.observed_values is None else self.observed_values[keep],
+            None if self.observed_indices is None else self.observed_indices[keep],
+        )
+
+
+def context_embeds(model: LoadedModel, input_embeds: Tensor, batch: BatchTargets) -> Tensor:
+    """Prefix + searched input + fixed continuation context (all but the last observed token)."""
+    parts = []
+    prefix = model.prefix_embeds(input_embeds.shape[0])
+    if prefix is not None:
+        parts.append(prefix.to(input_embeds.dtype))
+    parts.append(input_embeds)
+    if batch.continuation.shape[1] > 1:
+        parts.append(model.embed(batch.continuation[:, :-1]).to(input_embeds.dtype))
+    return torch.cat(parts, dim=1) if len(parts) > 1 else input_embeds
+
+
+def observed_positions(model: LoadedModel, n: int, m: int) -> slice:
+    """Sequence positions whose next-token logits are observed: last input and m-1 after it."""
+    start = len(model.prefix_ids) + n - 1
+    return slice(start, start + m)
+
+
+def _elementwise_loss(objective: Objective, pred: Tensor, target: Tensor) -> Tensor:
+    if objective.loss == "huber":
+        return F.huber_loss(pred, target, reduction="none", delta=objective.huber_delta)
+    return (pred - target).square()
+
+
+def objective_loss(
+    model: LoadedModel,
+    objective: Objective,
+    hidden: Tensor,
+    n: int,
+    batch: BatchTargets,
+    input_probs: Tensor | None = None,
+) -> Tensor:
+    """Per-sample loss (B,) from final hidden states of prefix + input + context.
+
+    `input_probs` (B, n, V) are the relaxed one-hots, needed only for the fluency penalty.
+    """
+    m = objective.output_tokens
+    pos = observed_positions(model, n, m)
+    h_obs = hidden[:, pos]
+    if objective.kind == "logits":
+        pred = model.unembed(h_obs, batch.observed_indices).float()
+        per_entry = _elementwise_loss(objective, pred, batch.observed_values)
+        loss = per_entry.flatten(1).mean(1)
+    else:
+        # Eq. 5: sum over positions of max_a p(a) - p(y_i), teacher-forced on y.
+        probs = model.unembed(h_obs).float().softmax(-1)
+        p_true = probs.gather(-1, batch.continuation[..., None]).squeeze(-1)
+        loss = (probs.amax(-1) - p_true).sum(1)
+    if objective.fluency_weight > 0:
+        loss = loss + objective.fluency_weight * fluency_penalty(model, hidden, n, input_probs)
+    return loss
+
+
+def fluency_penalty(
+    model: LoadedModel, hidden: Tensor, n: int, input_probs: Tensor | None
+) -> Tensor:
+    """Eq. 6: mean negative log-likelihood of the candidate's own tokens, (B,).
+
+    Relaxed: the cross-entropy between each relaxed one-hot and the model's prediction for that
+    position. The first input token is scored only when a prefix (e.g. BOS) precedes it.
+    """
+    if input_probs is None:
+        raise ValueError("the fluency penalty needs the relaxed input")
+    p = len(model.prefix_ids)
+    first = 0 if p > 0 else 1
+    if first >= n:
+        return hidden.new_zeros(hidden.shape[0]).float()
+    # Positions p+first-1 .. p+n-2 predict input tokens first .. n-1.
+    logits = model.unembed(hidden[:, p + first - 1 : p + n - 1]).float()
+    logp = logits.log_softmax(-1)
+    nll = -(input_probs[:, first:].float() * logp).sum(-1)
+    return nll.mean(1)
+
+
+@torch.no_grad()
+def hard_match(
+    model: LoadedModel,
+    objective: Objective,
+    tokens: Tensor,
+    batch: BatchTargets,
+    atol: float,
+    rtol: float,
+) -> Tensor:
+    """Whether each candidate input (B, n) reproduces its observed output exactly, (B,) bool."""
+    n = tokens.shape[1]
+    m = objective.output_tokens
+    embeds = context_embeds(model, model.embed(tokens), batch)
+    hidden = model.hidden(embeds)[:, observed_positions(model, n, m)]
+    if objective.kind == "text":
+        pred = model.unembed(hidden).argmax(-1)
+        return (pred == batch.continuation).all(1)
+    if batch.observed_indices is None:
+        logits = model.unembed(hidden).float()
+        return torch.isclose(logits, batch.observed_values, atol=atol, rtol=rtol).flatten(1).all(1)
+    full = model.unembed(hidden).float()
+    k = batch.observed_indices.shape[-1]
+    at_obs = full.gather(-1, batch.observed_indices)
+    close = torch.isclose(at_obs, batch.observed_values, atol=atol, rtol=rtol).flatten(1).all(1)
+    # Its own top-k must be the observed set (order-free: ties may swap equal values).
+    own = full.topk(k, dim=-1).indices.sort(-1).values
+    same_set = (own == batch.observed_indices.sort(-1).values).flatten(1).all(1)
+    return close & same_set

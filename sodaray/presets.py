@@ -1,0 +1,78 @@
+"""The paper's SODA hyperparameters per model, with each model's hub id.
+
+Values are those of the authors' released configs (AdrSkapars/inversion_optimisation,
+`inv_configs.py`), which accompany the paper's appendix. A preset YAML (as written by
+`sodaray tune`) can be loaded with `load_preset_file`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hub_id: str
+    soda: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+def _soda(
+    lr: float, decay: float, b1: float, b2: float, tau: float = 0.05, t1: int = 50, t2: int = 1500
+) -> dict[str, Any]:
+    return {
+        "learning_rate": lr,
+        "decay": decay,
+        "beta1": b1,
+        "beta2": b2,
+        "temperature": tau,
+        "reset_period": t1,
+        "reinit_period": t2,
+    }
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("tinystories-33m", "roneneldan/TinyStories-33M", _soda(0.065, 0.9, 0.9, 0.995)),
+        Preset("gpt2-small", "openai-community/gpt2", _soda(0.02, 0.98, 0.93, 0.997)),
+        Preset("gpt2-xl", "openai-community/gpt2-xl", _soda(0.03, 0.96, 0.93, 0.995)),
+        Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", _soda(0.03, 0.98, 0.9, 0.995)),
+        Preset("qwen2.5-3b", "Qwen/Qwen2.5-3B", _soda(0.03, 0.97, 0.9, 0.995, tau=0.07)),
+        Preset(
+            "pythia-1.4b-tdc",
+            "TDC2023/trojan-base-pythia-1.4b-test-phase",
+            _soda(0.025, 0.98, 0.9, 0.995, t1=75),
+            note="the TDC-2023 trojan detection base model (Pythia-1.4B architecture)",
+        ),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    key = name.lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+def load_preset_file(path: str | Path) -> dict[str, Any]:
+    """SODA parameters from a preset YAML: either a flat mapping or one under `soda:`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"preset file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a preset file must be a mapping of parameters")
+    params = data.get("soda", data.get("params", data))
+    if not isinstance(params, dict):
+        raise ValueError(f"{path}: 'soda' must be a mapping of parameters")
+    return dict(params)

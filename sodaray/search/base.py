@@ -1,0 +1,89 @@
+"""What every search algorithm shares: the run-level config fields, the per-target result, and
+the batch-state protocol the refilling pool drives."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
+
+import numpy as np
+from torch import Tensor
+
+
+@dataclass
+class SearchConfig:
+    """Fields common to all algorithms: step budget, pool size and seed."""
+
+    max_steps: int = 2000
+    max_batch_size: int = 100
+    seed: int = 0
+
+    algorithm = "base"  # class attribute, overridden by each algorithm
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> SearchConfig:
+        """Build from a mapping (YAML), naming the unknown field on error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown {cls.algorithm} parameter {unknown[0]!r} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return cls(**data)
+
+
+@dataclass
+class InversionResult:
+    """One target's outcome. `exact` is None when the true input is unknown."""
+
+    sample_id: int
+    tokens: list[int]
+    text: str | None
+    found: bool
+    exact: bool | None
+    steps: int
+    seconds: float
+    final_loss: float
+    length: int
+    algorithm: str
+    seed: int
+    true_tokens: list[int] | None = None
+    lengths_tried: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StepOutcome:
+    """One step of a batch: which slots matched, their argmax tokens and relaxed loss."""
+
+    found: Tensor  # (B,) bool
+    tokens: Tensor  # (B, n) long
+    loss: Tensor  # (B,) float
+
+
+class BatchSearch(Protocol):
+    """A batch of equal-length searches in slots; the pool adds, steps and compacts it."""
+
+    def add(self, slots: Tensor, rows: np.ndarray) -> None:
+        """Start fresh searches for target `rows` in `slots`."""
+
+    def step(self, steps_after: np.ndarray) -> StepOutcome:
+        """Advance every slot by one step; `steps_after` is each slot's own count after it."""
+
+    def keep(self, slots: Tensor) -> None:
+        """Drop every slot not in `slots` (the batch shrinks when the queue is empty)."""

@@ -1,0 +1,201 @@
+"""SODA: Sparse One-hot Discrete Adam (Algorithm 1 of "GPT, But Backwards", Skapars et al. 2025).
+
+Per target, auxiliary inputs Z (n x V) start at zero. Each step:
+  1. relaxed one-hots softmax(Z / tau) @ E are fed as inputs_embeds;
+  2. the loss against the observed output is differentiated with respect to Z;
+  3. Adam without bias correction (by default), then multiplicative decay Z *= lambda;
+  4. hard-max check: argmax(Z) tokens go through the model; a match stops that target;
+  5. every t1 of its own steps the Adam moments reset; every t2 steps Z is also re-drawn from
+     N(0, 0.1^2).
+The whole batch is one (B, n, V) state; schedules count each slot's own steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import (
+    BatchTargets,
+    TargetSet,
+    context_embeds,
+    hard_match,
+    objective_loss,
+)
+from sodaray.search.base import SearchConfig, StepOutcome
+
+
+@dataclass
+class SodaConfig(SearchConfig):
+    """SODA's knobs, defaulting to the paper's TinyStories-33M values.
+
+    The four switches reproduce the paper's ablation rows: `bias_correction` (off in SODA),
+    `use_decay` (off means lambda = 1), `use_resets` (moment resets every `reset_period`
+    steps) and `use_reinit` (re-draw Z every `reinit_period` steps).
+    """
+
+    learning_rate: float = 0.065
+    decay: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.995
+    eps: float = 1e-8
+    temperature: float = 0.05
+    reset_period: int = 50
+    reinit_period: int = 1500
+    reinit_std: float = 0.1
+    bias_correction: bool = False
+    use_decay: bool = True
+    use_resets: bool = True
+    use_reinit: bool = True
+
+    algorithm = "soda"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be positive, not {self.learning_rate}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], not {self.decay}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ValueError(f"{name} must be in [0, 1), not {value}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, not {self.temperature}")
+        if self.reset_period < 1 or self.reinit_period < 1:
+            raise ValueError("reset_period and reinit_period must be at least 1")
+        if self.eps <= 0 or self.reinit_std < 0:
+            raise ValueError("eps must be positive and reinit_std non-negative")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: object) -> SodaConfig:
+        """The paper's hyperparameters for a named model (see `sodaray.presets`)."""
+        from sodaray.presets import get_preset
+
+        params = dict(get_preset(name).soda)
+        params.update(overrides)
+        return cls(**params)
+
+
+class SodaBatch:
+    """The (B, n, V) SODA state of one batch of equal-length targets."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        targets: TargetSet,
+        length: int,
+        config: SodaConfig,
+        slots: int,
+        generator: torch.Generator,
+    ) -> None:
+        self.model, self.targets, self.n, self.cfg = model, targets, length, config
+        self.objective = targets.objective
+        self.generator = generator
+        shape = (slots, length, model.vocab_size)
+        dev = model.device
+        self.z = torch.zeros(shape, device=dev, dtype=torch.float32)
+        self.m = torch.zeros_like(self.z)
+        self.v = torch.zeros_like(self.z)
+        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
+        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
+        # Steps since the moments were last zeroed (for the optional bias correction).
+        self.moment_age = np.zeros(slots, dtype=np.int64)
+
+    # ---- pool protocol --------------------------------------------------------------------------
+    def add(self, slots: Tensor, rows: np.ndarray) -> None:
+        self.z[slots] = 0.0
+        self.m[slots] = 0.0
+        self.v[slots] = 0.0
+        self.last_checked[slots] = -1
+        self.moment_age[slots.cpu().numpy()] = 0
+        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+
+    def keep(self, slots: Tensor) -> None:
+        self.z, self.m, self.v = self.z[slots], self.m[slots], self.v[slots]
+        self.last_checked = self.last_checked[slots]
+        self.batch = self.batch.select(slots)
+        self.moment_age = self.moment_age[slots.cpu().numpy()]
+
+    def step(self, steps_after: np.ndarray) -> StepOutcome:
+        grad, loss = self.gradient()
+        self.moment_age += 1
+        self.update(grad, self.moment_age)
+        tokens = self.z.argmax(-1)
+        found = self.check(tokens)
+        self.apply_schedules(steps_after)
+        return StepOutcome(found=found, tokens=tokens, loss=loss)
+
+    # ---- the algorithm --------------------------------------------------------------------------
+    def gradient(self) -> tuple[Tensor, Tensor]:
+        """d loss / d Z for every slot (slots are independent: the batch loss is their sum)."""
+        z = self.z.detach().requires_grad_(True)
+        with torch.enable_grad():
+            probs = torch.softmax(z / self.cfg.temperature, dim=-1)
+            embeds = probs.to(self.model.dtype) @ self.model.embedding_matrix
+            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+            loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch, probs)
+            (grad,) = torch.autograd.grad(loss.sum(), z)
+        return grad, loss.detach()
+
+    @torch.no_grad()
+    def update(self, grad: Tensor, moment_age: np.ndarray) -> None:
+        """Adam (no bias correction unless switched on), then multiplicative decay, in place."""
+        c = self.cfg
+        self.m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
+        self.v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
+        if c.bias_correction:
+            t = torch.as_tensor(moment_age, device=self.z.device, dtype=torch.float32)
+            m_scale = (1 / (1 - c.beta1**t)).view(-1, 1, 1)
+            v_scale = (1 / (1 - c.beta2**t)).view(-1, 1, 1)
+            denom = (self.v * v_scale).sqrt_().add_(c.eps)
+            self.z.addcdiv_(self.m * m_scale, denom, value=-c.learning_rate)
+        else:
+            denom = self.v.sqrt().add_(c.eps)
+            self.z.addcdiv_(self.m, denom, value=-c.learning_rate)
+        if c.use_decay and c.decay != 1.0:
+            self.z.mul_(c.decay)
+
+    @torch.no_grad()
+    def check(self, tokens: Tensor) -> Tensor:
+        """Hard-max check, run only for slots whose argmax changed since their last check
+        (an unchanged candidate already failed, so skipping it changes no outcome)."""
+        found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
+        if len(changed):
+            sub = self.batch.select(changed)
+            found[changed] = hard_match(
+                self.model,
+                self.objective,
+                tokens[changed],
+                sub,
+                self.targets.atol,
+                self.targets.rtol,
+            )
+            self.last_checked[changed] = tokens[changed]
+        return found
+
+    @torch.no_grad()
+    def apply_schedules(self, steps_after: np.ndarray) -> None:
+        c = self.cfg
+        reset = (
+            (steps_after % c.reset_period == 0)
+            if c.use_resets
+            else np.zeros_like(steps_after, bool)
+        )
+        reinit = (steps_after % c.reinit_period == 0) if c.use_reinit else np.zeros_like(reset)
+        zero_moments = np.flatnonzero(reset | reinit)
+        if len(zero_moments):
+            idx = torch.as_tensor(zero_moments, device=self.z.device)
+            self.m[idx] = 0.0
+            self.v[idx] = 0.0
+            self.moment_age[zero_moments] = 0
+        redraw = np.flatnonzero(reinit)
+        if len(redraw):
+            shape = (len(redraw), self.n, self.z.shape[-1])
+            fresh = torch.randn(shape, generator=self.generator, device=self.z.device)
+            self.z[torch.as_tensor(redraw, device=self.z.device)] = fresh * c.reinit_std

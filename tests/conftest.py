@@ -1,0 +1,81 @@
+"""Shared fixtures: tiny random models built from configs, and the real stories260K model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import sodaray
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+STORIES = SHARED / "models" / "stories260K"
+SMOLLM = SHARED / "models" / "smollm2-135m-instruct-q4_1"
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel:
+    """A randomly initialised model of the given family, small enough for unit tests."""
+    from transformers import (
+        AutoModelForCausalLM,
+        GPT2Config,
+        GPTNeoConfig,
+        LlamaConfig,
+        Qwen2Config,
+    )
+
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    elif kind == "gpt-neo":
+        cfg = GPTNeoConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            attention_types=[[["global", "local"], 1]],
+            window_size=16,
+            max_position_embeddings=64,
+        )
+    elif kind == "llama":
+        cfg = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        )
+    elif kind == "qwen2":
+        cfg = Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+    else:
+        raise ValueError(kind)
+    # Wider initialisation so distinct inputs give clearly distinct logits.
+    cfg.initializer_range = 0.3
+    cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = None
+    model = AutoModelForCausalLM.from_config(cfg)
+    return sodaray.wrap_model(model, None, name=f"tiny-{kind}")
+
+
+@pytest.fixture(scope="session")
+def stories() -> sodaray.LoadedModel:
+    if not STORIES.is_dir():
+        pytest.skip("../shared/models/stories260K is not present")
+    return sodaray.load_model(str(STORIES), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> sodaray.LoadedModel:
+    return tiny_model("llama")

@@ -1,0 +1,187 @@
+"""Objectives: zero at the true input, positive elsewhere; only observed entries count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sodaray
+from sodaray.objectives import BatchTargets, context_embeds, hard_match, objective_loss
+
+OBJECTIVES = [
+    sodaray.Objective(),
+    sodaray.Objective(top_k=5),
+    sodaray.Objective(output_tokens=3),
+    sodaray.Objective(top_k=4, output_tokens=2, loss="mse"),
+    sodaray.Objective(kind="text", output_tokens=3),
+    sodaray.Objective(fluency_weight=0.0),
+]
+
+
+def one_hot_loss(model, targets, tokens, objective=None):
+    objective = objective or targets.objective
+    x = torch.tensor(tokens)
+    probs = torch.nn.functional.one_hot(x, model.vocab_size).float()
+    batch = BatchTargets.from_set(targets, np.arange(len(tokens)), model.device)
+    hidden = model.hidden(context_embeds(model, probs @ model.embedding_matrix, batch))
+    return objective_loss(model, objective, hidden, x.shape[1], batch, probs)
+
+
+def batch_of(targets, rows):
+    return BatchTargets.from_set(targets, np.asarray(rows), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "objective", OBJECTIVES, ids=lambda o: f"{o.kind}-k{o.top_k}-m{o.output_tokens}-{o.loss}"
+)
+def test_zero_at_true_input_positive_elsewhere(tiny_llama, objective):
+    true = [[3, 9, 4], [10, 11, 12]]
+    targets = sodaray.make_targets(tiny_llama, true, objective=objective)
+    at_true = one_hot_loss(tiny_llama, targets, true)
+    assert torch.all(at_true.abs() < 1e-5), at_true
+    other = [[3, 9, 5], [11, 11, 12]]
+    elsewhere = one_hot_loss(tiny_llama, targets, other)
+    if objective.kind == "text":  # a different input may keep the same greedy text
+        assert torch.all(elsewhere >= 0)
+    else:
+        assert torch.all(elsewhere > 1e-4), elsewhere
+    assert hard_match(
+        tiny_llama,
+        objective,
+        torch.tensor(true),
+        batch_of(targets, [0, 1]),
+        targets.atol,
+        targets.rtol,
+    ).all()
+    if objective.kind == "logits":
+        assert not hard_match(
+            tiny_llama,
+            objective,
+            torch.tensor(other),
+            batch_of(targets, [0, 1]),
+            targets.atol,
+            targets.rtol,
+        ).any()
+
+
+def test_top_k_loss_ignores_unobserved_logits(tiny_llama):
+    objective = sodaray.Objective(top_k=3)
+    targets = sodaray.make_targets(tiny_llama, [[5, 6]], objective=objective)
+    assert targets.observed_values.shape == (1, 1, 3)
+    full = tiny_llama.token_logits(torch.tensor([[5, 6]]))[0, -1]
+    top = full.topk(3)
+    torch.testing.assert_close(targets.observed_values[0, 0], top.values)
+    assert torch.equal(targets.observed_indices[0, 0], top.indices)
+    # The loss of a candidate equals the Huber loss over the 3 observed entries only.
+    cand = [[7, 8]]
+    cand_logits = tiny_llama.token_logits(torch.tensor(cand))[0, -1]
+    expected = torch.nn.functional.huber_loss(cand_logits[top.indices], top.values)
+    torch.testing.assert_close(
+        one_hot_loss(tiny_llama, targets, cand)[0], expected, rtol=1e-4, atol=1e-6
+    )
+
+
+def test_top_k_match_needs_same_top_set(tiny_llama):
+    objective = sodaray.Objective(top_k=3, atol=1e9, rtol=0)  # values always "close"
+    targets = sodaray.make_targets(tiny_llama, [[5, 6]], objective=objective)
+    batch = batch_of(targets, [0])
+    assert hard_match(tiny_llama, objective, torch.tensor([[5, 6]]), batch, 1e9, 0).item()
+    # A candidate whose own top-3 differs fails even with the loosest value tolerance.
+    others = torch.tensor([[a, b] for a in range(20) for b in range(3)])
+    own = tiny_llama.token_logits(others)[:, -1].topk(3).indices.sort(-1).values
+    differs = ~(own == targets.observed_indices[0, 0].sort().values).all(-1)
+    b = BatchTargets(
+        batch.continuation.expand(len(others), -1),
+        batch.observed_values.expand(len(others), -1, -1),
+        batch.observed_indices.expand(len(others), -1, -1),
+    )
+    matched = hard_match(tiny_llama, objective, others, b, 1e9, 0)
+    assert differs.any()
+    assert not matched[differs].any()
+
+
+def test_text_loss_formula(tiny_llama):
+    objective = sodaray.Objective(kind="text", output_tokens=2)
+    targets = sodaray.make_targets(tiny_llama, [[1, 2]], objective=objective)
+    y = targets.continuation[0]
+    cand = [[4, 4]]
+    seq = torch.tensor([cand[0] + [int(y[0])]])
+    probs = tiny_llama.token_logits(seq)[0, -2:].softmax(-1)
+    expected = (probs.max(-1).values - probs[torch.arange(2), y]).sum()
+    torch.testing.assert_close(
+        one_hot_loss(tiny_llama, targets, cand)[0], expected, rtol=1e-4, atol=1e-6
+    )
+
+
+def test_fluency_penalty_is_mean_nll_of_own_tokens(tiny_llama):
+    objective = sodaray.Objective(fluency_weight=0.5)
+    targets = sodaray.make_targets(tiny_llama, [[1, 2, 3]], objective=objective)
+    cand = [[7, 8, 9]]
+    base = one_hot_loss(tiny_llama, targets, cand, sodaray.Objective())
+    logp = tiny_llama.token_logits(torch.tensor(cand))[0].log_softmax(-1)
+    nll = -(logp[0, 8] + logp[1, 9]) / 2  # no prefix: the first token is not scored
+    torch.testing.assert_close(
+        one_hot_loss(tiny_llama, targets, cand)[0], base[0] + 0.5 * nll, rtol=1e-4, atol=1e-6
+    )
+
+
+def test_continuation_is_greedy(tiny_llama):
+    targets = sodaray.make_targets(
+        tiny_llama, [[1, 2]], objective=sodaray.Objective(kind="text", output_tokens=3)
+    )
+    seq = [1, 2]
+    for i in range(3):
+        nxt = int(tiny_llama.token_logits(torch.tensor([seq]))[0, -1].argmax())
+        assert int(targets.continuation[0, i]) == nxt
+        seq.append(nxt)
+
+
+def test_targets_from_logits_equal_make_targets(tiny_llama, tmp_path):
+    from safetensors.numpy import save_file
+
+    made = sodaray.make_targets(tiny_llama, [[4, 5]], objective=sodaray.Objective(top_k=6))
+    path = tmp_path / "obs.safetensors"
+    save_file(
+        {"values": made.observed_values.numpy(), "indices": made.observed_indices.numpy()},
+        str(path),
+    )
+    values, indices = sodaray.read_logits_file(path)
+    loaded = sodaray.targets_from_logits(tiny_llama, values, indices)
+    torch.testing.assert_close(loaded.observed_values, made.observed_values)
+    assert torch.equal(loaded.continuation, made.continuation)
+    np.save(tmp_path / "full.npy", np.zeros((2, 3), dtype=np.float32))
+    v, _ = sodaray.read_logits_file(tmp_path / "full.npy")
+    with pytest.raises(ValueError, match="vocabulary"):
+        sodaray.targets_from_logits(tiny_llama, v)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(kind="image"),
+        dict(top_k=0),
+        dict(output_tokens=0),
+        dict(loss="l1"),
+        dict(kind="text", top_k=3),
+    ],
+)
+def test_bad_objectives(bad):
+    with pytest.raises(ValueError):
+        sodaray.Objective(**bad)
+
+
+def test_bad_targets(tiny_llama):
+    with pytest.raises(ValueError, match="out of range"):
+        sodaray.make_targets(tiny_llama, [[64]])
+    with pytest.raises(ValueError, match="no tokens"):
+        sodaray.make_targets(tiny_llama, [[]])
+    with pytest.raises(ValueError, match="larger than the vocabulary"):
+        sodaray.make_targets(tiny_llama, [[1]], objective=sodaray.Objective(top_k=65))
+
+
+def test_tolerance_defaults_follow_model_size(tiny_llama):
+    t = sodaray.make_targets(tiny_llama, [[1]])
+    assert t.atol == t.rtol == 1e-4
+    t = sodaray.make_targets(tiny_llama, [[1]], objective=sodaray.Objective(atol=1e-2))
+    assert t.atol == 1e-2 and t.rtol == 1e-4
