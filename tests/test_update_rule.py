@@ -44,7 +44,7 @@ def test_adam_update_matches_formula(tiny_llama, bias_correction, use_decay):
     g = torch.randn_like(z0)
     batch.z.copy_(z0), batch.m.copy_(m0), batch.v.copy_(v0)
     age = np.array([1, 2, 7])
-    batch.update(g, age)
+    batch.update(g.clone(), age)  # update() consumes (overwrites) its gradient
     m = 0.9 * m0 + 0.1 * g
     v = 0.995 * v0 + 0.005 * g * g
     if bias_correction:

@@ -81,6 +81,31 @@ class SodaConfig(SearchConfig):
         return cls(**params)
 
 
+class RelaxedEmbedding(torch.autograd.Function):
+    """softmax(Z / tau) @ E as one explicit 2-D matmul each way.
+
+    Backward needs only dZ: dP = dX @ E^T (one matmul), then the softmax backward scaled by
+    1/tau in place. Saves the probabilities (needed by the backward anyway) and nothing else.
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor, embedding: Tensor, temperature: float) -> Tensor:
+        probs = torch.softmax(z / temperature, dim=-1)
+        ctx.save_for_backward(probs, embedding)
+        ctx.temperature = temperature
+        flat = probs.view(-1, probs.shape[-1]).to(embedding.dtype)
+        return (flat @ embedding).view(*probs.shape[:-1], embedding.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        probs, embedding = ctx.saved_tensors
+        g = grad_out.reshape(-1, grad_out.shape[-1]).to(embedding.dtype)
+        grad_probs = (g @ embedding.T).view(probs.shape).to(probs.dtype)
+        grad_z = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        # div, not multiply by 1/tau: bit-identical to autograd's, so outcomes do not move.
+        return grad_z.div_(ctx.temperature), None, None
+
+
 class SodaBatch:
     """The (B, n, V) SODA state of one batch of equal-length targets."""
 
@@ -134,17 +159,23 @@ class SodaBatch:
     def gradient(self) -> tuple[Tensor, Tensor]:
         """d loss / d Z for every slot (slots are independent: the batch loss is their sum)."""
         z = self.z.detach().requires_grad_(True)
+        tau = self.cfg.temperature
         with torch.enable_grad():
-            probs = torch.softmax(z / self.cfg.temperature, dim=-1)
-            embeds = probs.to(self.model.dtype) @ self.model.embedding_matrix
+            embeds = RelaxedEmbedding.apply(z, self.model.embedding_matrix, tau)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+            probs = None
+            if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
+                probs = torch.softmax(z / tau, dim=-1)
             loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch, probs)
             (grad,) = torch.autograd.grad(loss.sum(), z)
         return grad, loss.detach()
 
     @torch.no_grad()
     def update(self, grad: Tensor, moment_age: np.ndarray) -> None:
-        """Adam (no bias correction unless switched on), then multiplicative decay, in place."""
+        """Adam (no bias correction unless switched on), then multiplicative decay, in place.
+
+        `grad` is consumed: its memory is reused for the denominator.
+        """
         c = self.cfg
         self.m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
         self.v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
@@ -155,7 +186,7 @@ class SodaBatch:
             denom = (self.v * v_scale).sqrt_().add_(c.eps)
             self.z.addcdiv_(self.m * m_scale, denom, value=-c.learning_rate)
         else:
-            denom = self.v.sqrt().add_(c.eps)
+            denom = torch.sqrt(self.v, out=grad).add_(c.eps)  # reuse the gradient's memory
             self.z.addcdiv_(self.m, denom, value=-c.learning_rate)
         if c.use_decay and c.decay != 1.0:
             self.z.mul_(c.decay)
