@@ -133,7 +133,7 @@ def matmul_gflops(device: str) -> float:
     return 2 * size**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
-def run_case(spec: str, steps: int, device: str, dtype: str) -> dict:
+def run_case(spec: str, steps: int, device: str, dtype: str, precision: str) -> dict:
     import torch
 
     import sodaray
@@ -191,7 +191,8 @@ def main() -> None:
     parser.add_argument("--case", action="append", help="model:n:B (repeatable)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="model weights")
+    parser.add_argument("--precision", default="float32", help="SODA gradient-pass precision")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also append JSON lines to this file")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
@@ -207,7 +208,7 @@ def main() -> None:
 
         warnings.filterwarnings("ignore")
         logging.disable(logging.WARNING)
-        print(json.dumps(run_case(args._child, args.steps, device, args.dtype)))
+        print(json.dumps(run_case(args._child, args.steps, device, args.dtype, args.precision)))
         return
 
     ceiling = matmul_gflops(device)

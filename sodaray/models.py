@@ -39,11 +39,27 @@ class LoadedModel:
     prefix_ids: list[int] = field(default_factory=list)
     # Set by `__post_init__`: whether base_model + lm_head reproduce the model's logits.
     split_forward: bool = field(default=False, init=False)
+    _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model.eval()
         self.model.requires_grad_(False)  # frozen: gradients flow to the inputs only
         self.split_forward = self._check_split_forward()
+
+    def for_precision(self, precision: str) -> LoadedModel:
+        """The model the gradient pass runs on: itself for float32/tf32, or a cached bfloat16
+        copy (the hard-match check always uses the model as loaded, so matches stay exact)."""
+        if precision in ("float32", "tf32") or self.dtype == torch.bfloat16:
+            return self
+        if precision != "bfloat16":
+            raise ValueError(f"precision must be float32, tf32 or bfloat16, not {precision!r}")
+        if self._bf16 is None:
+            import copy
+
+            shadow = copy.deepcopy(self.model).to(torch.bfloat16)
+            self._bf16 = LoadedModel(shadow, self.tokenizer, f"{self.name} (bf16)",
+                                     list(self.prefix_ids))
+        return self._bf16
 
     # ---- facts -------------------------------------------------------------------------------
     @property

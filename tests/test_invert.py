@@ -114,3 +114,16 @@ def test_load_model_from_folder(tmp_path):
 def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(sodaray.ModelLoadError, match="no such model"):
         sodaray.load_model(str(tmp_path / "absent"))
+
+
+def test_bfloat16_gradient_pass_still_reports_only_exact_matches():
+    model = tiny_model("gpt2")
+    tokens = [[i] for i in range(0, 64, 8)]
+    targets = sodaray.make_targets(model, tokens)
+    results = sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=300, precision="bfloat16"))
+    assert model.for_precision("bfloat16").dtype == torch.bfloat16
+    assert model.dtype == torch.float32  # the checked model is untouched
+    assert sum(r.found for r in results) >= 6
+    assert all(r.exact for r in results if r.found)
+    with pytest.raises(ValueError, match="precision"):
+        sodaray.SodaConfig(precision="fp8")

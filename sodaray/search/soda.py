@@ -12,6 +12,7 @@ The whole batch is one (B, n, V) state; schedules count each slot's own steps.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,10 @@ class SodaConfig(SearchConfig):
     use_decay: bool = True
     use_resets: bool = True
     use_reinit: bool = True
+    # Arithmetic of the gradient pass only: "bfloat16" (a bf16 copy of the model; AMX/tensor
+    # cores) or "tf32" (CUDA matmuls). The hard-max check always runs at the model's own
+    # precision, so every reported match is exact; trajectories differ from float32.
+    precision: str = "float32"
 
     algorithm = "soda"
 
@@ -68,6 +73,8 @@ class SodaConfig(SearchConfig):
             raise ValueError(f"temperature must be positive, not {self.temperature}")
         if self.reset_period < 1 or self.reinit_period < 1:
             raise ValueError("reset_period and reinit_period must be at least 1")
+        if self.precision not in ("float32", "tf32", "bfloat16"):
+            raise ValueError(f"precision must be float32, tf32 or bfloat16, not {self.precision!r}")
         if self.eps <= 0 or self.reinit_std < 0:
             raise ValueError("eps must be positive and reinit_std non-negative")
 
@@ -79,6 +86,20 @@ class SodaConfig(SearchConfig):
         params = dict(get_preset(name).soda)
         params.update(overrides)
         return cls(**params)
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    """TF32 CUDA matmuls inside the block only (never for the hard-max check)."""
+    if not enabled or not torch.cuda.is_available():
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 class RelaxedEmbedding(torch.autograd.Function):
@@ -160,13 +181,14 @@ class SodaBatch:
         """d loss / d Z for every slot (slots are independent: the batch loss is their sum)."""
         z = self.z.detach().requires_grad_(True)
         tau = self.cfg.temperature
-        with torch.enable_grad():
-            embeds = RelaxedEmbedding.apply(z, self.model.embedding_matrix, tau)
-            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+        model = self.model.for_precision(self.cfg.precision)
+        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"):
+            embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau)
+            hidden = model.hidden(context_embeds(model, embeds, self.batch))
             probs = None
             if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
                 probs = torch.softmax(z / tau, dim=-1)
-            loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch, probs)
+            loss = objective_loss(model, self.objective, hidden, self.n, self.batch, probs)
             (grad,) = torch.autograd.grad(loss.sum(), z)
         return grad, loss.detach()
 
