@@ -57,8 +57,9 @@ class LoadedModel:
             import copy
 
             shadow = copy.deepcopy(self.model).to(torch.bfloat16)
-            self._bf16 = LoadedModel(shadow, self.tokenizer, f"{self.name} (bf16)",
-                                     list(self.prefix_ids))
+            self._bf16 = LoadedModel(
+                shadow, self.tokenizer, f"{self.name} (bf16)", list(self.prefix_ids)
+            )
         return self._bf16
 
     # ---- facts -------------------------------------------------------------------------------

@@ -305,13 +305,22 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 # ---- scoring ------------------------------------------------------------------------------------
+PROBE_COLUMNS = 8
+
+
 @dataclass
 class BatchTargets:
-    """The rows of a `TargetSet` that sit in the search batch, on the model's device."""
+    """The rows of a `TargetSet` that sit in the search batch, on the model's device.
+
+    `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
+    the hard check's cheap first test (see `hard_match`).
+    """
 
     continuation: Tensor  # (B, m)
     observed_values: Tensor | None  # (B, m, k)
     observed_indices: Tensor | None  # (B, m, k)
+    probe_indices: Tensor | None = None  # (B, m, P) vocabulary ids
+    probe_values: Tensor | None = None  # (B, m, P)
 
     @classmethod
     def from_set(cls, targets: TargetSet, rows: np.ndarray, device: torch.device) -> BatchTargets:
@@ -320,25 +329,33 @@ class BatchTargets:
         def take(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[idx].to(device)
 
-        return cls(
-            take(targets.continuation),
-            take(targets.observed_values),
-            take(targets.observed_indices),
+        values, indices = take(targets.observed_values), take(targets.observed_indices)
+        probe_idx = probe_val = None
+        if values is not None and values.shape[-1] > PROBE_COLUMNS:
+            top = values.topk(PROBE_COLUMNS, dim=-1)
+            probe_val = top.values
+            probe_idx = top.indices if indices is None else indices.gather(-1, top.indices)
+        return cls(take(targets.continuation), values, indices, probe_idx, probe_val)
+
+    def _fields(self) -> tuple[str, ...]:
+        return (
+            "continuation",
+            "observed_values",
+            "observed_indices",
+            "probe_indices",
+            "probe_values",
         )
 
     def put(self, slots: Tensor, other: BatchTargets) -> None:
         """Write `other`'s rows into `slots` (a refill)."""
-        self.continuation[slots] = other.continuation
-        if self.observed_values is not None:
-            self.observed_values[slots] = other.observed_values
-        if self.observed_indices is not None:
-            self.observed_indices[slots] = other.observed_indices
+        for name in self._fields():
+            mine = getattr(self, name)
+            if mine is not None:
+                mine[slots] = getattr(other, name)
 
     def select(self, keep: Tensor) -> BatchTargets:
         return BatchTargets(
-            self.continuation[keep],
-            None if self.observed_values is None else self.observed_values[keep],
-            None if self.observed_indices is None else self.observed_indices[keep],
+            *(None if getattr(self, f) is None else getattr(self, f)[keep] for f in self._fields())
         )
 
 
@@ -424,23 +441,47 @@ def hard_match(
     batch: BatchTargets,
     atol: float,
     rtol: float,
+    rows: Tensor | None = None,
 ) -> Tensor:
-    """Whether each candidate input (B, n) reproduces its observed output exactly, (B,) bool."""
+    """Whether each candidate input (C, n) reproduces its observed output exactly, (C,) bool.
+
+    `rows` names the batch rows the candidates belong to (default: all, in order). For logits,
+    a cheap necessary condition runs first: the few largest observed logits, with a looser
+    tolerance; only candidates that pass it pay for the full-vocabulary comparison.
+    """
+    if rows is None:
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
     n = tokens.shape[1]
     m = objective.output_tokens
-    embeds = context_embeds(model, model.embed(tokens), batch)
+    cont = batch.continuation[rows]
+    embeds = context_embeds(model, model.embed(tokens), BatchTargets(cont, None, None))
     hidden = model.hidden(embeds)[:, observed_positions(model, n, m)]
     if objective.kind == "text":
         pred = model.unembed(hidden).argmax(-1)
-        return (pred == batch.continuation).all(1)
-    if batch.observed_indices is None:
-        logits = model.unembed(hidden).float()
-        return torch.isclose(logits, batch.observed_values, atol=atol, rtol=rtol).flatten(1).all(1)
+        return (pred == cont).all(1)
+    result = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    alive = torch.arange(tokens.shape[0], device=tokens.device)
+    if model.split_forward and batch.probe_indices is not None:
+        probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
+        # Far looser than the real test than any rounding: it never rejects a true match.
+        ok = torch.isclose(
+            probe_pred, batch.probe_values[rows], atol=2 * atol + 1e-5, rtol=2 * rtol
+        )
+        alive = ok.flatten(1).all(1).nonzero().squeeze(1)
+        if len(alive) == 0:
+            return result
+        hidden, rows = hidden[alive], rows[alive]
+    values = batch.observed_values[rows]
     full = model.unembed(hidden).float()
-    k = batch.observed_indices.shape[-1]
-    at_obs = full.gather(-1, batch.observed_indices)
-    close = torch.isclose(at_obs, batch.observed_values, atol=atol, rtol=rtol).flatten(1).all(1)
-    # Its own top-k must be the observed set (order-free: ties may swap equal values).
-    own = full.topk(k, dim=-1).indices.sort(-1).values
-    same_set = (own == batch.observed_indices.sort(-1).values).flatten(1).all(1)
-    return close & same_set
+    if batch.observed_indices is None:
+        close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)
+    else:
+        indices = batch.observed_indices[rows]
+        k = indices.shape[-1]
+        at_obs = full.gather(-1, indices)
+        close = torch.isclose(at_obs, values, atol=atol, rtol=rtol).flatten(1).all(1)
+        # Its own top-k must be the observed set (order-free: ties may swap equal values).
+        own = full.topk(k, dim=-1).indices.sort(-1).values
+        close &= (own == indices.sort(-1).values).flatten(1).all(1)
+    result[alive] = close
+    return result

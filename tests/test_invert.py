@@ -120,7 +120,9 @@ def test_bfloat16_gradient_pass_still_reports_only_exact_matches():
     model = tiny_model("gpt2")
     tokens = [[i] for i in range(0, 64, 8)]
     targets = sodaray.make_targets(model, tokens)
-    results = sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=300, precision="bfloat16"))
+    results = sodaray.invert(
+        model, targets, sodaray.SodaConfig(max_steps=300, precision="bfloat16")
+    )
     assert model.for_precision("bfloat16").dtype == torch.bfloat16
     assert model.dtype == torch.float32  # the checked model is untouched
     assert sum(r.found for r in results) >= 6

@@ -220,14 +220,14 @@ class SodaBatch:
         found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
         if len(changed):
-            sub = self.batch.select(changed)
             found[changed] = hard_match(
                 self.model,
                 self.objective,
                 tokens[changed],
-                sub,
+                self.batch,
                 self.targets.atol,
                 self.targets.rtol,
+                rows=changed,
             )
             self.last_checked[changed] = tokens[changed]
         return found
