@@ -12,12 +12,16 @@ from sodaray.objectives import (
 )
 from sodaray.presets import PRESETS, get_preset
 from sodaray.search.base import InversionResult, SearchConfig
+from sodaray.search.embedding import EmbeddingConfig
+from sodaray.search.gcg import GcgConfig
 from sodaray.search.soda import SodaConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "EmbeddingConfig",
+    "GcgConfig",
     "PRESETS",
     "InversionResult",
     "LoadedModel",

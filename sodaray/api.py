@@ -12,6 +12,8 @@ import torch
 from sodaray.models import LoadedModel
 from sodaray.objectives import TargetSet
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig
+from sodaray.search.embedding import EmbeddingBatch, EmbeddingConfig
+from sodaray.search.gcg import GcgBatch, GcgConfig
 from sodaray.search.pool import run_pool
 from sodaray.search.soda import SodaBatch, SodaConfig
 
@@ -20,6 +22,8 @@ log = logging.getLogger(__name__)
 # algorithm name -> (config class, batch-state class)
 ALGORITHMS: dict[str, tuple[type[SearchConfig], Callable[..., BatchSearch]]] = {
     "soda": (SodaConfig, SodaBatch),
+    "gcg": (GcgConfig, GcgBatch),
+    "embedding": (EmbeddingConfig, EmbeddingBatch),
 }
 
 
@@ -85,6 +89,7 @@ def invert(
                 len(rows),
                 max_steps=config.max_steps,
                 max_batch_size=config.max_batch_size,
+                max_seconds=config.max_seconds,
                 on_finished=lambda *out, rows=rows, n=n: collector.finished(rows, n, *out),
                 device=model.device,
             )
@@ -101,6 +106,7 @@ class _Collector:
     def __init__(self, model, targets, config, on_result) -> None:
         self.model, self.targets, self.config, self.on_result = model, targets, config, on_result
         self.results: dict[int, InversionResult] = {}
+        self.params = {k: v for k, v in config.to_dict().items() if k != "seed"}
         self.retry: list[int] = []
         self.last_stage = True
 
@@ -125,6 +131,7 @@ class _Collector:
                 seed=self.config.seed,
                 true_tokens=None if true is None else list(true),
                 lengths_tried=(prev.lengths_tried if prev else []) + [n],
+                params=self.params,
             )
             self.results[row] = res
             if not res.found and not self.last_stage:

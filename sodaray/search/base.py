@@ -17,6 +17,8 @@ class SearchConfig:
     max_steps: int = 2000
     max_batch_size: int = 100
     seed: int = 0
+    # Optional wall-clock budget per target (time spent in the batch), for equal-time comparisons.
+    max_seconds: float | None = None
 
     algorithm = "base"  # class attribute, overridden by each algorithm
 
@@ -28,6 +30,8 @@ class SearchConfig:
             raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be positive, not {self.max_seconds}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +66,7 @@ class InversionResult:
     seed: int
     true_tokens: list[int] | None = None
     lengths_tried: list[int] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # the algorithm's parameters
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,6 +23,7 @@ def run_pool(
     *,
     max_steps: int,
     max_batch_size: int,
+    max_seconds: float | None = None,
     on_finished: FinishedFn,
     device: torch.device,
 ) -> None:
@@ -45,6 +46,8 @@ def run_pool(
         steps += 1
         found = out.found.cpu().numpy()
         done = found | (steps >= max_steps)
+        if max_seconds is not None:
+            done |= (time.perf_counter() - started) >= max_seconds
         if not done.any():
             continue
         done_slots = np.flatnonzero(done)

@@ -1,0 +1,144 @@
+"""Embedding-search baseline (paper appendix Algorithm 2).
+
+Continuous input embeddings X (n x d) start from N(0, 1) and follow standard Adam (with bias
+correction); the recovered input is the nearest vocabulary embedding at each position, found in
+vocabulary chunks so a (B*n, V) distance matrix never exists at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import BatchTargets, TargetSet, context_embeds, hard_match, objective_loss
+from sodaray.search.base import SearchConfig, StepOutcome
+
+
+@dataclass
+class EmbeddingConfig(SearchConfig):
+    """Defaults from the paper's ablation: gamma 0.065, betas (0.9, 0.995)."""
+
+    learning_rate: float = 0.065
+    beta1: float = 0.9
+    beta2: float = 0.995
+    eps: float = 1e-8
+    init_std: float = 1.0
+    distance: str = "euclidean"  # or "cosine"
+    vocab_chunk: int = 8192
+
+    algorithm = "embedding"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be positive, not {self.learning_rate}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError("beta1 and beta2 must be in [0, 1)")
+        if self.distance not in ("euclidean", "cosine"):
+            raise ValueError(f"distance must be euclidean or cosine, not {self.distance!r}")
+        if self.vocab_chunk < 1:
+            raise ValueError("vocab_chunk must be at least 1")
+
+
+@torch.no_grad()
+def nearest_tokens(
+    x: Tensor, embedding: Tensor, *, distance: str = "euclidean", chunk: int = 8192
+) -> Tensor:
+    """Index of the nearest row of `embedding` (V, d) for each vector of x (..., d)."""
+    flat = x.reshape(-1, x.shape[-1]).to(embedding.dtype)
+    if distance == "cosine":
+        flat = torch.nn.functional.normalize(flat, dim=-1)
+    best_score = torch.full((len(flat),), float("-inf"), device=flat.device)
+    best_index = torch.zeros(len(flat), dtype=torch.long, device=flat.device)
+    for start in range(0, embedding.shape[0], chunk):
+        rows = embedding[start : start + chunk]
+        if distance == "cosine":
+            score = flat @ torch.nn.functional.normalize(rows, dim=-1).T
+        else:  # argmin |x - e|^2 = argmax 2 x.e - |e|^2
+            score = 2 * (flat @ rows.T) - rows.pow(2).sum(-1)
+        score = score.float()
+        value, index = score.max(-1)
+        better = value > best_score
+        best_score = torch.where(better, value, best_score)
+        best_index = torch.where(better, index + start, best_index)
+    return best_index.view(x.shape[:-1])
+
+
+class EmbeddingBatch:
+    """Continuous inputs (B, n, d) with their Adam moments."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        targets: TargetSet,
+        length: int,
+        config: EmbeddingConfig,
+        slots: int,
+        generator: torch.Generator,
+    ) -> None:
+        self.model, self.targets, self.n, self.cfg = model, targets, length, config
+        self.objective = targets.objective
+        self.generator = generator
+        d = model.embedding_matrix.shape[1]
+        dev = model.device
+        self.x = torch.zeros((slots, length, d), device=dev, dtype=torch.float32)
+        self.m = torch.zeros_like(self.x)
+        self.v = torch.zeros_like(self.x)
+        self.age = torch.zeros(slots, device=dev, dtype=torch.float32)
+        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
+        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
+
+    def add(self, slots: Tensor, rows: np.ndarray) -> None:
+        shape = (len(slots), self.n, self.x.shape[-1])
+        init = torch.randn(shape, generator=self.generator, device=self.generator.device)
+        self.x[slots] = init.to(self.x.device) * self.cfg.init_std
+        self.m[slots] = 0.0
+        self.v[slots] = 0.0
+        self.age[slots] = 0.0
+        self.last_checked[slots] = -1
+        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+
+    def keep(self, slots: Tensor) -> None:
+        self.x, self.m, self.v = self.x[slots], self.m[slots], self.v[slots]
+        self.age, self.last_checked = self.age[slots], self.last_checked[slots]
+        self.batch = self.batch.select(slots)
+
+    def step(self, steps_after: np.ndarray) -> StepOutcome:
+        x = self.x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            embeds = x.to(self.model.dtype)
+            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+            loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch)
+            (grad,) = torch.autograd.grad(loss.sum(), x)
+        with torch.no_grad():
+            c = self.cfg
+            self.age += 1
+            self.m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
+            self.v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
+            m_hat = self.m / (1 - c.beta1**self.age).view(-1, 1, 1)
+            v_hat = self.v / (1 - c.beta2**self.age).view(-1, 1, 1)
+            self.x.addcdiv_(m_hat, v_hat.sqrt_().add_(c.eps), value=-c.learning_rate)
+        tokens = nearest_tokens(
+            self.x,
+            self.model.embedding_matrix,
+            distance=self.cfg.distance,
+            chunk=self.cfg.vocab_chunk,
+        )
+        found = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
+        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
+        if len(changed):
+            found[changed] = hard_match(
+                self.model,
+                self.objective,
+                tokens[changed],
+                self.batch,
+                self.targets.atol,
+                self.targets.rtol,
+                rows=changed,
+            )
+            self.last_checked[changed] = tokens[changed]
+        return StepOutcome(found=found, tokens=tokens, loss=loss.detach())

@@ -1,0 +1,195 @@
+"""GCG baseline (paper appendix Algorithm 3, after Zou et al. 2023).
+
+Per target, one-hot inputs start from random tokens. Each step: the gradient of the loss with
+respect to the one-hot gives, per position, the top-k most promising replacement tokens; each of
+`num_candidates` candidates changes one uniformly chosen position to one of that position's
+top-k tokens, chosen uniformly; all candidates of all samples are scored by the model in chunks
+and each sample moves to its best candidate; the hard-max check stops a sample that matches.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import BatchTargets, TargetSet, context_embeds, hard_match, objective_loss
+from sodaray.search.base import SearchConfig, StepOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GcgConfig(SearchConfig):
+    """GCG's knobs, defaulting to the paper's: top-k 128, 700 candidates, 700 steps."""
+
+    max_steps: int = 700
+    top_k: int = 128
+    num_candidates: int = 700
+    # Candidate sequences scored per forward; halves on out-of-memory instead of crashing.
+    eval_batch_size: int = 4096
+    exclude_tokens: list[int] = field(default_factory=list)
+
+    algorithm = "gcg"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.top_k < 1 or self.num_candidates < 1 or self.eval_batch_size < 1:
+            raise ValueError("top_k, num_candidates and eval_batch_size must be at least 1")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "not enough memory" in text
+    )
+
+
+class GcgBatch:
+    """Current tokens (B, n) of a batch of equal-length GCG searches."""
+
+    # Tests set this to force the out-of-memory fallback at a small chunk size.
+    simulated_memory_limit: int | None = None
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        targets: TargetSet,
+        length: int,
+        config: GcgConfig,
+        slots: int,
+        generator: torch.Generator,
+    ) -> None:
+        self.model, self.targets, self.n, self.cfg = model, targets, length, config
+        self.objective = targets.objective
+        self.generator = generator
+        dev = model.device
+        self.allowed = torch.ones(model.vocab_size, dtype=torch.bool, device=dev)
+        if config.exclude_tokens:
+            bad = [t for t in config.exclude_tokens if not 0 <= t < model.vocab_size]
+            if bad:
+                raise ValueError(f"exclude_tokens: token id {bad[0]} is outside the vocabulary")
+            self.allowed[torch.tensor(config.exclude_tokens, device=dev)] = False
+        if int(self.allowed.sum()) == 0:
+            raise ValueError("exclude_tokens removes the whole vocabulary")
+        self.allowed_ids = self.allowed.nonzero().squeeze(1)
+        self.tokens = torch.zeros((slots, length), dtype=torch.long, device=dev)
+        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
+        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
+        self.chunk = config.eval_batch_size
+
+    def add(self, slots: Tensor, rows: np.ndarray) -> None:
+        pick = torch.randint(
+            len(self.allowed_ids),
+            (len(slots), self.n),
+            generator=self.generator,
+            device=self.generator.device,
+        ).to(self.tokens.device)
+        self.tokens[slots] = self.allowed_ids[pick]
+        self.last_checked[slots] = -1
+        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+
+    def keep(self, slots: Tensor) -> None:
+        self.tokens, self.last_checked = self.tokens[slots], self.last_checked[slots]
+        self.batch = self.batch.select(slots)
+
+    def step(self, steps_after: np.ndarray) -> StepOutcome:
+        grad = self.one_hot_gradient()
+        candidates = self.sample_candidates(grad)  # (B, C, n)
+        losses = self.score(candidates)  # (B, C)
+        best = losses.argmin(1)
+        rows = torch.arange(len(best), device=best.device)
+        self.tokens = candidates[rows, best]
+        loss = losses[rows, best]
+        found = torch.zeros(len(best), dtype=torch.bool, device=best.device)
+        changed = (self.tokens != self.last_checked).any(1).nonzero().squeeze(1)
+        if len(changed):
+            found[changed] = hard_match(
+                self.model,
+                self.objective,
+                self.tokens[changed],
+                self.batch,
+                self.targets.atol,
+                self.targets.rtol,
+                rows=changed,
+            )
+            self.last_checked[changed] = self.tokens[changed]
+        return StepOutcome(found=found, tokens=self.tokens.clone(), loss=loss)
+
+    def one_hot_gradient(self) -> Tensor:
+        one_hot = F.one_hot(self.tokens, self.model.vocab_size).to(self.model.dtype)
+        one_hot.requires_grad_(True)
+        with torch.enable_grad():
+            embeds = one_hot @ self.model.embedding_matrix
+            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+            loss = objective_loss(
+                self.model,
+                self.objective,
+                hidden,
+                self.n,
+                self.batch,
+                one_hot if self.objective.fluency_weight > 0 else None,
+            )
+            (grad,) = torch.autograd.grad(loss.sum(), one_hot)
+        return grad
+
+    @torch.no_grad()
+    def sample_candidates(self, grad: Tensor) -> Tensor:
+        """(B, C, n): each candidate swaps one uniform position for one of its top-k tokens."""
+        B, n, _ = grad.shape
+        k = min(self.cfg.top_k, len(self.allowed_ids))
+        masked = grad.float().masked_fill(~self.allowed, float("inf"))
+        top = (-masked).topk(k, dim=-1).indices  # (B, n, k): most negative gradient first
+        C = self.cfg.num_candidates
+        gen, dev = self.generator, self.generator.device
+        pos = torch.randint(n, (B, C), generator=gen, device=dev).to(grad.device)
+        choice = torch.randint(k, (B, C), generator=gen, device=dev).to(grad.device)
+        new_tok = top.gather(1, pos[..., None].expand(B, C, k)).gather(2, choice[..., None])
+        cands = self.tokens[:, None, :].expand(B, C, n).clone()
+        cands.scatter_(2, pos[..., None], new_tok)
+        return cands
+
+    @torch.no_grad()
+    def score(self, candidates: Tensor) -> Tensor:
+        """Loss of every candidate (B, C), scored in chunks that shrink on out-of-memory."""
+        B, C, n = candidates.shape
+        flat = candidates.reshape(B * C, n)
+        owner = torch.arange(B, device=flat.device).repeat_interleave(C)
+        out = torch.empty(B * C, device=flat.device)
+        start = 0
+        while start < len(flat):
+            size = min(self.chunk, len(flat) - start)
+            try:
+                if self.simulated_memory_limit is not None and size > self.simulated_memory_limit:
+                    raise torch.OutOfMemoryError("simulated: out of memory")
+                out[start : start + size] = self._loss(
+                    flat[start : start + size], owner[start : start + size]
+                )
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not is_out_of_memory(exc) or self.chunk == 1:
+                    raise
+                self.chunk = max(1, self.chunk // 2)
+                log.warning(
+                    "out of memory scoring %d candidates; retrying with %d", size, self.chunk
+                )
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                continue
+            start += size
+        return out.view(B, C)
+
+    def _loss(self, tokens: Tensor, owner: Tensor) -> Tensor:
+        batch = self.batch.select(owner)
+        embeds = self.model.embed(tokens)
+        hidden = self.model.hidden(context_embeds(self.model, embeds, batch))
+        probs = None
+        if self.objective.fluency_weight > 0:
+            probs = F.one_hot(tokens, self.model.vocab_size).float()
+        return objective_loss(self.model, self.objective, hidden, self.n, batch, probs).float()
