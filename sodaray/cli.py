@@ -89,7 +89,7 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
     obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
     srch = p.add_argument_group("search")
-    srch.add_argument("--algorithm", default="soda")
+    srch.add_argument("--algorithm", default="soda", help="soda (default), gcg or embedding")
     srch.add_argument(
         "--length",
         type=_parse_length,
@@ -119,7 +119,12 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         help="prepend BOS as fixed context (default: as the tokenizer does)",
     )
     run.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--json", action="store_true", help="one JSON object per target")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="one JSON result row per target")
+    out.add_argument("--out", help="also write the result rows to this Parquet file")
+    out.add_argument(
+        "--dataset-label", default="", help="dataset name recorded in result rows (for reports)"
+    )
     p.set_defaults(func=cmd_invert)
 
 
@@ -224,9 +229,23 @@ def cmd_invert(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    for res in results:
-        if args.json:
-            print(json.dumps(res.to_dict()))
+    from sodaray.results import RunContext, result_rows, write_table_atomic
+
+    context = RunContext.for_model(
+        model,
+        objective,
+        dataset=args.dataset_label,
+        length_mode="auto" if length == "auto" else "fixed",
+    )
+    table = result_rows(results, context)
+    if args.out:
+        write_table_atomic(table, args.out)
+        logging.info("wrote %d result rows to %s", len(table), args.out)
+    for res, row in zip(results, table.to_pylist(), strict=True):
+        if args.json:  # the result schema's row, with its JSON columns decoded
+            row["params"] = json.loads(row["params"])
+            row["versions"] = json.loads(row["versions"])
+            print(json.dumps(row))
         else:
             status = "FOUND" if res.found else "not found"
             exact = "" if res.exact is None else (" exact" if res.exact else " (differs from true)")
@@ -237,11 +256,107 @@ def cmd_invert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="regenerate the paper's tables and figures from result files",
+        description="Tables (Markdown, LaTeX, CSV) and figures (PNG) from result Parquet files "
+        "or folders; each table is generated wherever its rows are present.",
+    )
+    p.add_argument("results", nargs="+", help="result Parquet files or folders of them")
+    p.add_argument("--out", default="report", help="output folder (default: ./report)")
+    p.add_argument("--format", default="md,latex,csv", help="comma-separated: md, latex, csv")
+    p.add_argument(
+        "--embedding-model",
+        help="sentence-embedding model folder for Cos. Sim. (default: all-MiniLM-L6-v2 from "
+        "the local Hugging Face cache, skipped when absent)",
+    )
+    p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sodaray.report import build_report
+
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    report = build_report(
+        args.results,
+        args.out,
+        formats=formats,
+        embedding_model=args.embedding_model,
+        figures=not args.no_figures,
+    )
+    print(f"{report.rows} result rows -> {len(report.tables)} tables in {args.out}")
+    for path in report.files:
+        print(f"  {path}")
+    for skipped in report.skipped:
+        print(f"  skipped {skipped.name}: {skipped.reason}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "data",
+        help="build evaluation datasets",
+        description="Evaluation datasets of token sequences for one model's tokenizer.",
+    )
+    data_sub = p.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    b = data_sub.add_parser(
+        "build",
+        help="build a dataset as Parquet",
+        description="Build a dataset of token sequences (random, nl-id, nl-ood or privacy) for "
+        "a model's tokenizer; only the tokenizer and config are loaded, never the weights. "
+        "Seed 1 is the test set, seed 0 the validation set used for tuning.",
+    )
+    b.add_argument("--model", required=True, help="hub id, local folder, or .gguf file")
+    b.add_argument("--gguf-file", help="GGUF file name inside the --model folder")
+    b.add_argument("--dataset", required=True, help="random, nl-id, nl-ood or privacy")
+    b.add_argument("--lengths", help="token lengths: A-B, N or 1,3,5 (default 1-10; privacy 15-24)")
+    b.add_argument("--per-length", type=int, help="samples per length (default 1000; privacy 500)")
+    b.add_argument("--seed", type=int, default=1, help="1: test set (default), 0: validation")
+    b.add_argument(
+        "--source",
+        help="hf (the Hugging Face hub, default), synthetic (privacy), or a local "
+        "JSONL/CSV/text file",
+    )
+    b.add_argument("--out", required=True, help="output Parquet file")
+    b.set_defaults(func=cmd_data_build)
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from sodaray.data import build_dataset, dataset_hash, parse_lengths, write_dataset
+
+    lengths = parse_lengths(args.lengths) if args.lengths is not None else None
+    if args.per_length is not None and args.per_length < 1:
+        raise CliError(f"--per-length must be at least 1, not {args.per_length}")
+    if not args.out.endswith(".parquet"):
+        raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
+    table = build_dataset(
+        args.model,
+        args.dataset,
+        lengths=lengths,
+        per_length=args.per_length,
+        seed=args.seed,
+        source=args.source,
+        gguf_file=args.gguf_file,
+    )
+    path = write_dataset(table, args.out)
+    print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sodaray", description="Search-based language-model inversion.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_invert(sub)
+    _add_report(sub)
+    from sodaray.runner.cli import add_sweep_parser
+
+    add_sweep_parser(sub)
+    _add_data(sub)
     return parser
 
 

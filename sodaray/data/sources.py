@@ -1,0 +1,238 @@
+"""Documents for the natural-language and PII datasets: the Hugging Face hub or a local file.
+
+Hub sources (`--source hf`) are streamed, so only the first documents of a large corpus are
+fetched (`HUB_SOURCES` names repository, split and text field). They fail fast with
+`HubUnreachable` when `HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` is set (a dataset already in the
+local `datasets` cache is then still used) or a short metadata request cannot reach the hub.
+
+Local files, by extension:
+
+- `.jsonl` / `.json` (one JSON object per line): field `text`; PII records take `source_text`
+  and `privacy_mask` (ai4privacy's format: a list, or JSON string, of {label, start, end}).
+- `.csv`: the first of the columns `text`, `Comment`, `comment`, `body`, else the column holding
+  the most characters; quoted multi-line fields are read whole.
+- anything else: plain text, one document per block separated by blank lines.
+
+Each document keeps its position in the source (line, row, block or stream index, empty ones
+counted) as its id, so every sample can be traced back to the text it came from.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sodaray.data.tokenizer import DatasetError
+
+log = logging.getLogger(__name__)
+
+CSV_TEXT_COLUMNS = ("text", "Comment", "comment", "body")
+# Sentence ends: . ! or ? followed by whitespace; a blank line (paragraph break) ends one too.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+_BLOCK_BREAK = re.compile(r"\n\s*\n")
+_OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
+
+
+class HubUnreachable(DatasetError):
+    """The Hugging Face hub cannot be reached (offline mode or no connection)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Document:
+    id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo: str
+    split: str
+    field: str | None  # None: no single text field (PII records)
+    offline_hint: str  # what to pass instead when the hub is out of reach
+
+
+HUB_SOURCES = {
+    "nl-id": HubSource(
+        "roneneldan/TinyStories",
+        "validation",
+        "text",
+        "pass --source PATH with a local JSONL/CSV/text file "
+        "(e.g. ../shared/data/tinystories_valid.jsonl)",
+    ),
+    "nl-ood": HubSource(
+        "sentence-transformers/reddit",
+        "train",
+        "body",
+        "pass --source PATH with a local JSONL/CSV/text file "
+        "(e.g. ../shared/data/reddit_comments.csv)",
+    ),
+    "privacy": HubSource(
+        "ai4privacy/pii-masking-400k",
+        "validation",
+        None,
+        "pass --source synthetic for Faker-generated PII text",
+    ),
+}
+
+
+def split_sentences(text: str, max_chars: int = 1000) -> list[str]:
+    """Sentences of the first `max_chars` characters: split after . ! ? followed by whitespace,
+    and at blank lines; stripped, empty ones dropped. The last piece may be cut by `max_chars`."""
+    return [s.strip() for s in _SENTENCE_BREAK.split(text[:max_chars]) if s.strip()]
+
+
+# ---- local files ----------------------------------------------------------------------------
+def _check_file(path: str | os.PathLike) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DatasetError(f"no such source file: {path}")
+    return p
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                rows.append({})
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
+            rows.append(row if isinstance(row, dict) else {"text": row})
+    return rows
+
+
+def _read_csv(path: Path) -> list[str]:
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return []
+    columns = list(rows[0].keys())
+    column = next((c for c in CSV_TEXT_COLUMNS if c in columns), None)
+    if column is None:  # no known name: the column holding the most text
+        column = max(columns, key=lambda c: sum(len(r.get(c) or "") for r in rows))
+    log.info("reading column %r of %s", column, path)
+    return [r.get(column) or "" for r in rows]
+
+
+def read_local_documents(path: str | os.PathLike) -> list[Document]:
+    """Documents of a local JSONL, CSV or plain-text file (empty ones skipped, ids kept)."""
+    p = _check_file(path)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = _read_jsonl(p)
+        if rows and not any("text" in r for r in rows):
+            raise DatasetError(f"{path}: no 'text' field in its JSON lines")
+        texts = [str(r.get("text") or "") for r in rows]
+    elif suffix == ".csv":
+        texts = _read_csv(p)
+    else:
+        texts = _BLOCK_BREAK.split(p.read_text(encoding="utf-8"))
+    docs = [Document(i, t) for i, t in enumerate(texts) if t.strip()]
+    if not docs:
+        raise DatasetError(f"no documents in {path}")
+    return docs
+
+
+def read_local_pii_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """ai4privacy-style records (`source_text`, `privacy_mask`) from a local JSONL file."""
+    p = _check_file(path)
+    if p.suffix.lower() not in (".jsonl", ".json"):
+        raise DatasetError(
+            f"{path}: a privacy source file must be JSONL with source_text and privacy_mask "
+            "(ai4privacy's format); use --source synthetic for generated text"
+        )
+    records = []
+    for i, row in enumerate(_read_jsonl(p)):
+        text = row.get("source_text", row.get("text"))
+        if text and "privacy_mask" in row:
+            records.append({"id": i, "source_text": str(text), "privacy_mask": row["privacy_mask"]})
+    if not records:
+        raise DatasetError(f"{path}: no records with source_text and privacy_mask")
+    return records
+
+
+# ---- the hub -----------------------------------------------------------------------------------
+def hub_offline() -> bool:
+    """Whether the environment asks for offline mode."""
+    return any(
+        os.environ.get(name, "").strip().upper() in _OFFLINE_VALUES
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def _unreachable(hub: HubSource, why: str) -> HubUnreachable:
+    return HubUnreachable(
+        f"cannot reach the Hugging Face hub for {hub.repo} ({why}); {hub.offline_hint}", why
+    )
+
+
+def _open_hub(hub: HubSource):
+    """An iterable over the split's rows: streamed, or from the local cache in offline mode."""
+    import datasets
+
+    if hub_offline():
+        # `datasets` reads the offline switch at import; only then is a cache-only load safe from
+        # touching the network.
+        if not datasets.config.HF_HUB_OFFLINE:
+            raise _unreachable(hub, "offline mode")
+        try:
+            return datasets.load_dataset(hub.repo, split=hub.split)
+        except Exception as exc:  # not cached: any error means the same thing here
+            raise _unreachable(hub, "offline mode, not in the local cache") from exc
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:  # a short request first, so a missing network fails in seconds, not retries
+        HfApi().dataset_info(hub.repo, timeout=10)
+    except RepositoryNotFoundError as exc:
+        raise DatasetError(f"dataset {hub.repo} not found on the Hugging Face hub") from exc
+    except Exception as exc:
+        text = str(exc).strip()
+        raise _unreachable(hub, text.splitlines()[0] if text else type(exc).__name__) from exc
+    return datasets.load_dataset(hub.repo, split=hub.split, streaming=True)
+
+
+def read_hub_rows(hub: HubSource, limit: int, *, english_only: bool = False) -> list[dict]:
+    """Up to `limit` rows of a hub split in its own order; each gets its stream index as `id`."""
+    rows: list[dict] = []
+    log.info("streaming up to %d rows of %s [%s]", limit, hub.repo, hub.split)
+    try:
+        for index, row in enumerate(_open_hub(hub)):
+            if english_only and row.get("language", "en") != "en":
+                continue
+            rows.append({**row, "id": index})
+            if len(rows) >= limit:
+                break
+    except DatasetError:
+        raise
+    except Exception as exc:  # the stream broke off: network errors come in many types
+        text = str(exc).strip()
+        raise _unreachable(hub, text.splitlines()[0] if text else type(exc).__name__) from exc
+    if not rows:
+        raise DatasetError(f"no rows in {hub.repo} [{hub.split}]")
+    return rows
+
+
+def read_hub_documents(hub: HubSource, limit: int) -> list[Document]:
+    """Documents from a hub split: `hub.field`, or the row's first string column."""
+    docs = []
+    for row in read_hub_rows(hub, limit):
+        text = row.get(hub.field) if hub.field else None
+        if not isinstance(text, str):
+            text = next((v for k, v in row.items() if k != "id" and isinstance(v, str)), "")
+        if text.strip():
+            docs.append(Document(row["id"], text))
+    return docs

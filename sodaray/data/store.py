@@ -1,0 +1,153 @@
+"""The dataset file: a Parquet table with a fixed schema, a content hash and build metadata.
+
+Columns, one row per sample, in `sample_id` order:
+
+| column      | type             | meaning                                                   |
+| ----------- | ---------------- | --------------------------------------------------------- |
+| sample_id   | int64            | 0..N-1                                                    |
+| dataset     | string           | random, nl-id, nl-ood or privacy                          |
+| tokenizer   | string           | the model id or path the build was given                  |
+| vocab_size  | int64            | the model's vocabulary size; every token is below it      |
+| length      | int32            | number of tokens                                          |
+| tokens      | list<int64>      | the input token ids (no BOS or other special tokens)      |
+| text        | string           | tokenizer.decode(tokens)                                  |
+| pii_labels  | list<string>     | privacy only: a label per token, null items for non-PII   |
+| document_id | int64 (nullable) | nl, and privacy from hub/file: the source document index  |
+
+Schema metadata (byte strings): `sodaray.dataset.version` ("1"), `sodaray.dataset.args` (the
+build arguments as JSON), `sodaray.dataset.info` (JSON: the source read, documents reused, ...)
+and `sodaray.dataset.hash`: the SHA-256 hex digest of the rows, each written as the compact JSON
+list of its column values in the order above, followed by a newline. The hash depends on the
+values only, not on the Parquet encoding; the file bytes are reproducible too, for the same
+pyarrow version, since nothing time-dependent is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sodaray.data.tokenizer import DatasetError
+
+FORMAT_VERSION = "1"
+VERSION_KEY = b"sodaray.dataset.version"
+ARGS_KEY = b"sodaray.dataset.args"
+INFO_KEY = b"sodaray.dataset.info"
+HASH_KEY = b"sodaray.dataset.hash"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.int64(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("tokenizer", pa.string(), nullable=False),
+        pa.field("vocab_size", pa.int64(), nullable=False),
+        pa.field("length", pa.int32(), nullable=False),
+        pa.field("tokens", pa.list_(pa.int64()), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("pii_labels", pa.list_(pa.string())),
+        pa.field("document_id", pa.int64()),
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def content_hash(table: pa.Table) -> str:
+    """SHA-256 of the row values (see the module docstring), independent of file encoding."""
+    digest = hashlib.sha256()
+    columns = [table.column(name).to_pylist() for name in COLUMNS]
+    for row in zip(*columns, strict=True):
+        digest.update(_dumps(list(row)).encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def make_table(rows: dict[str, list], args: dict[str, Any], info: dict[str, Any]) -> pa.Table:
+    """The dataset table from column lists, with version, arguments, info and hash attached."""
+    table = pa.Table.from_pydict(rows, schema=SCHEMA)
+    metadata = {
+        VERSION_KEY: FORMAT_VERSION.encode(),
+        ARGS_KEY: _dumps(args).encode("utf-8"),
+        INFO_KEY: _dumps(info).encode("utf-8"),
+        HASH_KEY: content_hash(table).encode(),
+    }
+    return table.replace_schema_metadata(metadata)
+
+
+def dataset_hash(table: pa.Table) -> str:
+    """The content hash recorded in the table's metadata."""
+    return (table.schema.metadata or {}).get(HASH_KEY, b"").decode()
+
+
+def dataset_metadata(table: pa.Table) -> dict[str, Any]:
+    """The build arguments and info recorded in the table's metadata, decoded."""
+    meta = table.schema.metadata or {}
+    return {
+        "version": meta.get(VERSION_KEY, b"").decode(),
+        "args": json.loads(meta.get(ARGS_KEY, b"{}")),
+        "info": json.loads(meta.get(INFO_KEY, b"{}")),
+        "hash": meta.get(HASH_KEY, b"").decode(),
+    }
+
+
+def write_dataset(table: pa.Table, path: str | os.PathLike) -> Path:
+    """Write atomically (a temporary file in the same folder, then a rename), with fixed writer
+    settings so that the same table gives the same bytes."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    metadata = dict(table.schema.metadata or {})
+    metadata.setdefault(VERSION_KEY, FORMAT_VERSION.encode())
+    metadata[HASH_KEY] = content_hash(table).encode()  # always matches what is written
+    table = table.replace_schema_metadata(metadata)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            compression_level=3,
+            use_dictionary=True,
+            write_statistics=True,
+            row_group_size=1 << 20,
+            version="2.6",
+        )
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def read_dataset(path: str | os.PathLike, *, verify: bool = True) -> pa.Table:
+    """Read a dataset file, checking its format version, columns and (with `verify`) hash."""
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"no such dataset file: {path}")
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{path} is not a readable Parquet file: {exc}") from exc
+    version = (table.schema.metadata or {}).get(VERSION_KEY)
+    if version is None:
+        raise DatasetError(f"{path} is not a sodaray dataset (no {VERSION_KEY.decode()})")
+    if version.decode() != FORMAT_VERSION:
+        raise DatasetError(
+            f"{path} has dataset format version {version.decode()}; this sodaray reads "
+            f"version {FORMAT_VERSION}"
+        )
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise DatasetError(f"{path} lacks the column(s) {', '.join(missing)}")
+    table = table.select(list(COLUMNS)).replace_schema_metadata(table.schema.metadata)
+    if verify and content_hash(table) != dataset_hash(table):
+        raise DatasetError(f"{path}: the rows do not match the recorded hash (file modified?)")
+    return table

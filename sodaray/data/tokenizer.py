@@ -1,0 +1,82 @@
+"""The tokenizer and vocabulary size of a model, without loading its weights.
+
+Datasets only need token ids in [0, vocab_size) and the tokenizer that maps text to them, so a
+build never touches the (possibly large) weight files: the config gives `vocab_size`, and a
+folder with only a tokenizer falls back to the tokenizer's length.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be built or read (bad arguments, missing source, unreadable file)."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """A loaded tokenizer with the model's vocabulary size and the name it was loaded by."""
+
+    tokenizer: Any
+    vocab_size: int
+    name: str
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name): a path ending in `.gguf` is split into the two, and a
+    local path that does not exist is an error (checked before any slow work)."""
+    if name_or_path.endswith(".gguf") and gguf_file is None:
+        path = Path(name_or_path)
+        name_or_path, gguf_file = str(path.parent), path.name
+    looks_local = name_or_path.startswith(("/", "./", "../", "~"))
+    if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
+        raise DatasetError(f"no such model folder or file: {name_or_path}")
+    if gguf_file is not None and os.path.isdir(name_or_path):
+        if not (Path(name_or_path) / gguf_file).is_file():
+            raise DatasetError(f"GGUF file {gguf_file!r} not found in {name_or_path}")
+    return name_or_path, gguf_file
+
+
+def load_tokenizer(
+    name_or_path: str, *, gguf_file: str | None = None, trust_remote_code: bool = False
+) -> TokenizerInfo:
+    """Tokenizer and vocabulary size for a hub id, local folder or GGUF file (no weights).
+
+    As in `sodaray.load_model`, a path ending in `.gguf` is split into folder and file.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    name_or_path, gguf_file = check_model_path(name_or_path, gguf_file)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(
+            f"cannot load a tokenizer for {name_or_path!r}: {_first_line(exc)}"
+        ) from exc
+    vocab_size = None
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+        vocab_size = getattr(config, "vocab_size", None)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.debug("no model config for %s: %s", name_or_path, exc)
+    if not vocab_size:
+        # A tokenizer-only folder: the model's embedding matrix is at least this large.
+        vocab_size = len(tokenizer)
+        log.info("no config vocab_size for %s; using the tokenizer's %d", name_or_path, vocab_size)
+    label = f"{name_or_path}/{gguf_file}" if gguf_file else name_or_path
+    return TokenizerInfo(tokenizer=tokenizer, vocab_size=int(vocab_size), name=label)

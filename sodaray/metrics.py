@@ -1,0 +1,252 @@
+"""The paper's metrics over result rows (pandas DataFrames in the result schema).
+
+Exact with Wilson 95% intervals; Partial (tokens right at their positions) with standard error;
+PII recovery; cosine similarity of recovered and true text under a local sentence-embedding
+model; false discovery (output matched, input differs); predicted vs true length; solved fraction
+by step and by token position.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+@dataclass(frozen=True)
+class Proportion:
+    """k successes of n with a Wilson 95% interval."""
+
+    k: int
+    n: int
+    low: float
+    high: float
+
+    @property
+    def value(self) -> float:
+        return self.k / self.n if self.n else math.nan
+
+    def percent(self) -> str:
+        """As the paper prints it: `79.5 (78.7–80.3)`."""
+        if not self.n:
+            return "–"
+        return f"{100 * self.value:.1f} ({100 * self.low:.1f}–{100 * self.high:.1f})"
+
+
+@dataclass(frozen=True)
+class Mean:
+    """A sample mean with its standard error."""
+
+    value: float
+    se: float
+    n: int
+
+    def percent(self) -> str:
+        return "–" if not self.n else f"{100 * self.value:.1f} ± {100 * self.se:.1f}"
+
+    def plain(self) -> str:
+        return "–" if not self.n else f"{self.value:.3f} ± {self.se:.3f}"
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (Wilson 1927)."""
+    if n <= 0:
+        return (math.nan, math.nan)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def proportion(k: int, n: int) -> Proportion:
+    return Proportion(int(k), int(n), *wilson_interval(int(k), int(n)))
+
+
+def mean_se(values: Sequence[float] | np.ndarray) -> Mean:
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return Mean(math.nan, math.nan, 0)
+    se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+    return Mean(float(x.mean()), se, len(x))
+
+
+# ---- per-sample scores ----------------------------------------------------------------------
+def _known(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose true input is known (exact is defined)."""
+    return df[df["exact"].notna()]
+
+
+def exact_rate(df: pd.DataFrame) -> Proportion:
+    known = _known(df)
+    return proportion(int(known["exact"].astype(bool).sum()), len(known))
+
+
+def token_matches(true: Sequence[int], recovered: Sequence[int] | None) -> np.ndarray:
+    """Per true position: is the recovered token there the same? (a shorter recovery misses)"""
+    true = np.asarray(true)
+    rec = np.asarray([] if recovered is None else recovered)
+    out = np.zeros(len(true), dtype=bool)
+    m = min(len(true), len(rec))
+    out[:m] = true[:m] == rec[:m]
+    return out
+
+
+def partial_scores(df: pd.DataFrame) -> np.ndarray:
+    """Fraction of each sample's true tokens recovered at their positions."""
+    known = df[df["true_tokens"].notna()]
+    return np.array(
+        [
+            token_matches(t, r).mean() if len(t) else np.nan
+            for t, r in zip(known["true_tokens"], known["tokens"], strict=True)
+        ],
+        dtype=float,
+    )
+
+
+def partial(df: pd.DataFrame) -> Mean:
+    return mean_se(partial_scores(df))
+
+
+def _pii_rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["true_tokens"].notna() & df["pii_labels"].notna()]
+
+
+def pii_partial(df: pd.DataFrame) -> Mean:
+    """Partial over PII-labelled tokens only (samples without any PII token are skipped)."""
+    scores = []
+    for t, r, labels in zip(
+        *(_pii_rows(df)[c] for c in ("true_tokens", "tokens", "pii_labels")), strict=True
+    ):
+        mask = np.array([lab is not None for lab in labels], dtype=bool)
+        if mask.any():
+            scores.append(token_matches(t, r)[mask].mean())
+    return mean_se(scores)
+
+
+def pii_by_label(df: pd.DataFrame) -> dict[str, tuple[int, int]]:
+    """label -> (tokens recovered, tokens in total), as in the paper's appendix table."""
+    right: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    for t, r, labels in zip(
+        *(_pii_rows(df)[c] for c in ("true_tokens", "tokens", "pii_labels")), strict=True
+    ):
+        hits = token_matches(t, r)
+        for lab, hit in zip(labels, hits, strict=True):
+            if lab is not None:
+                total[lab] += 1
+                right[lab] += int(hit)
+    return {lab: (right[lab], total[lab]) for lab in sorted(total)}
+
+
+def false_discovery(df: pd.DataFrame) -> Proportion:
+    """Among found samples with a known input: the fraction whose input differs."""
+    found = _known(df)
+    found = found[found["found"].astype(bool)]
+    return proportion(int((~found["exact"].astype(bool)).sum()), len(found))
+
+
+def length_confusion(df: pd.DataFrame) -> pd.DataFrame:
+    """Counts of true length (rows) by predicted length (columns)."""
+    known = df[df["length"].notna()]
+    return pd.crosstab(
+        known["length"].astype(int), known["predicted_length"].astype(int)
+    ).rename_axis(index="true length", columns="predicted length")
+
+
+def solved_by_step(df: pd.DataFrame, steps: Sequence[int] | None = None) -> pd.Series:
+    """Fraction of samples solved exactly within s steps, for each s in `steps` (default: 50
+    points up to the largest step budget)."""
+    known = _known(df)
+    if steps is None:
+        top = int(max(known["max_steps"].max() or 0, known["steps"].max() or 0, 1))
+        steps = np.unique(np.linspace(0, top, 51).astype(int))
+    solved = known["exact"].astype(bool).to_numpy()
+    taken = known["steps"].to_numpy()
+    n = max(len(known), 1)
+    return pd.Series(
+        [float((solved & (taken <= s)).sum() / n) for s in steps], index=list(steps), name="exact"
+    )
+
+
+def solved_by_position(df: pd.DataFrame) -> pd.Series:
+    """Fraction of samples whose token at position i is recovered, per position."""
+    known = df[df["true_tokens"].notna()]
+    hits: Counter[int] = Counter()
+    count: Counter[int] = Counter()
+    for t, r in zip(known["true_tokens"], known["tokens"], strict=True):
+        for i, hit in enumerate(token_matches(t, r)):
+            hits[i] += int(hit)
+            count[i] += 1
+    return pd.Series({i + 1: hits[i] / count[i] for i in sorted(count)}, name="recovered")
+
+
+# ---- cosine similarity ----------------------------------------------------------------------
+DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class SentenceEmbedder:
+    """Mean-pooled, normalised sentence embeddings from a local `transformers` encoder (the
+    paper used an API model; any sentence-transformers checkpoint folder works here)."""
+
+    def __init__(self, name_or_path: str, *, local_files_only: bool = True) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.name = name_or_path
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            name_or_path, local_files_only=local_files_only
+        )
+        self.model = AutoModel.from_pretrained(name_or_path, local_files_only=local_files_only)
+        self.model.eval()
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(texts), batch_size):
+                batch = self.tokenizer(
+                    list(texts[i : i + batch_size]),
+                    padding=True,
+                    truncation=True,
+                    max_length=256,
+                    return_tensors="pt",
+                )
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+                out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        return np.concatenate(out) if out else np.zeros((0, 1))
+
+
+def load_sentence_embedder(name_or_path: str | None = None) -> SentenceEmbedder | None:
+    """The embedder named (or $SODARAY_EMBEDDING_MODEL, or all-MiniLM-L6-v2 from the local
+    Hugging Face cache); None, with a logged note, when none can be loaded offline."""
+    name = name_or_path or os.environ.get("SODARAY_EMBEDDING_MODEL") or DEFAULT_EMBEDDER
+    try:
+        return SentenceEmbedder(name)
+    except (OSError, ValueError, ImportError) as exc:
+        if name_or_path:  # asked for explicitly: that is an error, not a note
+            raise ValueError(f"cannot load sentence-embedding model {name!r}: {exc}") from exc
+        log.info("no local sentence-embedding model (%s): cosine similarity skipped", name)
+        return None
+
+
+def cosine_similarities(
+    embedder: SentenceEmbedder, true_texts: Sequence[str], texts: Sequence[str]
+) -> np.ndarray:
+    """Cosine similarity of each recovered text with its true text."""
+    a = embedder.encode([t or "" for t in true_texts])
+    b = embedder.encode([t or "" for t in texts])
+    return (a * b).sum(-1) if len(a) else np.zeros(0)

@@ -1,0 +1,109 @@
+"""Reports: the paper's tables (Markdown, LaTeX, CSV) and figures (PNG) regenerated from result
+rows, wherever the rows for them are present."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sodaray import metrics
+from sodaray.report.render import FORMATS, RENDERERS
+from sodaray.report.tables import Skipped, Table, build_tables, prepare
+from sodaray.results import read_results
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Report:
+    tables: list[Table] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    rows: int = 0
+
+
+def load_frame(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """Result rows under `paths` as a DataFrame with the report's derived columns."""
+    return prepare(read_results(paths).to_pandas())
+
+
+def add_cosine(df: pd.DataFrame, embedder: metrics.SentenceEmbedder | None) -> pd.DataFrame:
+    """A `cos_sim` column (recovered vs true text) where both texts are known."""
+    df = df.copy()
+    df["cos_sim"] = np.nan
+    if embedder is None:
+        return df
+    has = df["true_text"].notna() & df["text"].notna()
+    if has.any():
+        df.loc[has, "cos_sim"] = metrics.cosine_similarities(
+            embedder, df.loc[has, "true_text"].tolist(), df.loc[has, "text"].tolist()
+        )
+    return df
+
+
+def build_report(
+    paths: str | Path | Iterable[str | Path],
+    out: str | Path,
+    *,
+    formats: Iterable[str] = FORMATS,
+    embedding_model: str | None = None,
+    figures: bool = True,
+) -> Report:
+    """Regenerate every table and figure the rows under `paths` have data for, into `out`."""
+    formats = list(formats)
+    bad = [f for f in formats if f not in RENDERERS]
+    if bad:
+        raise ValueError(f"unknown report format {bad[0]!r}; choose from {', '.join(FORMATS)}")
+    df = load_frame(paths)
+    report = Report(rows=len(df))
+    embedder = metrics.load_sentence_embedder(embedding_model)
+    if embedder is None:
+        report.notes.append(
+            "Cos. Sim. skipped: no local sentence-embedding model (pass --embedding-model PATH "
+            f"or put {metrics.DEFAULT_EMBEDDER} in the Hugging Face cache)."
+        )
+    df = add_cosine(df, embedder)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    report.tables, report.skipped = build_tables(df)
+    for table in report.tables:
+        for fmt in formats:
+            render, ext = RENDERERS[fmt]
+            path = out / f"{table.name}.{ext}"
+            path.write_text(render(table), encoding="utf-8")
+            report.files.append(path)
+    if figures:
+        from sodaray.report.figures import build_figures
+
+        made, skipped = build_figures(df, out)
+        report.files += made
+        report.skipped += skipped
+    index = out / "README.md"
+    index.write_text(_index(report), encoding="utf-8")
+    report.files.append(index)
+    return report
+
+
+def _index(report: Report) -> str:
+    from sodaray.report.render import to_markdown
+
+    lines = [f"# sodaray report ({report.rows} result rows)", ""]
+    lines += [to_markdown(t) for t in report.tables]
+    figures = [f for f in report.files if f.suffix == ".png"]
+    if figures:
+        lines += ["## Figures", ""] + [f"![{f.stem}]({f.name})" for f in figures] + [""]
+    if report.skipped or report.notes:
+        lines += ["## Not generated", ""]
+        lines += [f"- {s.name}: {s.reason}" for s in report.skipped]
+        lines += [f"- {note}" for note in report.notes]
+        lines.append("")
+    return "\n".join(lines)
+
+
+__all__ = ["Report", "build_report", "load_frame"]

@@ -1,0 +1,406 @@
+"""The paper's tables, built from result rows wherever the rows for them are present.
+
+Each builder takes the prepared DataFrame (see `prepare`) and returns tables, or an empty list
+when the rows it needs are absent (the report lists what it skipped and why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from sodaray import metrics
+from sodaray.metrics import Mean, Proportion
+
+DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]
+# SODA's own switch values; a row differing from them is an ablation variant.
+SODA_SWITCHES = {
+    "bias_correction": (False, "+ bias correction"),
+    "use_decay": (True, "− decay"),
+    "use_resets": (True, "− resets"),
+    "use_reinit": (True, "− re-init"),
+}
+
+
+@dataclass
+class Cell:
+    """One table cell: its printed text and, for CSV, the numbers behind it."""
+
+    text: str
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    se: float | None = None
+    n: int | None = None
+
+    @classmethod
+    def rate(cls, p: Proportion) -> Cell:
+        return cls(p.percent(), p.value, p.low, p.high, None, p.n)
+
+    @classmethod
+    def mean(cls, m: Mean, *, percent: bool = True) -> Cell:
+        return cls(m.percent() if percent else m.plain(), m.value, None, None, m.se, m.n)
+
+    @classmethod
+    def count(cls, k: int) -> Cell:
+        return cls(str(k), float(k), n=k)
+
+
+EMPTY = Cell("")
+
+
+@dataclass
+class Table:
+    name: str  # file stem
+    title: str
+    caption: str
+    header: list[str]  # the row-label column first
+    rows: list[tuple[str, list[Cell]]] = field(default_factory=list)
+
+
+@dataclass
+class Skipped:
+    name: str
+    reason: str
+
+
+# ---- preparation ----------------------------------------------------------------------------
+def objective_label(kind: str, top_k: float | None) -> str:
+    if kind == "text":
+        return "text only"
+    return "all logits" if top_k is None or pd.isna(top_k) else f"top-{int(top_k)} logits"
+
+
+def variant_label(algorithm: str, params: str | None) -> str:
+    """Ablation row name: `SODA`, or SODA with the switches that differ from it."""
+    if algorithm != "soda":
+        return {"embedding": "Embedding search", "gcg": "GCG"}.get(algorithm, algorithm)
+    values = json.loads(params) if params else {}
+    diffs = [
+        label
+        for key, (default, label) in SODA_SWITCHES.items()
+        if key in values and bool(values[key]) != default
+    ]
+    return "SODA " + ", ".join(diffs) if diffs else "SODA"
+
+
+def prepare(df: pd.DataFrame) -> pd.DataFrame:
+    """Derived columns the tables group by."""
+    df = df.copy()
+    df["objective_label"] = [
+        objective_label(k, t) for k, t in zip(df["objective"], df["top_k"], strict=True)
+    ]
+    df["fluency"] = df["fluency_weight"].fillna(0) > 0
+    df["variant"] = [
+        variant_label(a, p) for a, p in zip(df["algorithm"], df["params"], strict=True)
+    ]
+    return df
+
+
+def settings(df: pd.DataFrame) -> str:
+    """The run's settings for a caption: models, step budgets, samples, seeds."""
+
+    def values(col: str) -> str:
+        vals = sorted({v for v in df[col].dropna().tolist()}, key=str)
+        return ", ".join(str(v) for v in vals) if vals else "?"
+
+    return (
+        f"Model: {values('model')}; max steps: {values('max_steps')}; "
+        f"samples: {len(df)}; seed: {values('seed')}."
+    )
+
+
+def observation_key(df: pd.DataFrame) -> pd.Series:
+    """What was observed, as one string per row: objective | top-k (-1: all) | outputs."""
+    top_k = df["top_k"].fillna(-1).astype(int).astype(str)
+    return df["objective"].astype(str) + "|" + top_k + "|" + df["output_tokens"].astype(str)
+
+
+def fixed_length(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["length_mode"].fillna("fixed") == "fixed"]
+
+
+def main_dataset(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of one dataset: `random` when present (the paper's main tables), else the most
+    common one other than privacy."""
+    names = df["dataset"].fillna("")
+    if (names == "random").any():
+        return df[names == "random"]
+    others = names[names != "privacy"]
+    return df[names == others.value_counts().index[0]] if len(others) else df.iloc[:0]
+
+
+def dominant_observation(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of the most common observation setting, so a table that varies something else
+    never mixes objectives."""
+    if df.empty:
+        return df
+    keys = observation_key(df)
+    return df[keys == keys.value_counts().index[0]]
+
+
+def standard_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The main dataset, fluency off, fixed lengths, the most common observation setting."""
+    return dominant_observation(main_dataset(fixed_length(df[~df["fluency"]])))
+
+
+def by_model(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(row-label prefix, rows) per model; no prefix when there is only one model."""
+    groups = list(df.groupby("model", sort=True))
+    if len(groups) == 1:
+        return [("", groups[0][1])]
+    return [(f"{Path(str(m)).name} / ", g) for m, g in groups]
+
+
+def _ordered(values, order: list[str]) -> list:
+    return sorted(set(values), key=lambda v: (order.index(v) if v in order else len(order), v))
+
+
+def _describe_objective(df: pd.DataFrame) -> str:
+    row = df.iloc[0]
+    return f"{objective_label(row['objective'], row['top_k'])}, {int(row['output_tokens'])} output"
+
+
+# ---- the tables -----------------------------------------------------------------------------
+def table_model(df: pd.DataFrame) -> list[Table]:
+    """Exact by input length per model (paper Table "model")."""
+    base = standard_rows(df[df["variant"] == "SODA"])
+    if "random" in set(base["dataset"]):
+        base = base[base["dataset"] == "random"]
+    base = base[base["length"].notna()]
+    if base.empty:
+        return []
+    lengths = sorted(int(n) for n in base["length"].unique())
+    models = (
+        base.groupby("model")["model_parameters"].max().sort_values(kind="stable").index.tolist()
+    )
+    table = Table(
+        "model",
+        "Exact inversion (%) by input length",
+        f"SODA, {_describe_objective(base)} position(s). {settings(base)} Wilson 95% intervals.",
+        ["Model"] + [f"n={n}" for n in lengths] + ["All"],
+    )
+    for model in models:
+        rows = base[base["model"] == model]
+        cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
+        table.rows.append((model, cells + [Cell.rate(metrics.exact_rate(rows))]))
+    return [table]
+
+
+def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
+    base = main_dataset(fixed_length(df[(df["variant"] == "SODA") & ~df["fluency"]]))
+    tables = []
+    for model, rows in base.groupby("model", sort=True):
+        if rows[["objective_label", "output_tokens"]].drop_duplicates().shape[0] < 2:
+            continue
+        outs = sorted(int(m) for m in rows["output_tokens"].unique())
+        labels = [lab for lab in rows["objective_label"].unique() if lab != "text only"]
+        labels.sort(
+            key=lambda s: (
+                s != "all logits",
+                int(s.split("-")[1].split()[0]) if s.startswith("top-") else 0,
+            )
+        )
+        if "text only" in set(rows["objective_label"]):
+            labels.append("text only")
+        what = "False discovery (%): output matched, input differs" if fdr else "Exact (%)"
+        table = Table(
+            "tradeoff_fdr" if fdr else "tradeoff",
+            f"{what}, by output information ({model})",
+            f"SODA; rows: what was observed; columns: observed output positions. "
+            f"{settings(rows)} Wilson 95% intervals.",
+            ["Observed"] + [f"{m} output" for m in outs],
+        )
+        for lab in labels:
+            sel = rows[rows["objective_label"] == lab]
+            cells = []
+            for m in outs:
+                cell_rows = sel[sel["output_tokens"] == m]
+                if cell_rows.empty:
+                    cells.append(EMPTY)
+                    continue
+                stat = metrics.false_discovery if fdr else metrics.exact_rate
+                cells.append(Cell.rate(stat(cell_rows)))
+            table.rows.append((lab, cells))
+        tables.append(table)
+    return tables
+
+
+def table_tradeoff(df: pd.DataFrame) -> list[Table]:
+    """Exact by top-k logits x output tokens, with a text-only row (paper Table "tradeoff")."""
+    return _tradeoff(df, fdr=False)
+
+
+def table_tradeoff_fdr(df: pd.DataFrame) -> list[Table]:
+    """The tradeoff table's false-discovery counterpart."""
+    return _tradeoff(df, fdr=True)
+
+
+def _quality_cells(rows: pd.DataFrame, with_cos: bool) -> list[Cell]:
+    cells = [Cell.rate(metrics.exact_rate(rows)), Cell.mean(metrics.partial(rows))]
+    if with_cos:
+        cells.append(Cell.mean(metrics.mean_se(rows["cos_sim"]), percent=False))
+    return cells
+
+
+def table_fluency(df: pd.DataFrame) -> list[Table]:
+    """Random / NL-OOD / NL-ID x fluency on/off: Exact, Partial, Cos. Sim. (Table "fluency")."""
+    base = fixed_length(df[(df["variant"] == "SODA") & (df["dataset"] != "privacy")])
+    base = dominant_observation(base)
+    if base[["dataset", "fluency"]].drop_duplicates().shape[0] < 2:
+        return []
+    with_cos = "cos_sim" in base and base["cos_sim"].notna().any()
+    table = Table(
+        "fluency",
+        "Natural-language inputs and the fluency penalty",
+        f"SODA, {_describe_objective(base)} position(s). {settings(base)} Exact with Wilson 95% "
+        "intervals; Partial ± standard error"
+        + (
+            "; cosine similarity of recovered and true text ± standard error."
+            if with_cos
+            else "; cosine similarity skipped (no local sentence-embedding model)."
+        ),
+        ["Dataset", "Fluency", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []),
+    )
+    for prefix, rows_m in by_model(base):
+        for ds in _ordered(rows_m["dataset"], DATASET_ORDER):
+            for flu in (False, True):
+                rows = rows_m[(rows_m["dataset"] == ds) & (rows_m["fluency"] == flu)]
+                if rows.empty:
+                    continue
+                label = f"{rows['fluency_weight'].iloc[0]:g}" if flu else "off"
+                table.rows.append((prefix + ds, [Cell(label)] + _quality_cells(rows, with_cos)))
+    return [table]
+
+
+def table_tweaks(df: pd.DataFrame) -> list[Table]:
+    """SODA ablations, embedding search last (paper Table "tweaks")."""
+    base = standard_rows(df[df["algorithm"].isin(["soda", "embedding"])])
+    variants = list(base["variant"].unique())
+    if len(variants) < 2:
+        return []
+    soda = sorted(v for v in variants if v.startswith("SODA ")) + (
+        ["SODA"] if "SODA" in variants else []
+    )
+    order = soda + [v for v in variants if not v.startswith("SODA")]
+    table = Table(
+        "tweaks",
+        "SODA ablations",
+        f"{_describe_objective(base)} position(s). {settings(base)} Exact with Wilson 95% "
+        "intervals; Partial ± standard error.",
+        ["Variant", "Exact", "Partial"],
+    )
+    for prefix, rows in by_model(base):
+        for v in order:
+            sel = rows[rows["variant"] == v]
+            if len(sel):
+                table.rows.append((prefix + v, _quality_cells(sel, with_cos=False)))
+    return [table]
+
+
+def table_algo(df: pd.DataFrame) -> list[Table]:
+    """Algorithm comparison, logits vs text (paper Table "algo")."""
+    base = main_dataset(fixed_length(df[~df["fluency"]]))
+    base = base[base["variant"].isin(["SODA", "GCG", "Embedding search"])]
+    if base["algorithm"].nunique() < 2:
+        return []
+    kinds = [k for k in ("logits", "text") if k in set(base["objective"])]
+    table = Table(
+        "algo",
+        "Exact inversion (%) by algorithm",
+        f"{settings(base)} Wilson 95% intervals.",
+        ["Algorithm"] + [("Logits" if k == "logits" else "Text") for k in kinds],
+    )
+    for prefix, rows_m in by_model(base):
+        for v in ["SODA", "GCG", "Embedding search"]:
+            rows = rows_m[rows_m["variant"] == v]
+            if rows.empty:
+                continue
+            cells = []
+            for k in kinds:
+                # Within an objective kind, the most common observation setting.
+                sel = dominant_observation(rows[rows["objective"] == k])
+                cells.append(Cell.rate(metrics.exact_rate(sel)) if len(sel) else EMPTY)
+            table.rows.append((prefix + v, cells))
+    return [table]
+
+
+def table_privacy(df: pd.DataFrame) -> list[Table]:
+    """Privacy: Exact, Partial, Cos. Sim., PII; and tokens recovered by PII label."""
+    base = df[(df["dataset"] == "privacy") & df["pii_labels"].notna()]
+    if base.empty:
+        return []
+    with_cos = "cos_sim" in base and base["cos_sim"].notna().any()
+    main = Table(
+        "privacy",
+        "Recovering inputs with personal information",
+        f"{settings(base)} Exact with Wilson 95% intervals; Partial, PII (partial over "
+        "PII-labelled tokens) ± standard error"
+        + (
+            ", cosine similarity ± standard error."
+            if with_cos
+            else "; cosine similarity skipped (no local sentence-embedding model)."
+        ),
+        ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
+    )
+    for (model, variant), rows in base.groupby(["model", "variant"], sort=True):
+        cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
+        main.rows.append((f"{model} / {variant}", cells))
+    by_label = Table(
+        "privacy_labels",
+        "PII tokens recovered by label",
+        f"{settings(base)} Wilson 95% intervals.",
+        ["Label", "Recovered", "Total", "Recovered (%)"],
+    )
+    for label, (k, n) in metrics.pii_by_label(base).items():
+        by_label.rows.append(
+            (label, [Cell.count(k), Cell.count(n), Cell.rate(metrics.proportion(k, n))])
+        )
+    return [main, by_label]
+
+
+def table_length(df: pd.DataFrame) -> list[Table]:
+    """Predicted vs true length, for searches with an unknown length."""
+    base = df[(df["length_mode"] == "auto") & df["length"].notna()]
+    if base.empty:
+        return []
+    counts = metrics.length_confusion(base)
+    table = Table(
+        "length",
+        "Predicted vs true input length",
+        f"Length searched shortest first; counts of samples. {settings(base)}",
+        ["True length"] + [f"pred {c}" for c in counts.columns] + ["Correct"],
+    )
+    for n, row in counts.iterrows():
+        right = int(row.get(n, 0)) if n in counts.columns else 0
+        cells = [Cell.count(int(v)) for v in row.to_numpy()]
+        table.rows.append((str(n), cells + [Cell.rate(metrics.proportion(right, int(row.sum())))]))
+    return [table]
+
+
+TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
+    "model": (table_model, "needs SODA rows with known lengths"),
+    "tradeoff": (table_tradeoff, "needs SODA rows with at least two observation settings"),
+    "tradeoff_fdr": (table_tradeoff_fdr, "needs SODA rows with at least two observation settings"),
+    "fluency": (table_fluency, "needs SODA rows from two datasets or fluency settings"),
+    "tweaks": (table_tweaks, "needs at least two SODA variants or SODA and embedding search"),
+    "algo": (table_algo, "needs rows from at least two algorithms"),
+    "privacy": (table_privacy, "needs rows on the privacy dataset"),
+    "length": (table_length, "needs rows searched with length auto"),
+}
+
+
+def build_tables(df: pd.DataFrame) -> tuple[list[Table], list[Skipped]]:
+    tables: list[Table] = []
+    skipped: list[Skipped] = []
+    for name, (build, need) in TABLES.items():
+        made = build(df)
+        if made:
+            tables += made
+        else:
+            skipped.append(Skipped(name, need))
+    return tables, skipped

@@ -1,0 +1,277 @@
+"""The result schema: one Parquet row per inverted target, shared by `invert --out`, sweeps,
+tuning trials and reports.
+
+Schema version 1 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
+
+| column | type | meaning |
+|---|---|---|
+| schema_version | int16 | this schema's version |
+| sweep, job, config_hash | string | where the row came from (empty outside sweeps/tuning) |
+| model | string | model id or path |
+| model_parameters, vocab_size | int64 | model size, for scaling plots |
+| dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
+| sample_id | int64 | the sample's id in its dataset |
+| length | int32 | true input length (null when unknown) |
+| algorithm | string | `soda`, `gcg`, `embedding` |
+| objective | string | `logits` or `text` |
+| top_k | int32 | observed top-k logits (null: all) |
+| output_tokens | int32 | observed output positions |
+| loss | string | `huber` or `mse` |
+| fluency_weight | float64 | fluency penalty weight (0: off) |
+| seed, max_steps | int64 | the search's seed and step budget |
+| params | string | the algorithm's parameters as JSON (seed aside) |
+| true_tokens, tokens | list<int64> | true input (null when unknown) and recovered input |
+| true_text, text | string | their decoded text (null without a tokenizer / true input) |
+| pii_labels | list<string> | PII label per true token, null items for non-PII tokens |
+| found | bool | the recovered input reproduces the observed output |
+| exact | bool | the recovered input equals the true input (null when unknown) |
+| steps | int64 | search steps taken (summed over tried lengths) |
+| seconds | float64 | wall-clock seconds in the batch |
+| final_loss | float64 | relaxed loss at the last step |
+| predicted_length | int32 | length of the recovered input |
+| length_mode | string | `fixed` (length given) or `auto` (lengths 1..N tried) |
+| lengths_tried | list<int32> | lengths searched, in order |
+| device | string | torch device the search ran on |
+| versions | string | JSON of package versions (sodaray, torch, transformers, ...) |
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sodaray.search.base import InversionResult
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"sodaray.results.version"
+
+RESULT_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int16()),
+        ("sweep", pa.string()),
+        ("job", pa.string()),
+        ("config_hash", pa.string()),
+        ("model", pa.string()),
+        ("model_parameters", pa.int64()),
+        ("vocab_size", pa.int64()),
+        ("dataset", pa.string()),
+        ("sample_id", pa.int64()),
+        ("length", pa.int32()),
+        ("algorithm", pa.string()),
+        ("objective", pa.string()),
+        ("top_k", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("loss", pa.string()),
+        ("fluency_weight", pa.float64()),
+        ("seed", pa.int64()),
+        ("max_steps", pa.int64()),
+        ("params", pa.string()),
+        ("true_tokens", pa.list_(pa.int64())),
+        ("tokens", pa.list_(pa.int64())),
+        ("true_text", pa.string()),
+        ("text", pa.string()),
+        ("pii_labels", pa.list_(pa.string())),
+        ("found", pa.bool_()),
+        ("exact", pa.bool_()),
+        ("steps", pa.int64()),
+        ("seconds", pa.float64()),
+        ("final_loss", pa.float64()),
+        ("predicted_length", pa.int32()),
+        ("length_mode", pa.string()),
+        ("lengths_tried", pa.list_(pa.int32())),
+        ("device", pa.string()),
+        ("versions", pa.string()),
+    ],
+    metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
+)
+
+
+class ResultsError(ValueError):
+    """Result files that cannot be read as sodaray results (missing, empty, wrong schema)."""
+
+
+@dataclass
+class RunContext:
+    """What a row needs beyond the `InversionResult`: the model, data and objective it ran on."""
+
+    model: str
+    objective: Any  # sodaray.objectives.Objective
+    model_parameters: int | None = None
+    vocab_size: int | None = None
+    dataset: str = ""
+    length_mode: str = "fixed"
+    sweep: str = ""
+    job: str = ""
+    config_hash: str = ""
+    device: str = ""
+
+    @classmethod
+    def for_model(cls, model: Any, objective: Any, **kwargs: Any) -> RunContext:
+        """Context from a `LoadedModel`."""
+        return cls(
+            model=model.name,
+            objective=objective,
+            model_parameters=model.num_parameters,
+            vocab_size=model.vocab_size,
+            device=str(model.device),
+            **kwargs,
+        )
+
+
+@functools.cache
+def package_versions() -> str:
+    """JSON of the versions that decide a result (recorded in every row)."""
+    versions = {"python": platform.python_version()}
+    for name in ("sodaray", "torch", "transformers", "ray", "optuna"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return json.dumps(versions, sort_keys=True)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """A short, stable hash of a JSON-able configuration (canonical key order)."""
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def result_rows(
+    results: Sequence[InversionResult],
+    context: RunContext,
+    *,
+    true_texts: Sequence[str | None] | None = None,
+    pii_labels: Sequence[Sequence[str | None] | None] | None = None,
+) -> pa.Table:
+    """The result schema's rows for `results` (in order). `true_texts` and `pii_labels` align
+    with `results` and come from the dataset when it has them."""
+    obj = context.objective
+    versions = package_versions()
+    rows = []
+    for i, r in enumerate(results):
+        params = dict(r.params)
+        true_text = true_texts[i] if true_texts is not None else None
+        rows.append(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "sweep": context.sweep,
+                "job": context.job,
+                "config_hash": context.config_hash,
+                "model": context.model,
+                "model_parameters": context.model_parameters,
+                "vocab_size": context.vocab_size,
+                "dataset": context.dataset,
+                "sample_id": r.sample_id,
+                "length": None if r.true_tokens is None else len(r.true_tokens),
+                "algorithm": r.algorithm,
+                "objective": obj.kind,
+                "top_k": obj.top_k,
+                "output_tokens": obj.output_tokens,
+                "loss": obj.loss,
+                "fluency_weight": float(obj.fluency_weight),
+                "seed": r.seed,
+                "max_steps": params.get("max_steps"),
+                "params": json.dumps(params, sort_keys=True, default=str),
+                "true_tokens": r.true_tokens,
+                "tokens": r.tokens,
+                "true_text": true_text,
+                "text": r.text,
+                "pii_labels": None if pii_labels is None else pii_labels[i],
+                "found": r.found,
+                "exact": r.exact,
+                "steps": r.steps,
+                "seconds": r.seconds,
+                "final_loss": r.final_loss,
+                "predicted_length": r.length,
+                "length_mode": context.length_mode,
+                "lengths_tried": r.lengths_tried,
+                "device": context.device,
+                "versions": versions,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def write_table_atomic(table: pa.Table, path: str | Path) -> Path:
+    """Write Parquet under a temporary name in the same folder, then rename: a reader (or a
+    resumed sweep) never sees a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def result_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Parquet files under the given files/folders (temporary and hidden files skipped)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(
+                f
+                for f in p.rglob("*.parquet")
+                if not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ResultsError(f"no such result file or folder: {p}")
+    return files
+
+
+def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
+    """All result rows under `paths` (files or folders), checked against the schema version.
+
+    Files from a newer schema are refused; missing columns of older files come back null."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    where = ", ".join(map(str, paths))
+    files = result_files(paths)
+    if not files:
+        raise ResultsError(f"no result files (*.parquet) in {where}")
+    tables = []
+    for f in files:
+        try:
+            schema = pq.read_schema(f)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ResultsError(f"{f}: not a Parquet file ({exc})") from exc
+        version = (schema.metadata or {}).get(VERSION_KEY)
+        if version is None and b"sodaray.dataset.version" in (schema.metadata or {}):
+            continue  # a sweep's built dataset beside its results, not result rows
+        if version is None:
+            raise ResultsError(f"{f}: not a sodaray result file (no {VERSION_KEY.decode()})")
+        if int(version) > SCHEMA_VERSION:
+            raise ResultsError(
+                f"{f}: result schema version {int(version)} is newer than this sodaray's "
+                f"({SCHEMA_VERSION}); upgrade sodaray"
+            )
+        table = pq.read_table(f)
+        for field in RESULT_SCHEMA:  # older files: add the columns they lack as nulls
+            if field.name not in table.column_names:
+                table = table.append_column(field, pa.nulls(len(table), field.type))
+        tables.append(table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA))
+    if not tables:
+        raise ResultsError(f"no result files (*.parquet) in {where}")
+    table = pa.concat_tables(tables)
+    if len(table) == 0:
+        raise ResultsError(f"the result files in {where} hold no rows")
+    return table

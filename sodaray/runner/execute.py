@@ -1,0 +1,373 @@
+"""Running a sweep on Ray: jobs -> shards -> actors (one model replica each) -> Parquet files.
+
+Layout: `OUT/<sweep>/<job>/job.json` (the job's settings, shard count) and one
+`shard-NNNNN.parquet` per finished shard, written atomically by the driver; a shard that keeps
+failing leaves `shard-NNNNN.error.json` instead and is retried by the next run. Resume is
+therefore "compute every shard without a result file". Ray does the placement (actors ask for
+the resources their model entry names), restarts dead actors, and retries their in-flight
+shards; this module only hands each idle actor the next shard of its model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from sodaray.results import write_table_atomic
+from sodaray.runner.spec import Job, Sweep
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "job.json"
+
+
+def shard_path(folder: Path, index: int) -> Path:
+    return folder / f"shard-{index:05d}.parquet"
+
+
+def error_path(folder: Path, index: int) -> Path:
+    return folder / f"shard-{index:05d}.error.json"
+
+
+@dataclass
+class ShardDone:
+    """What the driver keeps of a finished shard: counts, never the rows."""
+
+    job: str
+    shard: int
+    samples: int
+    found: int
+    exact: int
+    seconds: float  # inside the worker
+    pid: int
+    # Seconds outside the worker's `run_shard`: task transfer, actor start-up on a first shard,
+    # result transfer and the driver's write.
+    overhead: float = 0.0
+
+
+@dataclass
+class ShardFailed:
+    job: str
+    shard: int
+    attempts: int
+    error: str
+
+
+@dataclass
+class SweepRun:
+    """Counts of one `run_sweep` call."""
+
+    jobs: int = 0
+    shards_total: int = 0
+    shards_skipped: int = 0  # already finished before this run
+    done: list[ShardDone] = field(default_factory=list)
+    failed: list[ShardFailed] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C: finished shards are kept; `run` holds the counts so far."""
+
+    def __init__(self, run: SweepRun) -> None:
+        super().__init__("interrupted")
+        self.run = run
+
+
+# ---- planning (no Ray) --------------------------------------------------------------------------
+@dataclass
+class JobPlan:
+    job: Job
+    folder: Path
+    rows: dict[str, list[Any]]  # the selected samples' columns
+    shards: int
+    pending: list[int]
+
+
+def select_rows(
+    table: pa.Table, samples_per_length: int | None, limit: int | None
+) -> dict[str, list[Any]]:
+    """The job's samples: the first `samples_per_length` of each length (dataset order), then
+    at most `limit` in all, taken evenly across lengths so a quick look covers every length."""
+    cols = [
+        c
+        for c in ("sample_id", "length", "tokens", "text", "pii_labels")
+        if c in table.column_names
+    ]
+    records = table.select(cols).to_pylist()
+    records.sort(key=lambda r: r["sample_id"])
+    rank: dict[int, int] = {}
+    ranked = []
+    for r in records:
+        k = rank.get(r["length"], 0)
+        rank[r["length"]] = k + 1
+        if samples_per_length is None or k < samples_per_length:
+            ranked.append((k, r))
+    if limit is not None:
+        ranked.sort(key=lambda kr: (kr[0], kr[1]["length"]))
+        ranked = ranked[:limit]
+    chosen = sorted((r for _, r in ranked), key=lambda r: r["sample_id"])
+    return {c: [r[c] for r in chosen] for c in cols}
+
+
+def dataset_table(job: Job, root: Path) -> pa.Table:
+    """The job's dataset: its file, or built from the spec once per model (cached)."""
+    from sodaray.data import read_dataset
+
+    spec = job.dataset
+    if spec.path is not None:
+        return read_dataset(spec.path)
+    from sodaray.results import config_hash
+
+    build = dict(spec.build or {})
+    key = config_hash({"model": job.model.identity(), "build": build, "name": spec.name})
+    path = root / "datasets" / f"{job.model.label}-{spec.name}-{key[:8]}.parquet"
+    if not path.exists():
+        from sodaray.data import build_dataset, write_dataset
+
+        log.info("building dataset %s for %s", spec.name, job.model.label)
+        table = build_dataset(
+            job.model.id,
+            build.get("dataset", spec.name),
+            build.get("lengths"),
+            build.get("per_length"),
+            build.get("seed", 1),
+            build.get("source"),
+            gguf_file=job.model.gguf_file,
+            progress=False,
+        )
+        write_dataset(table, path)
+    return read_dataset(path)
+
+
+def plan_jobs(jobs: list[Job], root: Path) -> list[JobPlan]:
+    plans = []
+    for job in jobs:
+        folder = root / job.name
+        rows = select_rows(dataset_table(job, root), job.samples_per_length, job.limit)
+        n = len(rows["sample_id"])
+        shards = (n + job.shard_size - 1) // job.shard_size
+        folder.mkdir(parents=True, exist_ok=True)
+        info = {
+            "sweep": job.sweep,
+            "job": job.name,
+            "config_hash": job.config_hash,
+            "samples": n,
+            "shards": shards,
+            "shard_size": job.shard_size,
+            "config": job.config(),
+        }
+        (folder / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        pending = [i for i in range(shards) if not shard_path(folder, i).exists()]
+        plans.append(JobPlan(job, folder, rows, shards, pending))
+    return plans
+
+
+def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
+    job = plan.job
+    lo, hi = index * job.shard_size, (index + 1) * job.shard_size
+    return {
+        "sweep": job.sweep,
+        "job": job.name,
+        "config_hash": job.config_hash,
+        "dataset": job.dataset.name,
+        "algorithm": job.algorithm,
+        "params": job.params,
+        "objective": job.objective,
+        "length": job.length,
+        "max_length": job.max_length,
+        "rows": {c: v[lo:hi] for c, v in plan.rows.items()},
+    }
+
+
+# ---- running on Ray -----------------------------------------------------------------------------
+def run_sweep(
+    sweep: Sweep,
+    out: str | Path,
+    *,
+    address: str | None = None,
+    limit: int | None = None,
+    model: str | None = None,
+    max_attempts: int = 3,
+    on_start: Callable[[SweepRun, int], None] | None = None,
+    on_shard: Callable[[ShardDone], None] | None = None,
+) -> SweepRun:
+    """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
+    called once the work is planned; `on_shard` after each finished shard (progress)."""
+    import ray
+
+    started = time.perf_counter()
+    root = Path(out) / sweep.name
+    plans = plan_jobs(sweep.jobs(limit=limit, model=model), root)
+    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
+    run.shards_skipped = run.shards_total - sum(len(p.pending) for p in plans)
+    pending_samples = sum(
+        len(shard_task(p, i)["rows"]["sample_id"]) for p in plans for i in p.pending
+    )
+    if on_start is not None:
+        on_start(run, pending_samples)
+    if not any(p.pending for p in plans):
+        run.seconds = time.perf_counter() - started
+        return run
+
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # One queue and one group of actors per distinct model.
+    queues: dict[str, deque[tuple[JobPlan, int]]] = {}
+    specs = {}
+    for p in plans:
+        key = json.dumps(p.job.model.identity(), sort_keys=True)
+        specs[key] = p.job.model
+        queues.setdefault(key, deque()).extend((p, i) for i in p.pending)
+    remote = ray.remote(InversionWorkerActor)
+    actors: dict[str, list[Any]] = {}
+    for key, q in queues.items():
+        if not q:
+            continue
+        spec = specs[key]
+        options = dict(
+            num_cpus=spec.num_cpus,
+            num_gpus=spec.num_gpus,
+            max_restarts=-1,
+            max_task_retries=max_attempts,
+        )
+        model_args = {**spec.identity(), "trust_remote_code": spec.trust_remote_code}
+        actors[key] = [
+            remote.options(**options).remote(model_args, spec.num_cpus)
+            for _ in range(min(spec.replicas, len(q)))
+        ]
+    in_flight: dict[Any, tuple[str, Any, JobPlan, int, float]] = {}
+    attempts: dict[tuple[str, int], int] = {}
+
+    def submit(key: str, actor: Any) -> None:
+        if queues[key]:
+            plan, index = queues[key].popleft()
+            ref = actor.run_shard.remote(shard_task(plan, index))
+            in_flight[ref] = (key, actor, plan, index, time.perf_counter())
+
+    try:
+        for key, group in actors.items():
+            for actor in group:
+                submit(key, actor)
+        while in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ref = ready[0]
+            key, actor, plan, index, submitted = in_flight.pop(ref)
+            try:
+                out_ = ray.get(ref)
+            except (ray.exceptions.RayError, OSError) as exc:
+                tries = attempts[(plan.job.name, index)] = (
+                    attempts.get((plan.job.name, index), 0) + 1
+                )
+                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+                if tries < max_attempts:
+                    log.warning(
+                        "shard %d of %s failed (%s); retrying", index, plan.job.name, message
+                    )
+                    queues[key].append((plan, index))
+                else:
+                    failure = ShardFailed(plan.job.name, index, tries, message)
+                    run.failed.append(failure)
+                    error_path(plan.folder, index).write_text(
+                        json.dumps(failure.__dict__, indent=2) + "\n"
+                    )
+                submit(key, actor)
+                continue
+            table: pa.Table = out_["table"]
+            write_table_atomic(table, shard_path(plan.folder, index))
+            error_path(plan.folder, index).unlink(missing_ok=True)
+            done = ShardDone(
+                plan.job.name,
+                index,
+                len(table),
+                int(pc.sum(table["found"]).as_py() or 0),
+                int(pc.sum(table["exact"].fill_null(False)).as_py() or 0),
+                out_["seconds"],
+                out_["pid"],
+                time.perf_counter() - submitted - out_["seconds"],
+            )
+            run.done.append(done)
+            submit(key, actor)
+            if on_shard is not None:
+                on_shard(done)
+    except KeyboardInterrupt as exc:
+        run.interrupted = True
+        run.seconds = time.perf_counter() - started
+        for group in actors.values():
+            for actor in group:
+                ray.kill(actor, no_restart=True)
+        raise SweepInterrupted(run) from exc
+    finally:
+        if own_ray:
+            ray.shutdown()
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+class InversionWorkerActor:
+    """`InversionWorker` under Ray (imported lazily so planning needs no torch import)."""
+
+    def __init__(self, model: dict[str, Any], num_cpus: float) -> None:
+        from sodaray.runner.worker import InversionWorker
+
+        self.worker = InversionWorker(model, num_cpus)
+
+    def pid(self) -> int:
+        return self.worker.pid()
+
+    def run_shard(self, task: dict[str, Any]) -> dict[str, Any]:
+        return self.worker.run_shard(task)
+
+
+# ---- status -----------------------------------------------------------------------------------
+@dataclass
+class JobStatus:
+    sweep: str
+    job: str
+    shards: int
+    done: int
+    failed: int
+    samples_done: int
+    found: int
+    exact: int
+
+    @property
+    def pending(self) -> int:
+        return self.shards - self.done
+
+
+def job_status(folder: Path) -> JobStatus:
+    info = json.loads((folder / JOB_FILE).read_text())
+    done = failed = samples = found = exact = 0
+    for i in range(info["shards"]):
+        path = shard_path(folder, i)
+        if path.exists():
+            done += 1
+            t = pq.read_table(path, columns=["found", "exact"])
+            samples += len(t)
+            found += int(pc.sum(t["found"]).as_py() or 0)
+            exact += int(pc.sum(t["exact"].fill_null(False)).as_py() or 0)
+        elif error_path(folder, i).exists():
+            failed += 1
+    return JobStatus(
+        info["sweep"], info["job"], info["shards"], done, failed, samples, found, exact
+    )
+
+
+def sweep_status(out: str | Path) -> list[JobStatus]:
+    """Every job under `out` (a results folder or one sweep's folder)."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no such results folder: {out}")
+    return [job_status(p.parent) for p in sorted(out.rglob(JOB_FILE))]

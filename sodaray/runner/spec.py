@@ -1,0 +1,423 @@
+"""Sweep files: YAML -> validated dataclasses -> jobs (the cartesian product).
+
+A sweep names models, datasets, algorithms (with parameters and an optional `grid` of values to
+try), objectives (also with an optional `grid`), the step budget, seeds, samples per length and
+the shard size. Every job is one (model, dataset, algorithm variant, objective, seed); its
+settings hash to `config_hash`, which names its results folder, so a changed setting never mixes
+with old shards. Validation happens on load: a bad field is a one-line `SweepError` naming the
+file and the field, before Ray starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sodaray.api import ALGORITHMS, make_config
+from sodaray.objectives import Objective
+from sodaray.presets import PRESETS, get_preset
+from sodaray.results import config_hash
+
+
+class SweepError(ValueError):
+    """An invalid sweep file: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str  # hub id, local folder, or .gguf file
+    name: str = ""  # label in job names and results (default: the id's last part)
+    preset: str | None = None  # paper preset for SODA's parameters on this model
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    bos: bool | None = None
+    trust_remote_code: bool = False
+    # Resources one replica needs (Ray places actors by them); fractional GPUs share a device.
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
+    replicas: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
+
+    def identity(self) -> dict[str, Any]:
+        """What decides results (resources do not)."""
+        return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str  # label in results: random, nl-id, nl-ood, privacy, or your own
+    path: str | None = None  # a built dataset Parquet file
+    build: dict[str, Any] | None = (
+        None  # or a build spec: dataset, lengths, per_length, seed, source
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    sweep: str
+    model: ModelSpec
+    dataset: DatasetSpec
+    algorithm: str
+    variant: str  # algorithm label with its grid values
+    params: dict[str, Any]  # the full, validated algorithm config (preset and defaults applied)
+    objective: dict[str, Any]
+    length: str  # "fixed" (the true length) or "auto"
+    max_length: int
+    samples_per_length: int | None
+    limit: int | None
+    shard_size: int
+
+    def config(self) -> dict[str, Any]:
+        """Everything that decides this job's results (hashed into its folder name)."""
+        return {
+            "model": self.model.identity(),
+            "dataset": asdict(self.dataset),
+            "algorithm": self.algorithm,
+            "params": self.params,
+            "objective": self.objective,
+            "length": self.length,
+            "max_length": self.max_length,
+            "samples_per_length": self.samples_per_length,
+            "limit": self.limit,
+            "shard_size": self.shard_size,
+        }
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.config())
+
+    @property
+    def name(self) -> str:
+        obj = self.objective
+        if obj["kind"] == "text":
+            what = f"text{obj['output_tokens']}"
+        else:
+            what = (
+                "all" if obj["top_k"] is None else f"top{obj['top_k']}"
+            ) + f"x{obj['output_tokens']}"
+        if obj["fluency_weight"]:
+            what += f"-flu{obj['fluency_weight']:g}"
+        parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.params['seed']}"]
+        slug = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts)).strip("-")
+        return f"{slug}-{self.config_hash[:8]}"
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    description: str = ""
+    models: list[ModelSpec] = field(default_factory=list)
+    datasets: list[DatasetSpec] = field(default_factory=list)
+    algorithms: list[dict[str, Any]] = field(default_factory=list)
+    objectives: list[dict[str, Any]] = field(default_factory=list)
+    steps: int = 2000
+    seeds: list[int] = field(default_factory=lambda: [0])
+    samples_per_length: int | None = None
+    shard_size: int = 100
+    length: str = "fixed"
+    max_length: int = 10
+
+    def jobs(self, *, limit: int | None = None, model: str | None = None) -> list[Job]:
+        """The cartesian product. `model` replaces the file's models (one replica, its
+        resources from the first model entry); `limit` caps samples per job."""
+        models = self.models
+        if model is not None:
+            first = self.models[0]
+            models = [
+                ModelSpec(
+                    id=model,
+                    num_gpus=first.num_gpus,
+                    num_cpus=first.num_cpus,
+                    replicas=first.replicas,
+                    dtype=first.dtype,
+                )
+            ]
+        jobs = []
+        for m, ds, (algo, variant, params), obj, seed in itertools.product(
+            models, self.datasets, self._variants(), self._objectives(), self.seeds
+        ):
+            config = self._algorithm_config(algo, params, m, seed)
+            jobs.append(
+                Job(
+                    self.name,
+                    m,
+                    ds,
+                    algo,
+                    variant,
+                    config,
+                    obj,
+                    self.length,
+                    self.max_length,
+                    self.samples_per_length,
+                    limit,
+                    self.shard_size,
+                )
+            )
+        return jobs
+
+    # ---- expansion --------------------------------------------------------------------------
+    def _variants(self) -> list[tuple[str, str, dict[str, Any]]]:
+        out = []
+        for entry in self.algorithms:
+            for values in _grid(entry.get("grid") or {}):
+                label = entry.get("label") or entry["name"]
+                if values:
+                    label += "-" + "-".join(f"{k}={_short(v)}" for k, v in values.items())
+                out.append((entry["name"], label, {**(entry.get("params") or {}), **values}))
+        return out
+
+    def _objectives(self) -> list[dict[str, Any]]:
+        out = []
+        for entry in self.objectives:
+            base = {k: v for k, v in entry.items() if k != "grid"}
+            for values in _grid(entry.get("grid") or {}):
+                out.append(asdict(Objective(**{**base, **values})))
+        return out
+
+    def _algorithm_config(
+        self, algo: str, params: dict[str, Any], model: ModelSpec, seed: int
+    ) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        if algo == "soda" and model.preset:
+            merged.update(get_preset(model.preset).soda)
+        merged.update(params)
+        merged.update(max_steps=self.steps, seed=seed)
+        return make_config(algo, merged).to_dict()
+
+
+def _short(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+# ---- loading and validation -------------------------------------------------------------------
+TOP_KEYS = {f.name for f in fields(Sweep)} - {"path"}
+MODEL_KEYS = {f.name for f in fields(ModelSpec)}
+DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source"}
+ALGORITHM_KEYS = {"name", "label", "params", "grid"}
+OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file; every job it makes is checked before returning."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    return parse_sweep(data, path)
+
+
+def parse_sweep(data: Any, path: Path) -> Sweep:
+    def fail(where: str, message: str) -> SweepError:
+        return SweepError(f"{path}: {where}: {message}")
+
+    if not isinstance(data, dict):
+        raise SweepError(f"{path}: a sweep file is a mapping of fields")
+    _known(data, TOP_KEYS, "", fail)
+    for required in ("name", "models", "datasets", "algorithms"):
+        if required not in data:
+            raise fail(required, "required field missing")
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
+
+    models = []
+    for i, entry in enumerate(_entries(data, "models", fail)):
+        where = f"models[{i}]"
+        _known(entry, MODEL_KEYS, where, fail)
+        if "id" not in entry:
+            raise fail(f"{where}.id", "required field missing")
+        try:
+            spec = ModelSpec(**entry)
+        except TypeError as exc:
+            raise fail(where, str(exc)) from exc
+        _check_model(spec, where, fail)
+        models.append(spec)
+
+    datasets = []
+    for i, entry in enumerate(_entries(data, "datasets", fail)):
+        where = f"datasets[{i}]"
+        _known(entry, DATASET_KEYS, where, fail)
+        datasets.append(_check_dataset(DatasetSpec(**entry), where, fail))
+
+    algorithms = []
+    for i, entry in enumerate(_entries(data, "algorithms", fail)):
+        where = f"algorithms[{i}]"
+        _known(entry, ALGORITHM_KEYS, where, fail)
+        if entry.get("name") not in ALGORITHMS:
+            raise fail(
+                f"{where}.name",
+                f"unknown algorithm {entry.get('name')!r} (choose {', '.join(ALGORITHMS)})",
+            )
+        for key in ("params", "grid"):
+            if not isinstance(entry.get(key) or {}, dict):
+                raise fail(f"{where}.{key}", "must be a mapping")
+        for key in ("max_steps", "seed"):
+            if key in (entry.get("params") or {}) or key in (entry.get("grid") or {}):
+                raise fail(f"{where}.params.{key}", "set it with the sweep's `steps` / `seeds`")
+        _check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+        algorithms.append(entry)
+
+    objectives = []
+    for i, entry in enumerate(data.get("objectives") or [{"kind": "logits"}]):
+        where = f"objectives[{i}]"
+        if not isinstance(entry, dict):
+            raise fail(where, "must be a mapping")
+        _known(entry, OBJECTIVE_KEYS, where, fail)
+        _check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+        objectives.append(entry)
+
+    scalars = {
+        k: data[k]
+        for k in (
+            "description",
+            "steps",
+            "samples_per_length",
+            "shard_size",
+            "length",
+            "max_length",
+        )
+        if k in data
+    }
+    sweep = Sweep(
+        name=name,
+        path=path,
+        models=models,
+        datasets=datasets,
+        algorithms=algorithms,
+        objectives=objectives,
+        **scalars,
+    )
+    if "seeds" in data:
+        seeds = data["seeds"]
+        seeds = [seeds] if isinstance(seeds, int) else seeds
+        if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+            raise fail("seeds", "a list of integers")
+        sweep.seeds = seeds
+    _check_positive(sweep.steps, "steps", fail)
+    _check_positive(sweep.shard_size, "shard_size", fail)
+    _check_positive(sweep.max_length, "max_length", fail)
+    if sweep.samples_per_length is not None:
+        _check_positive(sweep.samples_per_length, "samples_per_length", fail)
+    if sweep.length not in ("fixed", "auto"):
+        raise fail("length", f"'fixed' or 'auto', not {sweep.length!r}")
+
+    # Expand once so every algorithm parameter and objective value is checked now.
+    for i, entry in enumerate(objectives):
+        base = {k: v for k, v in entry.items() if k != "grid"}
+        for values in _grid(entry.get("grid") or {}):
+            try:
+                Objective(**{**base, **values})
+            except (TypeError, ValueError) as exc:
+                raise fail(f"objectives[{i}]", str(exc)) from exc
+    for i, entry in enumerate(algorithms):
+        for values in _grid(entry.get("grid") or {}):
+            for m in models:
+                try:
+                    sweep._algorithm_config(
+                        entry["name"], {**(entry.get("params") or {}), **values}, m, sweep.seeds[0]
+                    )
+                except (TypeError, ValueError) as exc:
+                    message = str(exc).removeprefix("config: ")
+                    raise fail(f"algorithms[{i}]", message) from exc
+    return sweep
+
+
+def _entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
+    entries = data[key]
+    if not isinstance(entries, list) or not entries:
+        raise fail(key, "a non-empty list")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise fail(f"{key}[{i}]", "must be a mapping")
+    return entries
+
+
+def _known(entry: dict, known: set[str], where: str, fail) -> None:
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise fail(f"{prefix}{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+
+
+def _check_grid(grid: dict, where: str, fail) -> None:
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise fail(f"{where}.{key}", "a grid entry is a non-empty list of values")
+
+
+def _check_positive(value: Any, where: str, fail) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise fail(where, f"a positive integer, not {value!r}")
+
+
+def _check_model(spec: ModelSpec, where: str, fail) -> None:
+    looks_local = spec.id.startswith(("/", "./", "../", "~")) or spec.id.endswith(".gguf")
+    if looks_local and not Path(spec.id).expanduser().exists():
+        raise fail(f"{where}.id", f"no such model folder or file: {spec.id}")
+    if spec.preset is not None and spec.preset not in PRESETS:
+        raise fail(
+            f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
+        )
+    if spec.dtype not in ("float32", "bfloat16"):
+        raise fail(f"{where}.dtype", f"float32 or bfloat16, not {spec.dtype!r}")
+    if not isinstance(spec.num_gpus, (int, float)) or spec.num_gpus < 0:
+        raise fail(f"{where}.num_gpus", f"a non-negative number, not {spec.num_gpus!r}")
+    if not isinstance(spec.num_cpus, (int, float)) or spec.num_cpus <= 0:
+        raise fail(f"{where}.num_cpus", f"a positive number, not {spec.num_cpus!r}")
+    _check_positive(spec.replicas, f"{where}.replicas", fail)
+
+
+def _check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
+    if not spec.name:
+        raise fail(f"{where}.name", "required field missing")
+    if (spec.path is None) == (spec.build is None):
+        raise fail(where, "give exactly one of `path` (a built dataset) or `build` (a spec)")
+    if spec.path is not None and not Path(spec.path).expanduser().is_file():
+        raise fail(
+            f"{where}.path",
+            f"no such dataset file: {spec.path} "
+            "(build it with `sodaray data build`, or give a `build` spec)",
+        )
+    if spec.build is not None:
+        if not isinstance(spec.build, dict):
+            raise fail(f"{where}.build", "must be a mapping")
+        _known(spec.build, BUILD_KEYS, f"{where}.build", fail)
+        from sodaray.data import DATASETS, parse_lengths
+
+        kind = spec.build.get("dataset", spec.name)
+        if kind not in DATASETS:
+            raise fail(
+                f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"
+            )
+        if "lengths" in spec.build:
+            try:
+                parse_lengths(str(spec.build["lengths"]))
+            except ValueError as exc:
+                raise fail(f"{where}.build.lengths", str(exc)) from exc
+        for key in ("per_length", "seed"):
+            value = spec.build.get(key, 1)
+            if not isinstance(value, int) or value < (1 if key == "per_length" else 0):
+                raise fail(
+                    f"{where}.build.{key}",
+                    f"a {'positive' if key == 'per_length' else 'non-negative'} integer, "
+                    f"not {value!r}",
+                )
+    return spec

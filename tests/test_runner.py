@@ -1,0 +1,105 @@
+"""The sweep runner on real Ray (local, CPU) and the real stories260K model."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import STORIES
+
+from sodaray.results import read_results
+from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+
+
+def write_sweep(tmp_path: Path, **overrides) -> Path:
+    spec = {
+        "name": "t",
+        "models": [{"id": str(STORIES), "num_cpus": 1, "replicas": 2}],
+        "datasets": [
+            {"name": "random", "build": {"dataset": "random", "lengths": "1-2", "per_length": 4}}
+        ],
+        "algorithms": [{"name": "soda", "grid": {"temperature": [0.05, 0.1]}}],
+        "objectives": [{"kind": "logits"}],
+        "steps": 20,
+        "shard_size": 2,
+    }
+    spec.update(overrides)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def rows_by_job(out: Path) -> list[tuple[str, int]]:
+    table = read_results(out)
+    return sorted(zip(table["job"].to_pylist(), table["sample_id"].to_pylist(), strict=True))
+
+
+def expected_rows(sweep) -> list[tuple[str, int]]:
+    return sorted((job.name, i) for job in sweep.jobs() for i in range(8))
+
+
+def test_two_jobs_two_actors_write_each_row_once(tmp_path, local_ray):
+    sweep = load_sweep(write_sweep(tmp_path))
+    run = run_sweep(sweep, tmp_path / "out")
+    assert run.jobs == 2 and run.shards_total == 8 and len(run.done) == 8 and not run.failed
+    assert len({d.pid for d in run.done}) == 2  # both actors worked
+    assert rows_by_job(tmp_path / "out") == expected_rows(sweep)
+    row = read_results(tmp_path / "out").to_pylist()[0]
+    assert row["sweep"] == "t" and row["config_hash"] and row["max_steps"] == 20
+    assert row["dataset"] == "random" and row["true_tokens"] and '"torch"' in row["versions"]
+    # A finished sweep runs nothing again.
+    again = run_sweep(sweep, tmp_path / "out")
+    assert again.done == [] and again.shards_skipped == 8
+    status = sweep_status(tmp_path / "out")
+    assert [(s.done, s.pending, s.samples_done) for s in status] == [(4, 0, 8), (4, 0, 8)]
+
+
+def test_killed_actor_loses_and_duplicates_nothing(tmp_path, local_ray):
+    sweep = load_sweep(write_sweep(tmp_path))
+    killed = []
+
+    def kill_once(done) -> None:
+        if not killed:  # the actor has already been handed its next shard: kill it mid-work
+            killed.append(done.pid)
+            os.kill(done.pid, signal.SIGKILL)
+
+    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once)
+    assert killed and not run.failed
+    assert rows_by_job(tmp_path / "out") == expected_rows(sweep)
+    assert len({d.pid for d in run.done} - set(killed)) >= 2  # a restarted actor took over
+
+
+def test_interrupted_sweep_resumes_only_missing_shards(tmp_path, local_ray):
+    sweep = load_sweep(write_sweep(tmp_path))
+    seen = []
+
+    def stop_after_three(done) -> None:
+        seen.append(done)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SweepInterrupted) as info:
+        run_sweep(sweep, tmp_path / "out", on_shard=stop_after_three)
+    finished = len(info.value.run.done)
+    assert finished == 3
+    files = sorted(
+        p.name for p in (tmp_path / "out").rglob("*.parquet") if "datasets" not in str(p)
+    )
+    assert len(files) == 3 and not list((tmp_path / "out").rglob(".*.tmp"))
+    rerun = run_sweep(sweep, tmp_path / "out")
+    assert len(rerun.done) == 8 - finished and rerun.shards_skipped == finished
+    assert rows_by_job(tmp_path / "out") == expected_rows(sweep)

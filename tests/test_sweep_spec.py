@@ -1,0 +1,79 @@
+"""Sweep files: validation before any work starts, job expansion, the shipped sweeps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import STORIES
+from test_runner import write_sweep
+
+from sodaray.cli import main
+from sodaray.runner import load_sweep
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+
+
+BAD_SWEEPS = [
+    ({"colour": "red"}, "colour: unknown field"),
+    ({"models": [{"id": "./no/such/model"}]}, "models[0].id: no such model"),
+    ({"models": [{"id": str(STORIES), "gpus": 1}]}, "models[0].gpus: unknown field"),
+    ({"algorithms": [{"name": "sgd"}]}, "algorithms[0].name: unknown algorithm"),
+    (
+        {"algorithms": [{"name": "soda", "params": {"lr": 1}}]},
+        "algorithms[0]: unknown soda parameter 'lr'",
+    ),
+    ({"algorithms": [{"name": "soda", "params": {"decay": 2.0}}]}, "algorithms[0]: decay"),
+    ({"steps": 0}, "steps: a positive integer"),
+    ({"objectives": [{"kind": "logits", "top_k": 0}]}, "objectives[0]: top_k"),
+    (
+        {"datasets": [{"name": "random", "path": "missing.parquet"}]},
+        "datasets[0].path: no such dataset",
+    ),
+    (
+        {"datasets": [{"name": "x", "build": {"dataset": "poems"}}]},
+        "datasets[0].build.dataset: unknown dataset",
+    ),
+    ({"datasets": [{"name": "random", "build": {"lengths": "5-2"}}]}, "datasets[0].build.lengths"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD_SWEEPS)
+def test_invalid_sweeps_fail_before_ray_starts(tmp_path, capsys, override, message):
+    import ray
+
+    path = write_sweep(tmp_path, **override)
+    code = main(["sweep", "run", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(path) in err and message in err, err
+    assert not ray.is_initialized()
+
+
+def test_limit_and_model_override_change_the_job_folder(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path))
+    full = {j.name for j in sweep.jobs()}
+    limited = {j.name for j in sweep.jobs(limit=3)}
+    assert full.isdisjoint(limited)
+    other = sweep.jobs(model=str(STORIES) + "/")
+    assert {j.model.id for j in other} == {str(STORIES) + "/"}
+
+
+def test_shipped_sweeps_are_valid():
+    root = Path(__file__).resolve().parents[1] / "sweeps"
+    names = sorted(p.name for p in root.glob("*.yaml"))
+    assert "quickstart.yaml" in names
+    cwd = os.getcwd()
+    os.chdir(root.parent)  # sweeps name ../shared paths relative to the repository root
+    try:
+        for path in sorted(root.glob("*.yaml")):
+            sweep = load_sweep(path)
+            assert sweep.jobs(), path
+    finally:
+        os.chdir(cwd)
+
+
+def test_status_of_missing_folder_is_one_line(tmp_path, capsys):
+    code = main(["sweep", "status", str(tmp_path / "nothing")])
+    assert code == 2 and "no such results folder" in capsys.readouterr().err
