@@ -44,12 +44,15 @@ def invert(
     length: int | Literal["auto"] | None = None,
     max_length: int = 10,
     on_result: Callable[[InversionResult], None] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> list[InversionResult]:
     """Recover the inputs behind `targets`; results come back in target order.
 
     `length`: None searches each target at its true length (known when the targets were made
     from inputs); an int searches that length; "auto" tries 1..`max_length`, shortest first,
-    and keeps the first length that matches. `on_result` is called as each target finishes.
+    and keeps the first length that matches. `on_result` is called as each target finishes;
+    `on_step(length, step)` after every step of the batch searching that length (the tuner
+    reports pruning checkpoints from it; an exception raised there stops the search).
     """
     config = config or SodaConfig()
     algo = config.algorithm
@@ -92,6 +95,7 @@ def invert(
                 max_seconds=config.max_seconds,
                 on_finished=lambda *out, rows=rows, n=n: collector.finished(rows, n, *out),
                 device=model.device,
+                on_step=None if on_step is None else (lambda s, n=n: on_step(n, s)),
             )
         pending = sorted(collector.retry)
         if not pending:

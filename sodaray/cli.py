@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sodaray.runner.cli import add_sweep_parser
 
     add_sweep_parser(sub)
+    from sodaray.tuner.cli import add_tune_parser
+
+    add_tune_parser(sub)
     _add_data(sub)
     return parser
 

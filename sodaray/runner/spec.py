@@ -20,7 +20,7 @@ import yaml
 
 from sodaray.api import ALGORITHMS, make_config
 from sodaray.objectives import Objective
-from sodaray.presets import PRESETS, get_preset
+from sodaray.presets import PRESETS, get_preset, load_preset_file
 from sodaray.results import config_hash
 
 
@@ -33,6 +33,7 @@ class ModelSpec:
     id: str  # hub id, local folder, or .gguf file
     name: str = ""  # label in job names and results (default: the id's last part)
     preset: str | None = None  # paper preset for SODA's parameters on this model
+    preset_file: str | None = None  # or a preset YAML (e.g. from `sodaray tune`)
     gguf_file: str | None = None
     dtype: str = "float32"
     bos: bool | None = None
@@ -189,6 +190,8 @@ class Sweep:
         merged: dict[str, Any] = {}
         if algo == "soda" and model.preset:
             merged.update(get_preset(model.preset).soda)
+        if algo == "soda" and model.preset_file:
+            merged.update(load_preset_file(model.preset_file))
         merged.update(params)
         merged.update(max_steps=self.steps, seed=seed)
         return make_config(algo, merged).to_dict()
@@ -212,16 +215,30 @@ ALGORITHM_KEYS = {"name", "label", "params", "grid"}
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; every job it makes is checked before returning."""
+def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tuple[Any, Path]:
+    """A YAML config file's data (safe_load), with one-line errors naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise SweepError(f"{path}: no such sweep file")
+        raise error(f"{path}: no such {kind} file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
-    return parse_sweep(data, path)
+        raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if not isinstance(data, dict):
+        raise error(f"{path}: a {kind} file is a mapping of fields")
+    return data, path
+
+
+def check_name(data: dict[str, Any], fail) -> str:
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
+    return name
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and validate a sweep file; every job it makes is checked before returning."""
+    return parse_sweep(*read_config_file(path, "sweep", SweepError))
 
 
 def parse_sweep(data: Any, path: Path) -> Sweep:
@@ -234,9 +251,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
     for required in ("name", "models", "datasets", "algorithms"):
         if required not in data:
             raise fail(required, "required field missing")
-    name = data["name"]
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
+    name = check_name(data, fail)
 
     models = []
     for i, entry in enumerate(_entries(data, "models", fail)):
@@ -248,14 +263,14 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             spec = ModelSpec(**entry)
         except TypeError as exc:
             raise fail(where, str(exc)) from exc
-        _check_model(spec, where, fail)
+        check_model(spec, where, fail)
         models.append(spec)
 
     datasets = []
     for i, entry in enumerate(_entries(data, "datasets", fail)):
         where = f"datasets[{i}]"
         _known(entry, DATASET_KEYS, where, fail)
-        datasets.append(_check_dataset(DatasetSpec(**entry), where, fail))
+        datasets.append(check_dataset(DatasetSpec(**entry), where, fail))
 
     algorithms = []
     for i, entry in enumerate(_entries(data, "algorithms", fail)):
@@ -368,7 +383,7 @@ def _check_positive(value: Any, where: str, fail) -> None:
         raise fail(where, f"a positive integer, not {value!r}")
 
 
-def _check_model(spec: ModelSpec, where: str, fail) -> None:
+def check_model(spec: ModelSpec, where: str, fail) -> None:
     looks_local = spec.id.startswith(("/", "./", "../", "~")) or spec.id.endswith(".gguf")
     if looks_local and not Path(spec.id).expanduser().exists():
         raise fail(f"{where}.id", f"no such model folder or file: {spec.id}")
@@ -376,6 +391,13 @@ def _check_model(spec: ModelSpec, where: str, fail) -> None:
         raise fail(
             f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
         )
+    if spec.preset is not None and spec.preset_file is not None:
+        raise fail(where, "give `preset` or `preset_file`, not both")
+    if spec.preset_file is not None:
+        try:
+            load_preset_file(spec.preset_file)
+        except (OSError, ValueError) as exc:
+            raise fail(f"{where}.preset_file", str(exc)) from exc
     if spec.dtype not in ("float32", "bfloat16"):
         raise fail(f"{where}.dtype", f"float32 or bfloat16, not {spec.dtype!r}")
     if not isinstance(spec.num_gpus, (int, float)) or spec.num_gpus < 0:
@@ -385,7 +407,7 @@ def _check_model(spec: ModelSpec, where: str, fail) -> None:
     _check_positive(spec.replicas, f"{where}.replicas", fail)
 
 
-def _check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
+def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
     if not spec.name:
         raise fail(f"{where}.name", "required field missing")
     if (spec.path is None) == (spec.build is None):

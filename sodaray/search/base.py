@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 from torch import Tensor
+
+from sodaray.objectives import BatchTargets, TargetSet, hard_match
 
 
 @dataclass
@@ -92,3 +95,30 @@ class BatchSearch(Protocol):
 
     def keep(self, slots: Tensor) -> None:
         """Drop every slot not in `slots` (the batch shrinks when the queue is empty)."""
+
+
+@torch.no_grad()
+def check_changed(
+    model: Any,
+    targets: TargetSet,
+    batch: BatchTargets,
+    tokens: Tensor,
+    last_checked: Tensor,
+) -> Tensor:
+    """The hard-max check (found mask), run only for slots whose tokens changed since their
+    last check; `last_checked` is updated in place. An unchanged candidate already failed, so
+    skipping it changes no outcome."""
+    found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    changed = (tokens != last_checked).any(1).nonzero().squeeze(1)
+    if len(changed):
+        found[changed] = hard_match(
+            model,
+            targets.objective,
+            tokens[changed],
+            batch,
+            targets.atol,
+            targets.rtol,
+            rows=changed,
+        )
+        last_checked[changed] = tokens[changed]
+    return found

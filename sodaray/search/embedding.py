@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, TargetSet, context_embeds, hard_match, objective_loss
-from sodaray.search.base import SearchConfig, StepOutcome
+from sodaray.objectives import BatchTargets, TargetSet, context_embeds, objective_loss
+from sodaray.search.base import SearchConfig, StepOutcome, check_changed
 
 
 @dataclass
@@ -128,17 +128,5 @@ class EmbeddingBatch:
             distance=self.cfg.distance,
             chunk=self.cfg.vocab_chunk,
         )
-        found = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
-        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
-        if len(changed):
-            found[changed] = hard_match(
-                self.model,
-                self.objective,
-                tokens[changed],
-                self.batch,
-                self.targets.atol,
-                self.targets.rtol,
-                rows=changed,
-            )
-            self.last_checked[changed] = tokens[changed]
+        found = check_changed(self.model, self.targets, self.batch, tokens, self.last_checked)
         return StepOutcome(found=found, tokens=tokens, loss=loss.detach())

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, TargetSet, context_embeds, hard_match, objective_loss
-from sodaray.search.base import SearchConfig, StepOutcome
+from sodaray.objectives import BatchTargets, TargetSet, context_embeds, objective_loss
+from sodaray.search.base import SearchConfig, StepOutcome, check_changed
 
 log = logging.getLogger(__name__)
 
@@ -108,19 +108,7 @@ class GcgBatch:
         rows = torch.arange(len(best), device=best.device)
         self.tokens = candidates[rows, best]
         loss = losses[rows, best]
-        found = torch.zeros(len(best), dtype=torch.bool, device=best.device)
-        changed = (self.tokens != self.last_checked).any(1).nonzero().squeeze(1)
-        if len(changed):
-            found[changed] = hard_match(
-                self.model,
-                self.objective,
-                self.tokens[changed],
-                self.batch,
-                self.targets.atol,
-                self.targets.rtol,
-                rows=changed,
-            )
-            self.last_checked[changed] = self.tokens[changed]
+        found = check_changed(self.model, self.targets, self.batch, self.tokens, self.last_checked)
         return StepOutcome(found=found, tokens=self.tokens.clone(), loss=loss)
 
     def one_hot_gradient(self) -> Tensor:

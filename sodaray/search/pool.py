@@ -26,11 +26,14 @@ def run_pool(
     max_seconds: float | None = None,
     on_finished: FinishedFn,
     device: torch.device,
+    on_step: Callable[[int], None] | None = None,
 ) -> None:
     """Drive `num_targets` searches through a batch of at most `max_batch_size` slots.
 
     One host synchronisation per step (the found mask); the per-slot step counters are kept on
-    the host as well, since every active slot advances by exactly one step.
+    the host as well, since every active slot advances by exactly one step. `on_step(s)` runs
+    after each step with the largest slot count `s` (after the step's results were delivered),
+    so a caller can report progress or stop the search by raising.
     """
     if num_targets == 0:
         return
@@ -49,6 +52,8 @@ def run_pool(
         if max_seconds is not None:
             done |= (time.perf_counter() - started) >= max_seconds
         if not done.any():
+            if on_step is not None:
+                on_step(int(steps.max()))
             continue
         done_slots = np.flatnonzero(done)
         now = time.perf_counter()
@@ -78,3 +83,5 @@ def run_pool(
             slot_row, steps, started = slot_row[keep], steps[keep], started[keep]
             if len(keep):
                 search.keep(torch.as_tensor(keep, device=device))
+        if on_step is not None:
+            on_step(int(steps.max()) if len(steps) else max_steps)

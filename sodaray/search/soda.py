@@ -24,10 +24,9 @@ from sodaray.objectives import (
     BatchTargets,
     TargetSet,
     context_embeds,
-    hard_match,
     objective_loss,
 )
-from sodaray.search.base import SearchConfig, StepOutcome
+from sodaray.search.base import SearchConfig, StepOutcome, check_changed
 
 
 @dataclass
@@ -172,7 +171,7 @@ class SodaBatch:
         self.moment_age += 1
         self.update(grad, self.moment_age)
         tokens = self.z.argmax(-1)
-        found = self.check(tokens)
+        found = check_changed(self.model, self.targets, self.batch, tokens, self.last_checked)
         self.apply_schedules(steps_after)
         return StepOutcome(found=found, tokens=tokens, loss=loss)
 
@@ -212,25 +211,6 @@ class SodaBatch:
             self.z.addcdiv_(self.m, denom, value=-c.learning_rate)
         if c.use_decay and c.decay != 1.0:
             self.z.mul_(c.decay)
-
-    @torch.no_grad()
-    def check(self, tokens: Tensor) -> Tensor:
-        """Hard-max check, run only for slots whose argmax changed since their last check
-        (an unchanged candidate already failed, so skipping it changes no outcome)."""
-        found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
-        if len(changed):
-            found[changed] = hard_match(
-                self.model,
-                self.objective,
-                tokens[changed],
-                self.batch,
-                self.targets.atol,
-                self.targets.rtol,
-                rows=changed,
-            )
-            self.last_checked[changed] = tokens[changed]
-        return found
 
     @torch.no_grad()
     def apply_schedules(self, steps_after: np.ndarray) -> None:

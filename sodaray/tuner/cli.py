@@ -1,0 +1,102 @@
+"""`sodaray tune`: the command-line face of the tuner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="tune an algorithm's parameters with Optuna, trials on Ray actors",
+        description="Run (or resume: the same command again adds trials) an Optuna study from "
+        "a tuning file. Writes OUT/<name>/: study.journal, trials/*.parquet, best_preset.yaml, "
+        "plots/*.png.",
+    )
+    p.add_argument("tuning", help="tuning YAML file")
+    p.add_argument("--trials", type=int, help="trials to add (default: the file's `trials`)")
+    p.add_argument("--workers", type=int, default=1, help="trials at once, one actor each")
+    p.add_argument("--storage", help="Optuna storage URL (default: a journal file in --out)")
+    p.add_argument("--out", default="tuning-runs", help="output folder (default: ./tuning-runs)")
+    p.add_argument("--model", help="tune on this model instead (hub id, folder, .gguf)")
+    p.add_argument("--address", help="Ray cluster address: auto, HOST:PORT or ray://...")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from sodaray.tuner import load_tuning, run_tuning
+
+    if args.trials is not None and args.trials < 1:
+        raise ValueError(f"--trials must be at least 1, not {args.trials}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {args.workers}")
+    spec = load_tuning(args.tuning)  # validated before Ray starts
+    total = spec.trials if args.trials is None else args.trials
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="trial", desc=spec.name, file=sys.stderr)
+
+    def on_trial(outcome) -> None:
+        value = "-" if outcome.value is None else f"{outcome.value:.4f}"
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(last=f"#{outcome.number} {outcome.state} {value}")
+        else:
+            print(
+                f"  trial {outcome.number}: {outcome.state} {value} ({outcome.seconds:.0f}s)",
+                file=sys.stderr,
+            )
+
+    try:
+        run = run_tuning(
+            spec,
+            args.out,
+            trials=args.trials,
+            workers=args.workers,
+            storage=args.storage,
+            model=args.model,
+            address=args.address,
+            on_trial=on_trial,
+        )
+    except KeyboardInterrupt:
+        print("interrupted: finished trials are in the study; run again to resume", file=sys.stderr)
+        return 130
+    finally:
+        if bar is not None:
+            bar.close()
+    print_leaderboard(run)
+    return 0
+
+
+def print_leaderboard(run, top: int = 10) -> None:
+    import optuna
+
+    from sodaray.tuner.study import open_storage
+
+    study = optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in optuna.trial.TrialState}
+    print(
+        f"study {run.study_name} ({run.storage}): {len(trials)} trials: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    )
+    if run.stale_failed:
+        print(
+            f"  trials {run.stale_failed} were left running by an earlier run: "
+            "marked failed, retried"
+        )
+    for rank, t in enumerate(sorted(done, key=lambda t: -t.value)[:top], start=1):
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items())
+        print(f"{rank:>3}. trial {t.number:>4}  {t.value:.4f}  {params}")
+    if run.preset_path:
+        print(f"best preset: {run.preset_path}")
+    for plot in run.plots:
+        print(f"plot: {plot}")
+
+
+def _fmt(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,289 @@
+"""Tuning files (`tuning/*.yaml`): a model, validation data, an algorithm, fixed parameters, the
+search space, and how Optuna searches it. Validated on load: a bad field is a one-line
+`TuningError` naming the file and the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sodaray.api import ALGORITHMS, make_config
+from sodaray.objectives import Objective
+from sodaray.runner.spec import (
+    DatasetSpec,
+    ModelSpec,
+    SweepError,
+    check_dataset,
+    check_model,
+    check_name,
+    read_config_file,
+)
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes")
+PRUNERS = ("median", "hyperband", "none")
+METRICS = ("exact", "exact_per_second")
+PARAM_TYPES = ("float", "int", "categorical")
+
+
+class TuningError(ValueError):
+    """An invalid tuning file: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ParamSpace:
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: list[Any] | None = None
+
+    def distribution(self):
+        import optuna.distributions as d
+
+        if self.type == "categorical":
+            return d.CategoricalDistribution(self.choices)
+        if self.type == "int":
+            return d.IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
+    def grid_values(self) -> list[Any]:
+        """The values the grid sampler tries (categorical choices, or low..high by step)."""
+        if self.type == "categorical":
+            return list(self.choices or [])
+        count = int(round((self.high - self.low) / self.step)) + 1
+        values = [self.low + i * self.step for i in range(count)]
+        return [int(v) for v in values] if self.type == "int" else [round(v, 12) for v in values]
+
+
+@dataclass
+class TuningSpec:
+    name: str
+    path: Path
+    model: ModelSpec
+    data: DatasetSpec
+    algorithm: str = "soda"
+    objective: dict[str, Any] = field(default_factory=lambda: {"kind": "logits"})
+    fixed: dict[str, Any] = field(default_factory=dict)
+    space: list[ParamSpace] = field(default_factory=list)
+    steps: int = 600
+    trials: int = 20
+    metric: str = "exact"
+    sampler: str = "tpe"
+    pruner: str = "median"
+    checkpoints: int = 4  # pruning reports per input length
+    seed: int = 0
+    storage: str | None = None
+    study_name: str | None = None
+    description: str = ""
+
+    def config(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The algorithm's full config for a trial's sampled `params` (objective ones aside)."""
+        algo = {k: v for k, v in params.items() if not k.startswith(OBJECTIVE_PREFIX)}
+        merged = {**self.fixed, **algo, "max_steps": self.steps, "seed": self.seed}
+        return make_config(self.algorithm, merged).to_dict()
+
+    def objective_for(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The objective with a trial's `objective.*` parameters applied."""
+        over = {
+            k.removeprefix(OBJECTIVE_PREFIX): v
+            for k, v in params.items()
+            if k.startswith(OBJECTIVE_PREFIX)
+        }
+        return {**self.objective, **over}
+
+    def distributions(self) -> dict[str, Any]:
+        return {p.name: p.distribution() for p in self.space}
+
+
+TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
+# Objective knobs a trial may vary: they change the loss, not the observed targets.
+OBJECTIVE_PREFIX = "objective."
+TUNABLE_OBJECTIVE = ("fluency_weight", "huber_delta", "loss")
+PARAM_KEYS = {"type", "low", "high", "log", "step", "choices"}
+
+
+def load_tuning(path: str | Path) -> TuningSpec:
+    """Read and validate a tuning file (every parameter range is checked against the
+    algorithm's config)."""
+    return parse_tuning(*read_config_file(path, "tuning", TuningError))
+
+
+def parse_tuning(data: Any, path: Path) -> TuningSpec:
+    def fail(where: str, message: str) -> TuningError:
+        return TuningError(f"{path}: {where}: {message}")
+
+    if not isinstance(data, dict):
+        raise TuningError(f"{path}: a tuning file is a mapping of fields")
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise fail(unknown[0], f"unknown field (known: {', '.join(sorted(TOP_KEYS))})")
+    for required in ("name", "model", "data", "space"):
+        if required not in data:
+            raise fail(required, "required field missing")
+    name = check_name(data, fail)
+
+    def sweep_check(check, spec, where):
+        try:
+            return check(spec, where, lambda w, m: SweepError(f"{path}: {w}: {m}"))
+        except SweepError as exc:
+            raise TuningError(str(exc)) from exc
+
+    model_entry = data["model"]
+    if isinstance(model_entry, str):
+        model_entry = {"id": model_entry}
+    if not isinstance(model_entry, dict) or "id" not in model_entry:
+        raise fail("model", "a mapping with an `id` (hub id, folder or .gguf)")
+    bad = sorted(set(model_entry) - {f.name for f in fields(ModelSpec)})
+    if bad:
+        raise fail(f"model.{bad[0]}", "unknown field")
+    model = ModelSpec(**model_entry)
+    sweep_check(check_model, model, "model")
+
+    data_entry = data["data"]
+    if not isinstance(data_entry, dict):
+        raise fail("data", "a mapping: `path` to a built dataset, or `build` (a spec)")
+    bad = sorted(set(data_entry) - {"name", "path", "build"})
+    if bad:
+        raise fail(f"data.{bad[0]}", "unknown field (known: name, path, build)")
+    data_spec = DatasetSpec(
+        name=data_entry.get("name", "validation"),
+        path=data_entry.get("path"),
+        build=data_entry.get("build"),
+    )
+    sweep_check(check_dataset, data_spec, "data")
+
+    algorithm = data.get("algorithm", "soda")
+    if algorithm not in ALGORITHMS:
+        raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {', '.join(ALGORITHMS)})")
+    objective = data.get("objective") or {"kind": "logits"}
+    try:
+        Objective(**objective)
+    except (TypeError, ValueError) as exc:
+        raise fail("objective", str(exc)) from exc
+
+    space_entry = data["space"]
+    if not isinstance(space_entry, dict) or not space_entry:
+        raise fail("space", "a non-empty mapping of parameter name to its range")
+    space = [_param(name_, entry, f"space.{name_}", fail) for name_, entry in space_entry.items()]
+
+    scalars = {
+        k: data[k]
+        for k in (
+            "steps",
+            "trials",
+            "metric",
+            "sampler",
+            "pruner",
+            "checkpoints",
+            "seed",
+            "storage",
+            "study_name",
+            "description",
+            "fixed",
+        )
+        if k in data
+    }
+    spec = TuningSpec(
+        name=name,
+        path=path,
+        model=model,
+        data=data_spec,
+        algorithm=algorithm,
+        objective=objective,
+        space=space,
+        **scalars,
+    )
+    for key in ("steps", "trials", "checkpoints"):
+        value = getattr(spec, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise fail(key, f"a positive integer, not {value!r}")
+    if spec.metric not in METRICS:
+        raise fail("metric", f"{spec.metric!r} is not one of {', '.join(METRICS)}")
+    if spec.sampler not in SAMPLERS:
+        raise fail("sampler", f"{spec.sampler!r} is not one of {', '.join(SAMPLERS)}")
+    if spec.pruner not in PRUNERS:
+        raise fail("pruner", f"{spec.pruner!r} is not one of {', '.join(PRUNERS)}")
+    if spec.sampler == "cmaes":
+        try:
+            import cmaes  # noqa: F401
+        except ImportError as exc:
+            raise fail("sampler", "cmaes needs the `cmaes` package (pip install cmaes)") from exc
+    if spec.sampler == "grid":
+        for p in spec.space:
+            if p.type == "float" and p.step is None:
+                raise fail(f"space.{p.name}", "the grid sampler needs a `step` (or `choices`)")
+    if not isinstance(spec.fixed, dict):
+        raise fail("fixed", "a mapping of parameter name to value")
+    for key in ("max_steps", "seed"):
+        if key in spec.fixed or any(p.name == key for p in spec.space):
+            raise fail(f"fixed.{key}", "set it with the file's `steps` / `seed`")
+    # Every parameter named must exist and accept the range's ends.
+    for p in spec.space:
+        samples = p.choices if p.type == "categorical" else [p.low, p.high]
+        if p.name.startswith(OBJECTIVE_PREFIX):
+            knob = p.name.removeprefix(OBJECTIVE_PREFIX)
+            if knob not in TUNABLE_OBJECTIVE:
+                raise fail(
+                    f"space.{p.name}", f"tunable objective fields: {', '.join(TUNABLE_OBJECTIVE)}"
+                )
+            for value in samples:
+                try:
+                    Objective(**spec.objective_for({p.name: value}))
+                except (TypeError, ValueError) as exc:
+                    raise fail(f"space.{p.name}", str(exc)) from exc
+            continue
+        for value in samples:
+            try:
+                spec.config({p.name: value})
+            except (TypeError, ValueError) as exc:
+                message = str(exc).removeprefix("config: ")
+                raise fail(f"space.{p.name}", message) from exc
+    try:
+        spec.config({})
+    except (TypeError, ValueError) as exc:
+        raise fail("fixed", str(exc).removeprefix("config: ")) from exc
+    return spec
+
+
+def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:
+    if not isinstance(entry, dict):
+        raise fail(
+            where,
+            "a mapping: {type: float|int|categorical, low, high, log, step} or "
+            "{type: categorical, choices: [...]}",
+        )
+    unknown = sorted(set(entry) - PARAM_KEYS)
+    if unknown:
+        raise fail(
+            f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(PARAM_KEYS))})"
+        )
+    kind = entry.get("type", "categorical" if "choices" in entry else "float")
+    if kind not in PARAM_TYPES:
+        raise fail(f"{where}.type", f"{kind!r} is not one of {', '.join(PARAM_TYPES)}")
+    if kind == "categorical":
+        choices = entry.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise fail(f"{where}.choices", "a non-empty list")
+        return ParamSpace(name, kind, choices=choices)
+    low, high = entry.get("low"), entry.get("high")
+    for key, value in (("low", low), ("high", high)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise fail(f"{where}.{key}", f"a number, not {value!r}")
+    if not low < high:
+        raise fail(where, f"low ({low}) must be below high ({high})")
+    log = bool(entry.get("log", False))
+    if log and low <= 0:
+        raise fail(f"{where}.low", "a log-scale range must start above 0")
+    step = entry.get("step")
+    if step is not None and (not isinstance(step, (int, float)) or step <= 0):
+        raise fail(f"{where}.step", f"a positive number, not {step!r}")
+    if log and step is not None:
+        raise fail(f"{where}.step", "log scale and step cannot be combined (Optuna's rule)")
+    if kind == "int" and not all(float(v).is_integer() for v in (low, high)):
+        raise fail(where, "an int range needs integer low and high")
+    return ParamSpace(name, kind, low=low, high=high, log=log, step=step)

@@ -1,0 +1,455 @@
+"""`sodaray tune`: an Optuna study whose trials run on Ray actors that keep their model loaded.
+
+The driver asks Optuna for a trial (ask/tell), hands its parameters to an idle actor, and tells
+Optuna the result. The actor reports the solved fraction at step checkpoints to the study's
+storage itself and stops a trial the pruner gives up on. A trial whose actor dies is marked
+failed and its parameters are enqueued again; trials left RUNNING by a driver that died are
+marked failed (and retried) when the study is resumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sodaray.results import write_table_atomic
+from sodaray.tuner.spec import TuningSpec
+
+log = logging.getLogger(__name__)
+
+
+def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
+    """An RDB URL as given, else a journal file (default: OUT/<name>/study.journal)."""
+    url = override or spec.storage
+    if url is None:
+        return str(out / "study.journal")
+    return url
+
+
+def open_storage(url: str):
+    """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
+    if "://" in url:
+        return url  # Optuna's RDB storage takes the URL itself
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(url))
+
+
+def make_sampler(spec: TuningSpec):
+    import optuna
+
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=spec.seed)
+    if spec.sampler == "grid":
+        space = {p.name: p.grid_values() for p in spec.space}
+        return optuna.samplers.GridSampler(space, seed=spec.seed)
+    if spec.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=spec.seed)
+    return optuna.samplers.TPESampler(seed=spec.seed)
+
+
+def make_pruner(spec: TuningSpec):
+    import optuna
+
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0)
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+# ---- the worker --------------------------------------------------------------------------------
+class TrialWorker:
+    """One model replica and the validation targets, both built once and reused by every trial."""
+
+    def __init__(self, spec: dict[str, Any], rows: dict[str, list[Any]], num_cpus: float) -> None:
+        from sodaray.objectives import Objective, make_targets
+        from sodaray.runner.worker import InversionWorker
+
+        self.spec = spec
+        self.inner = InversionWorker(spec["model"], num_cpus)
+        self.rows = rows
+        self.objective = Objective(**spec["objective"])
+        self.targets = make_targets(self.inner.model, rows["tokens"], objective=self.objective)
+        self.targets.sample_ids = list(rows["sample_id"])
+        self._study = None
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def study(self):
+        import optuna
+
+        if self._study is None:
+            self._study = optuna.load_study(
+                study_name=self.spec["study_name"], storage=open_storage(self.spec["storage"])
+            )
+        return self._study
+
+    def run_trial(
+        self, number: int, config: dict[str, Any], objective: dict[str, Any]
+    ) -> dict[str, Any]:
+        import dataclasses
+
+        import optuna
+
+        from sodaray.api import invert, make_config
+        from sodaray.objectives import Objective
+        from sodaray.results import RunContext, result_rows
+
+        study = self.study()
+        trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        trial = optuna.trial.Trial(study, trial_id)
+        total = len(self.targets)
+        checkpoints = self.spec["checkpoints"]
+        steps = config["max_steps"]
+        lengths = sorted(set(len(t) for t in self.rows["tokens"]))
+        finished: list[Any] = []
+        reported: set[int] = set()
+        start = time.perf_counter()
+
+        def on_step(length: int, step: int) -> None:
+            # Report index: (which length, which checkpoint within it); the value, solved so
+            # far over the whole set, is comparable across trials at the same index.
+            group = lengths.index(length)
+            for j in range(checkpoints):
+                index = group * checkpoints + j
+                if index in reported or step < (j + 1) * steps / checkpoints:
+                    continue
+                reported.add(index)
+                exact = sum(bool(r.exact) for r in finished)
+                trial.report(exact / total, index)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at length {length}, step {step}")
+
+        # Tunable objective knobs change the loss only, so the built targets are reused.
+        trial_objective = Objective(**objective)
+        targets = dataclasses.replace(self.targets, objective=trial_objective)
+        state, error = "complete", None
+        try:
+            invert(
+                self.inner.model,
+                targets,
+                make_config(self.spec["algorithm"], config),
+                on_result=finished.append,
+                on_step=on_step,
+            )
+        except optuna.TrialPruned as exc:
+            state, error = "pruned", str(exc)
+        seconds = time.perf_counter() - start
+        exact = sum(bool(r.exact) for r in finished)
+        value = exact / total
+        if self.spec["metric"] == "exact_per_second":
+            value = exact / max(seconds, 1e-9)
+        index = {sid: i for i, sid in enumerate(self.rows["sample_id"])}
+        picked = [index[r.sample_id] for r in finished]
+        context = RunContext.for_model(
+            self.inner.model,
+            trial_objective,
+            dataset=self.spec["dataset"],
+            sweep=f"tune:{self.spec['name']}",
+            job=f"trial-{number:05d}",
+        )
+        context.model = self.inner.model_id
+        texts = self.rows.get("text")
+        labels = self.rows.get("pii_labels")
+        table = result_rows(
+            finished,
+            context,
+            true_texts=None if texts is None else [texts[i] for i in picked],
+            pii_labels=None if labels is None else [labels[i] for i in picked],
+        )
+        return {
+            "state": state,
+            "value": value,
+            "exact": exact,
+            "total": total,
+            "seconds": seconds,
+            "table": table,
+            "note": error,
+        }
+
+
+class TrialWorkerActor:
+    """`TrialWorker` under Ray."""
+
+    def __init__(self, spec: dict[str, Any], rows: dict[str, list[Any]], num_cpus: float):
+        self.worker = TrialWorker(spec, rows, num_cpus)
+
+    def pid(self) -> int:
+        return self.worker.pid()
+
+    def run_trial(
+        self, number: int, config: dict[str, Any], objective: dict[str, Any]
+    ) -> dict[str, Any]:
+        return self.worker.run_trial(number, config, objective)
+
+
+# ---- the driver --------------------------------------------------------------------------------
+@dataclass
+class TrialOutcome:
+    number: int
+    state: str  # complete | pruned | failed
+    value: float | None
+    params: dict[str, Any]
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class TuneRun:
+    study_name: str
+    storage: str
+    out: Path
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    stale_failed: list[int] = field(default_factory=list)
+    best_value: float | None = None
+    best_params: dict[str, Any] | None = None
+    preset_path: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+
+
+def run_tuning(
+    spec: TuningSpec,
+    out: str | Path,
+    *,
+    trials: int | None = None,
+    workers: int = 1,
+    storage: str | None = None,
+    model: str | None = None,
+    address: str | None = None,
+    max_attempts: int = 3,
+    on_launch: Callable[[int, int], None] | None = None,
+    on_trial: Callable[[TrialOutcome], None] | None = None,
+) -> TuneRun:
+    """Add `trials` (default: the file's) trials to the study, `workers` at a time."""
+    import optuna
+    import ray
+
+    from sodaray.runner.execute import select_rows
+    from sodaray.runner.spec import ModelSpec
+
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    n_trials = spec.trials if trials is None else trials
+    if n_trials < 1:
+        raise ValueError(f"trials must be at least 1, not {n_trials}")
+    if model is not None:
+        spec.model = ModelSpec(
+            id=model,
+            num_gpus=spec.model.num_gpus,
+            num_cpus=spec.model.num_cpus,
+            dtype=spec.model.dtype,
+        )
+    out = Path(out) / spec.name
+    out.mkdir(parents=True, exist_ok=True)
+    url = storage_url(spec, out, storage)
+    study_name = spec.study_name or spec.name
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=open_storage(url),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+        direction="maximize",
+        load_if_exists=True,
+    )
+    run = TuneRun(study_name, url, out)
+    # Trials a dead driver left RUNNING: failed, and their parameters tried again.
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(t.params, skip_if_exists=False)
+        run.stale_failed.append(t.number)
+
+    from sodaray.runner.execute import dataset_table
+    from sodaray.runner.spec import Job
+
+    # The validation rows (built once per model into OUT/<name>/datasets/).
+    job = Job(
+        spec.name,
+        spec.model,
+        spec.data,
+        spec.algorithm,
+        spec.algorithm,
+        spec.config({}),
+        spec.objective,
+        "fixed",
+        10,
+        None,
+        None,
+        1,
+    )
+    rows = select_rows(dataset_table(job, out), None, None)
+    worker_spec = {
+        "name": spec.name,
+        "model": {**spec.model.identity(), "trust_remote_code": spec.model.trust_remote_code},
+        "objective": spec.objective,
+        "algorithm": spec.algorithm,
+        "metric": spec.metric,
+        "checkpoints": spec.checkpoints,
+        "study_name": study_name,
+        "storage": url,
+        "dataset": spec.data.name,
+    }
+    distributions = spec.distributions()
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(TrialWorkerActor).options(
+        num_cpus=spec.model.num_cpus,
+        num_gpus=spec.model.num_gpus,
+        max_restarts=-1,
+        max_task_retries=0,  # a dead worker's trial is failed and re-enqueued by the driver
+    )
+    actors = [remote.remote(worker_spec, rows, spec.model.num_cpus) for _ in range(workers)]
+    attempts: dict[str, int] = {}
+    in_flight: dict[Any, tuple[int, Any, dict[str, Any], float]] = {}
+    launched = 0
+
+    def launch(slot: int) -> None:
+        nonlocal launched
+        trial = study.ask(distributions)
+        launched += 1
+        config = spec.config(trial.params)
+        # Wait until the worker answers (after a crash Ray is restarting it); its pid is for
+        # callers that watch (or, in tests, kill) it.
+        pid = wait_ready(actors[slot])
+        ref = actors[slot].run_trial.remote(trial.number, config, spec.objective_for(trial.params))
+        in_flight[ref] = (slot, trial.number, trial.params, time.perf_counter())
+        if on_launch is not None:
+            on_launch(trial.number, pid)
+
+    try:
+        for slot in range(min(workers, n_trials)):
+            launch(slot)
+        while in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ref = ready[0]
+            slot, number, params, started = in_flight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+                study.tell(number, state=optuna.trial.TrialState.FAIL)
+                outcome = TrialOutcome(
+                    number, "failed", None, params, time.perf_counter() - started, message
+                )
+                key = repr(sorted(params.items()))
+                attempts[key] = attempts.get(key, 0) + 1
+                if attempts[key] < max_attempts:
+                    study.enqueue_trial(params, skip_if_exists=False)
+                    launched -= 1  # the retry replaces it
+                log.warning("trial %d failed (%s)", number, message)
+            else:
+                write_table_atomic(result["table"], out / "trials" / f"trial-{number:05d}.parquet")
+                if result["state"] == "pruned":
+                    study.tell(number, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(number, result["value"])
+                outcome = TrialOutcome(
+                    number,
+                    result["state"],
+                    result["value"],
+                    params,
+                    result["seconds"],
+                    result["note"],
+                )
+            run.outcomes.append(outcome)
+            if on_trial is not None:
+                on_trial(outcome)
+            if launched < n_trials:
+                launch(slot)
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        if own_ray:
+            ray.shutdown()
+
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if complete:
+        best = max(complete, key=lambda t: t.value)
+        run.best_value, run.best_params = best.value, dict(best.params)
+        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
+    run.plots = save_plots(study, out / "plots")
+    return run
+
+
+def wait_ready(actor: Any, timeout: float = 600.0) -> int:
+    """The actor's pid once it answers; retries while Ray restarts it."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    delay = 0.2
+    while True:
+        try:
+            return int(ray.get(actor.pid.remote()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
+def write_preset(spec: TuningSpec, best, path: Path) -> Path:
+    """The best parameters as a preset YAML (`sodaray invert --preset-file`, sweeps'
+    `preset_file:`)."""
+    params = {k: v for k, v in spec.fixed.items() if k not in ("max_batch_size", "max_seconds")}
+    params.update(best.params)
+    doc = {
+        "soda" if spec.algorithm == "soda" else "params": params,
+        "note": (
+            f"tuned by `sodaray tune {spec.path}`: trial {best.number}, {spec.metric} "
+            f"{best.value:.4f} on {spec.data.name} with {spec.steps} steps per sample"
+        ),
+        "model": spec.model.id,
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def save_plots(study, folder: Path) -> list[Path]:
+    """Optuna's history, importance and parallel-coordinate plots as PNG (matplotlib)."""
+    import warnings
+
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < 2:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as ovm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    made = []
+    plots = {
+        "history": ovm.plot_optimization_history,
+        "importances": ovm.plot_param_importances,
+        "parallel_coordinate": ovm.plot_parallel_coordinate,
+    }
+    for name, plot in plots.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = plot(study)
+            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+            fig.set_size_inches(8, 5)
+            fig.tight_layout()
+            fig.savefig(folder / f"{name}.png", dpi=110)
+            plt.close(fig)
+            made.append(folder / f"{name}.png")
+        except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
+            log.info("plot %s skipped: %s", name, exc)
+    return made

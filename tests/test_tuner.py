@@ -1,0 +1,154 @@
+"""The tuner on real Ray and real Optuna journal storage, with the stories260K model."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import STORIES
+
+import sodaray
+from sodaray.cli import main
+from sodaray.presets import load_preset_file
+from sodaray.tuner import load_tuning, run_tuning
+from sodaray.tuner.study import open_storage
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+
+
+def write_tuning(tmp_path: Path, **overrides) -> Path:
+    spec = {
+        "name": "tiny",
+        "model": {"id": str(STORIES), "num_cpus": 1},
+        "data": {"build": {"dataset": "random", "lengths": "1-2", "per_length": 3, "seed": 0}},
+        "algorithm": "soda",
+        "fixed": {"max_batch_size": 16},
+        "space": {
+            "learning_rate": {"type": "float", "low": 0.03, "high": 0.3, "log": True},
+            "reset_period": {"type": "int", "low": 20, "high": 60, "step": 20},
+        },
+        "steps": 40,
+        "trials": 2,
+        "checkpoints": 2,
+    }
+    spec.update(overrides)
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def load(run) -> optuna.Study:
+    return optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
+
+
+def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
+    spec = load_tuning(write_tuning(tmp_path))
+    run = run_tuning(spec, tmp_path / "out", workers=2)
+    assert [o.state for o in run.outcomes] == ["complete", "complete"]
+    assert Path(run.storage).name == "study.journal" and Path(run.storage).is_file()
+    study = load(run)
+    assert len(study.trials) == 2
+    # Solved fraction reported at each checkpoint of each length (2 lengths x 2 checkpoints).
+    assert all(len(t.intermediate_values) == 4 for t in study.trials)
+    # Per-sample rows for every trial, in the result schema.
+    rows = sodaray.results.read_results(tmp_path / "out" / "tiny" / "trials")
+    assert len(rows) == 2 * 6 and set(rows["job"].to_pylist()) == {"trial-00000", "trial-00001"}
+    # The best parameters load as a SODA preset.
+    params = load_preset_file(run.preset_path)
+    config = sodaray.SodaConfig(**params)
+    assert config.learning_rate == pytest.approx(run.best_params["learning_rate"])
+    assert config.reset_period == run.best_params["reset_period"]
+    # The same command again resumes: the study grows, numbering goes on.
+    again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
+    assert [o.number for o in again.outcomes] == [2]
+    assert len(load(again).trials) == 3
+
+
+def test_killed_worker_trial_is_failed_and_retried(tmp_path, local_ray):
+    spec = load_tuning(write_tuning(tmp_path, steps=400))
+    killed: list[int] = []
+
+    def kill_first(number: int, pid: int) -> None:
+        if not killed:
+            killed.append(number)
+            os.kill(pid, signal.SIGKILL)
+
+    run = run_tuning(spec, tmp_path / "out", trials=1, on_launch=kill_first)
+    states = {o.number: o.state for o in run.outcomes}
+    assert states[killed[0]] == "failed"
+    study = load(run)
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    retried = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(failed) == 1 and len(retried) == 1
+    assert retried[0].params == failed[0].params  # the same parameters, tried again
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_trial_left_running_by_a_dead_driver_is_failed_on_resume(tmp_path, local_ray):
+    spec = load_tuning(write_tuning(tmp_path))
+    run = run_tuning(spec, tmp_path / "out", trials=1)
+    study = load(run)
+    orphan = study.ask(spec.distributions())  # a driver that died mid-trial
+    again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
+    assert again.stale_failed == [orphan.number]
+    trials = load(again).trials
+    assert trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    assert trials[-1].params == orphan.params and trials[-1].state.is_finished()
+
+
+BAD = [
+    ({"space": {"lr": {"low": 0.1, "high": 0.2}}}, "space.lr: unknown soda parameter 'lr'"),
+    ({"space": {"learning_rate": {"low": 0.3, "high": 0.1}}}, "low (0.3) must be below high"),
+    ({"space": {"decay": {"type": "float", "low": 0.5, "high": 1.5}}}, "space.decay: decay"),
+    (
+        {"space": {"learning_rate": {"type": "normal", "low": 0, "high": 1}}},
+        "space.learning_rate.type",
+    ),
+    ({"space": {"beta1": {"low": 0.0, "high": 0.9, "log": True}}}, "space.beta1.low"),
+    ({"space": {"temperature": {"low": 0.01, "high": 0.1}}, "sampler": "grid"}, "needs a `step`"),
+    ({"sampler": "bayes"}, "sampler: 'bayes' is not one of"),
+    ({"pruner": "sometimes"}, "pruner: 'sometimes'"),
+    ({"metric": "speed"}, "metric: 'speed'"),
+    ({"trials": 0}, "trials: a positive integer"),
+    ({"space": {}}, "space: a non-empty mapping"),
+    ({"colour": 1}, "colour: unknown field"),
+    ({"model": {"id": "./no/such/model"}}, "model.id: no such model"),
+    ({"space": {"objective.top_k": {"type": "int", "low": 1, "high": 5}}}, "tunable objective"),
+]
+
+
+@pytest.mark.parametrize("override, message", BAD)
+def test_invalid_tuning_file_is_one_line(tmp_path, capsys, override, message):
+    path = write_tuning(tmp_path, **override)
+    code = main(["tune", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert str(path) in err
+
+
+def test_shipped_tuning_files_are_valid():
+    root = Path(__file__).resolve().parents[1] / "tuning"
+    cwd = os.getcwd()
+    os.chdir(root.parent)
+    try:
+        names = []
+        for path in sorted(root.glob("*.yaml")):
+            spec = load_tuning(path)
+            names.append(spec.name)
+            assert spec.distributions()
+    finally:
+        os.chdir(cwd)
+    assert "stories260k-soda" in names
