@@ -8,6 +8,7 @@ Schema version 1 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | schema_version | int16 | this schema's version |
 | sweep, job, config_hash | string | where the row came from (empty outside sweeps/tuning) |
 | model | string | model id or path |
+| model_name | string | the model's label (a sweep entry's `name`; default: the id's last part) |
 | model_parameters, vocab_size | int64 | model size, for scaling plots |
 | dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
 | sample_id | int64 | the sample's id in its dataset |
@@ -64,6 +65,7 @@ RESULT_SCHEMA = pa.schema(
         ("job", pa.string()),
         ("config_hash", pa.string()),
         ("model", pa.string()),
+        ("model_name", pa.string()),
         ("model_parameters", pa.int64()),
         ("vocab_size", pa.int64()),
         ("dataset", pa.string()),
@@ -116,6 +118,7 @@ class RunContext:
     job: str = ""
     config_hash: str = ""
     device: str = ""
+    model_name: str = ""  # label in reports (default: the model id's last part)
 
     @classmethod
     def for_model(cls, model: Any, objective: Any, **kwargs: Any) -> RunContext:
@@ -148,6 +151,11 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def model_label(model: str | None) -> str:
+    """A model id's short name: the last part of a hub id or path, without `.gguf`."""
+    return Path(str(model or "").rstrip("/")).name.removesuffix(".gguf")
+
+
 def result_rows(
     results: Sequence[InversionResult],
     context: RunContext,
@@ -170,6 +178,7 @@ def result_rows(
                 "job": context.job,
                 "config_hash": context.config_hash,
                 "model": context.model,
+                "model_name": context.model_name or model_label(context.model),
                 "model_parameters": context.model_parameters,
                 "vocab_size": context.vocab_size,
                 "dataset": context.dataset,

@@ -61,6 +61,7 @@ def test_two_jobs_two_actors_write_each_row_once(tmp_path, local_ray):
     row = read_results(tmp_path / "out").to_pylist()[0]
     assert row["sweep"] == "t" and row["config_hash"] and row["max_steps"] == 20
     assert row["dataset"] == "random" and row["true_tokens"] and '"torch"' in row["versions"]
+    assert row["model"] == str(STORIES) and row["model_name"] == "stories260K"
     # A finished sweep runs nothing again.
     again = run_sweep(sweep, tmp_path / "out")
     assert again.done == [] and again.shards_skipped == 8

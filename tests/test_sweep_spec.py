@@ -77,3 +77,16 @@ def test_shipped_sweeps_are_valid():
 def test_status_of_missing_folder_is_one_line(tmp_path, capsys):
     code = main(["sweep", "status", str(tmp_path / "nothing")])
     assert code == 2 and "no such results folder" in capsys.readouterr().err
+
+
+def test_algorithm_entry_steps_override_the_sweep_budget(tmp_path):
+    path = write_sweep(
+        tmp_path,
+        algorithms=[{"name": "soda"}, {"name": "gcg", "steps": 7, "params": {"top_k": 4}}],
+    )
+    jobs = load_sweep(path).jobs()
+    assert sorted((j.algorithm, j.params["max_steps"]) for j in jobs) == [("gcg", 7), ("soda", 20)]
+    assert jobs[0].config_hash != jobs[1].config_hash
+    bad = write_sweep(tmp_path, algorithms=[{"name": "soda", "steps": 0}])
+    with pytest.raises(ValueError, match=r"algorithms\[0\]\.steps"):
+        load_sweep(bad)

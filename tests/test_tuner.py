@@ -152,3 +152,16 @@ def test_shipped_tuning_files_are_valid():
     finally:
         os.chdir(cwd)
     assert "stories260k-soda" in names
+
+
+def test_trial_value_metrics():
+    from sodaray.tuner.study import trial_value
+
+    assert trial_value("exact", 3, 10, 2.0, [0.1] * 10) == pytest.approx(0.3)
+    assert trial_value("exact_per_second", 3, 10, 2.0, []) == pytest.approx(1.5)
+    # Loss only breaks ties: one more exact sample always wins over any loss.
+    better_loss = trial_value("exact_then_loss", 2, 10, 1.0, [0.01] * 10)
+    worse_loss = trial_value("exact_then_loss", 2, 10, 1.0, [5.0] * 10)
+    one_more = trial_value("exact_then_loss", 3, 10, 1.0, [50.0] * 10)
+    assert worse_loss < better_loss < one_more
+    assert 0.2 <= worse_loss < better_loss < 0.2 + 1 / 11

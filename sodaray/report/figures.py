@@ -63,14 +63,14 @@ def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
 def scaling(df: pd.DataFrame, path: Path) -> Path | None:
     base = standard_rows(df[df["variant"] == "SODA"])
     base = base[base["length"].notna() & base["model_parameters"].notna()]
-    if base["model"].nunique() < 2:
+    if base["model_name"].nunique() < 2:
         return None
     # The length shared by the most models, so every point is measured at the same length.
-    length = base.groupby("length")["model"].nunique().sort_values(kind="stable").index[-1]
+    length = base.groupby("length")["model_name"].nunique().sort_values(kind="stable").index[-1]
     rows = base[base["length"] == length]
     points = [
         (g["model_parameters"].max(), g["vocab_size"].max(), metrics.exact_rate(g), model)
-        for model, g in rows.groupby("model")
+        for model, g in rows.groupby("model_name")
     ]
     plt = _pyplot()
     from matplotlib.ticker import NullFormatter
@@ -81,7 +81,7 @@ def scaling(df: pd.DataFrame, path: Path) -> Path | None:
             rate = p[2]
             err = [[100 * (rate.value - rate.low)], [100 * (rate.high - rate.value)]]
             ax.errorbar(p[x_index], 100 * rate.value, yerr=err, fmt="o", capsize=3)
-            ax.annotate(Path(str(p[3])).name, (p[x_index], 100 * rate.value), fontsize=7)
+            ax.annotate(str(p[3]), (p[x_index], 100 * rate.value), fontsize=7)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # crowded labels over a narrow range
         ax.set_xlabel(xlabel)

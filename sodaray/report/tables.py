@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
 from sodaray import metrics
 from sodaray.metrics import Mean, Proportion
+from sodaray.results import model_label
 
 DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]
 # SODA's own switch values; a row differing from them is an ablation variant.
@@ -95,6 +95,9 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         objective_label(k, t) for k, t in zip(df["objective"], df["top_k"], strict=True)
     ]
     df["fluency"] = df["fluency_weight"].fillna(0) > 0
+    # Files from before the model_name column: label by the id's last part.
+    missing = df["model_name"].isna() | (df["model_name"] == "")
+    df.loc[missing, "model_name"] = [model_label(m) for m in df.loc[missing, "model"]]
     df["variant"] = [
         variant_label(a, p) for a, p in zip(df["algorithm"], df["params"], strict=True)
     ]
@@ -150,10 +153,10 @@ def standard_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def by_model(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(row-label prefix, rows) per model; no prefix when there is only one model."""
-    groups = list(df.groupby("model", sort=True))
+    groups = list(df.groupby("model_name", sort=True))
     if len(groups) == 1:
         return [("", groups[0][1])]
-    return [(f"{Path(str(m)).name} / ", g) for m, g in groups]
+    return [(f"{m} / ", g) for m, g in groups]
 
 
 def _ordered(values, order: list[str]) -> list:
@@ -176,7 +179,10 @@ def table_model(df: pd.DataFrame) -> list[Table]:
         return []
     lengths = sorted(int(n) for n in base["length"].unique())
     models = (
-        base.groupby("model")["model_parameters"].max().sort_values(kind="stable").index.tolist()
+        base.groupby("model_name")["model_parameters"]
+        .max()
+        .sort_values(kind="stable")
+        .index.tolist()
     )
     table = Table(
         "model",
@@ -185,7 +191,7 @@ def table_model(df: pd.DataFrame) -> list[Table]:
         ["Model"] + [f"n={n}" for n in lengths] + ["All"],
     )
     for model in models:
-        rows = base[base["model"] == model]
+        rows = base[base["model_name"] == model]
         cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
         table.rows.append((model, cells + [Cell.rate(metrics.exact_rate(rows))]))
     return [table]
@@ -194,7 +200,7 @@ def table_model(df: pd.DataFrame) -> list[Table]:
 def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
     base = main_dataset(fixed_length(df[(df["variant"] == "SODA") & ~df["fluency"]]))
     tables = []
-    for model, rows in base.groupby("model", sort=True):
+    for model, rows in base.groupby("model_name", sort=True):
         if rows[["objective_label", "output_tokens"]].drop_duplicates().shape[0] < 2:
             continue
         outs = sorted(int(m) for m in rows["output_tokens"].unique())
@@ -347,7 +353,7 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
         ),
         ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
     )
-    for (model, variant), rows in base.groupby(["model", "variant"], sort=True):
+    for (model, variant), rows in base.groupby(["model_name", "variant"], sort=True):
         cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
         main.rows.append((f"{model} / {variant}", cells))
     by_label = Table(

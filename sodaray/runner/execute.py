@@ -181,6 +181,7 @@ def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
         "job": job.name,
         "config_hash": job.config_hash,
         "dataset": job.dataset.name,
+        "model_name": job.model.label,
         "algorithm": job.algorithm,
         "params": job.params,
         "objective": job.objective,
@@ -228,7 +229,9 @@ def run_sweep(
     specs = {}
     for p in plans:
         key = json.dumps(p.job.model.identity(), sort_keys=True)
-        specs[key] = p.job.model
+        # Entries naming the same model (e.g. two presets) share its actors: the most replicas.
+        if key not in specs or p.job.model.replicas > specs[key].replicas:
+            specs[key] = p.job.model
         queues.setdefault(key, deque()).extend((p, i) for i in p.pending)
     remote = ray.remote(InversionWorkerActor)
     actors: dict[str, list[Any]] = {}

@@ -143,10 +143,10 @@ class Sweep:
                 )
             ]
         jobs = []
-        for m, ds, (algo, variant, params), obj, seed in itertools.product(
+        for m, ds, (algo, variant, params, steps), obj, seed in itertools.product(
             models, self.datasets, self._variants(), self._objectives(), self.seeds
         ):
-            config = self._algorithm_config(algo, params, m, seed)
+            config = self._algorithm_config(algo, params, m, seed, steps)
             jobs.append(
                 Job(
                     self.name,
@@ -166,14 +166,15 @@ class Sweep:
         return jobs
 
     # ---- expansion --------------------------------------------------------------------------
-    def _variants(self) -> list[tuple[str, str, dict[str, Any]]]:
+    def _variants(self) -> list[tuple[str, str, dict[str, Any], int]]:
         out = []
         for entry in self.algorithms:
             for values in _grid(entry.get("grid") or {}):
                 label = entry.get("label") or entry["name"]
                 if values:
                     label += "-" + "-".join(f"{k}={_short(v)}" for k, v in values.items())
-                out.append((entry["name"], label, {**(entry.get("params") or {}), **values}))
+                params = {**(entry.get("params") or {}), **values}
+                out.append((entry["name"], label, params, entry.get("steps", self.steps)))
         return out
 
     def _objectives(self) -> list[dict[str, Any]]:
@@ -185,7 +186,7 @@ class Sweep:
         return out
 
     def _algorithm_config(
-        self, algo: str, params: dict[str, Any], model: ModelSpec, seed: int
+        self, algo: str, params: dict[str, Any], model: ModelSpec, seed: int, steps: int
     ) -> dict[str, Any]:
         merged: dict[str, Any] = {}
         if algo == "soda" and model.preset:
@@ -193,7 +194,7 @@ class Sweep:
         if algo == "soda" and model.preset_file:
             merged.update(load_preset_file(model.preset_file))
         merged.update(params)
-        merged.update(max_steps=self.steps, seed=seed)
+        merged.update(max_steps=steps, seed=seed)
         return make_config(algo, merged).to_dict()
 
 
@@ -211,7 +212,7 @@ TOP_KEYS = {f.name for f in fields(Sweep)} - {"path"}
 MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
 BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source"}
-ALGORITHM_KEYS = {"name", "label", "params", "grid"}
+ALGORITHM_KEYS = {"name", "label", "params", "grid", "steps"}  # steps: this entry's budget
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
 
@@ -288,6 +289,8 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             if key in (entry.get("params") or {}) or key in (entry.get("grid") or {}):
                 raise fail(f"{where}.params.{key}", "set it with the sweep's `steps` / `seeds`")
         _check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+        if "steps" in entry:
+            _check_positive(entry["steps"], f"{where}.steps", fail)
         algorithms.append(entry)
 
     objectives = []
@@ -347,7 +350,11 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             for m in models:
                 try:
                     sweep._algorithm_config(
-                        entry["name"], {**(entry.get("params") or {}), **values}, m, sweep.seeds[0]
+                        entry["name"],
+                        {**(entry.get("params") or {}), **values},
+                        m,
+                        sweep.seeds[0],
+                        entry.get("steps", sweep.steps),
                     )
                 except (TypeError, ValueError) as exc:
                     message = str(exc).removeprefix("config: ")

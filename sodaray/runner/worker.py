@@ -77,6 +77,7 @@ class InversionWorker:
             config_hash=task["config_hash"],
         )
         context.model = self.model_id
+        context.model_name = task.get("model_name", "")
         table: pa.Table = result_rows(
             results, context, true_texts=rows.get("text"), pii_labels=rows.get("pii_labels")
         )

@@ -22,7 +22,7 @@ from sodaray.runner.spec import (
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
-METRICS = ("exact", "exact_per_second")
+METRICS = ("exact", "exact_per_second", "exact_then_loss")
 PARAM_TYPES = ("float", "int", "categorical")
 
 
