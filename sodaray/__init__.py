@@ -11,6 +11,7 @@ from sodaray.objectives import (
     targets_from_text,
 )
 from sodaray.presets import PRESETS, get_preset
+from sodaray.results import RunContext, read_results, result_rows
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingConfig
 from sodaray.search.gcg import GcgConfig
@@ -27,6 +28,7 @@ __all__ = [
     "LoadedModel",
     "ModelLoadError",
     "Objective",
+    "RunContext",
     "SearchConfig",
     "SodaConfig",
     "TargetSet",
@@ -37,6 +39,8 @@ __all__ = [
     "make_config",
     "make_targets",
     "read_logits_file",
+    "read_results",
+    "result_rows",
     "targets_from_logits",
     "targets_from_text",
     "wrap_model",

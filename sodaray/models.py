@@ -172,6 +172,23 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_model_path(
+    name_or_path: str, gguf_file: str | None = None, *, error: type[Exception] = ModelLoadError
+) -> tuple[str, str | None]:
+    """(folder or hub id, GGUF file name): a path ending in `.gguf` is split into the two, and a
+    local path that does not exist is an `error` (checked before any slow work)."""
+    if name_or_path.endswith(".gguf") and gguf_file is None:
+        path = Path(name_or_path)
+        name_or_path, gguf_file = str(path.parent), path.name
+    looks_local = name_or_path.startswith(("/", "./", "../", "~"))
+    if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
+        raise error(f"no such model folder or file: {name_or_path}")
+    if gguf_file is not None and os.path.isdir(name_or_path):
+        if not (Path(name_or_path) / gguf_file).is_file():
+            raise error(f"GGUF file {gguf_file!r} not found in {name_or_path}")
+    return name_or_path, gguf_file
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -189,15 +206,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name_or_path.endswith(".gguf") and gguf_file is None:
-        path = Path(name_or_path)
-        name_or_path, gguf_file = str(path.parent), path.name
-    looks_local = name_or_path.startswith(("/", "./", "../", "~"))
-    if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
-        raise ModelLoadError(f"no such model folder or file: {name_or_path}")
-    if gguf_file is not None and not (Path(name_or_path) / gguf_file).is_file():
-        if os.path.isdir(name_or_path):
-            raise ModelLoadError(f"GGUF file {gguf_file!r} not found in {name_or_path}")
+    name_or_path, gguf_file = resolve_model_path(name_or_path, gguf_file)
     torch_dtype = _resolve_dtype(dtype)
     device = torch.device(device) if device is not None else default_device()
     kwargs: dict = {"trust_remote_code": trust_remote_code}

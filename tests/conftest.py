@@ -79,3 +79,13 @@ def stories() -> sodaray.LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_llama() -> sodaray.LoadedModel:
     return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A real local Ray instance with 2 CPUs, shared by one test module."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

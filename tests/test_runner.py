@@ -34,15 +34,6 @@ def write_sweep(tmp_path: Path, **overrides) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def rows_by_job(out: Path) -> list[tuple[str, int]]:
     table = read_results(out)
     return sorted(zip(table["job"].to_pylist(), table["sample_id"].to_pylist(), strict=True))

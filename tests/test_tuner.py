@@ -41,15 +41,6 @@ def write_tuning(tmp_path: Path, **overrides) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def load(run) -> optuna.Study:
     return optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
 

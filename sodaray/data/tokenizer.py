@@ -8,9 +8,7 @@ folder with only a tokenizer falls back to the tokenizer's length.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -37,15 +35,9 @@ def _first_line(exc: BaseException) -> str:
 def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
     """(folder or hub id, GGUF file name): a path ending in `.gguf` is split into the two, and a
     local path that does not exist is an error (checked before any slow work)."""
-    if name_or_path.endswith(".gguf") and gguf_file is None:
-        path = Path(name_or_path)
-        name_or_path, gguf_file = str(path.parent), path.name
-    looks_local = name_or_path.startswith(("/", "./", "../", "~"))
-    if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
-        raise DatasetError(f"no such model folder or file: {name_or_path}")
-    if gguf_file is not None and os.path.isdir(name_or_path):
-        if not (Path(name_or_path) / gguf_file).is_file():
-            raise DatasetError(f"GGUF file {gguf_file!r} not found in {name_or_path}")
+    from sodaray.models import resolve_model_path
+
+    name_or_path, gguf_file = resolve_model_path(name_or_path, gguf_file, error=DatasetError)
     return name_or_path, gguf_file
 
 

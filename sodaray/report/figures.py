@@ -20,6 +20,15 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def exact_vs_steps(df: pd.DataFrame, path: Path) -> Path | None:
     base = standard_rows(df[df["variant"] == "SODA"])
     base = base[base["length"].notna()]
@@ -35,10 +44,7 @@ def exact_vs_steps(df: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylim(0, 100)
     ax.set_title("Exact inversion vs steps, by input length")
     ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
@@ -54,10 +60,7 @@ def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
     ax.set_ylabel("recovered (%)")
     ax.set_ylim(0, 100)
     ax.set_title("Tokens recovered by position")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def scaling(df: pd.DataFrame, path: Path) -> Path | None:
@@ -88,10 +91,7 @@ def scaling(df: pd.DataFrame, path: Path) -> Path | None:
     axes[0].set_ylabel(f"exact (%) at n={int(length)}")
     axes[0].set_ylim(0, 100)
     fig.suptitle("Exact inversion vs model size")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 FIGURES = {
