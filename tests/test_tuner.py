@@ -156,3 +156,14 @@ def test_trial_value_metrics():
     one_more = trial_value("exact_then_loss", 3, 10, 1.0, [50.0] * 10)
     assert worse_loss < better_loss < one_more
     assert 0.2 <= worse_loss < better_loss < 0.2 + 1 / 11
+
+
+def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
+    spec = load_tuning(write_tuning(tmp_path, start_from="tinystories-33m", trials=1))
+    # The preset's learning rate is inside the space; its reset period (50) is off the 20-grid.
+    assert spec.start_params() == {"learning_rate": 0.065}
+    run = run_tuning(spec, tmp_path / "out")
+    first = load(run).trials[0]
+    assert first.params["learning_rate"] == 0.065 and first.params["reset_period"] in (20, 40, 60)
+    with pytest.raises(ValueError, match="start_from"):
+        load_tuning(write_tuning(tmp_path, start_from="no-such-preset"))

@@ -80,6 +80,8 @@ class TuningSpec:
     storage: str | None = None
     study_name: str | None = None
     description: str = ""
+    # A preset (name or YAML file) whose values open a new study as its first trial.
+    start_from: str | None = None
 
     def config(self, params: dict[str, Any]) -> dict[str, Any]:
         """The algorithm's full config for a trial's sampled `params` (objective ones aside)."""
@@ -98,6 +100,33 @@ class TuningSpec:
 
     def distributions(self) -> dict[str, Any]:
         return {p.name: p.distribution() for p in self.space}
+
+    def start_params(self) -> dict[str, Any]:
+        """`start_from`'s values for the parameters in the space (those inside its ranges)."""
+        if self.start_from is None:
+            return {}
+        from sodaray.presets import PRESETS, get_preset, load_preset_file
+
+        if self.start_from in PRESETS:
+            values = get_preset(self.start_from).soda
+        else:
+            values = load_preset_file(self.start_from)
+        out = {}
+        for p in self.space:
+            v = values.get(p.name)
+            if v is None:
+                continue
+            if p.type == "categorical":
+                inside = v in (p.choices or [])
+            else:
+                inside = p.low <= v <= p.high
+                if p.step is not None:  # on the grid the distribution allows
+                    inside = (
+                        inside and abs(round((v - p.low) / p.step) * p.step - (v - p.low)) < 1e-9
+                    )
+            if inside:
+                out[p.name] = v
+        return out
 
 
 TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
@@ -184,6 +213,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
             "storage",
             "study_name",
             "description",
+            "start_from",
             "fixed",
         )
         if k in data
@@ -217,6 +247,11 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         for p in spec.space:
             if p.type == "float" and p.step is None:
                 raise fail(f"space.{p.name}", "the grid sampler needs a `step` (or `choices`)")
+    if spec.start_from is not None:
+        try:
+            spec.start_params()
+        except (OSError, ValueError) as exc:
+            raise fail("start_from", f"{exc} (a preset name or a preset YAML file)") from exc
     if not isinstance(spec.fixed, dict):
         raise fail("fixed", "a mapping of parameter name to value")
     for key in ("max_steps", "seed"):

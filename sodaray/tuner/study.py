@@ -285,6 +285,8 @@ def run_tuning(
         load_if_exists=True,
     )
     run = TuneRun(study_name, url, out)
+    if not study.trials and spec.start_params():  # a new study opens with the given preset
+        study.enqueue_trial(spec.start_params())
     # Trials a dead driver left RUNNING: failed, and their parameters tried again.
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
