@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import STORIES
 
+from sodaray.cli import main
 from sodaray.results import read_results
 from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
@@ -53,6 +54,10 @@ def test_two_jobs_two_actors_write_each_row_once(tmp_path, local_ray):
     assert row["sweep"] == "t" and row["config_hash"] and row["max_steps"] == 20
     assert row["dataset"] == "random" and row["true_tokens"] and '"torch"' in row["versions"]
     assert row["model"] == str(STORIES) and row["model_name"] == "stories260K"
+    # The report has a row per job.
+    assert main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
+    jobs_md = (tmp_path / "report" / "jobs.md").read_text()
+    assert all(job.name in jobs_md for job in sweep.jobs())
     # A finished sweep runs nothing again.
     again = run_sweep(sweep, tmp_path / "out")
     assert again.done == [] and again.shards_skipped == 8

@@ -388,6 +388,34 @@ def table_length(df: pd.DataFrame) -> list[Table]:
     return [table]
 
 
+def table_jobs(df: pd.DataFrame) -> list[Table]:
+    """Every sweep job (or tuning trial) with its exact, partial and false-discovery rates:
+    the table for a user's own study, whatever it varies."""
+    base = df[df["job"].fillna("") != ""]
+    if base.empty:
+        return []
+    table = Table(
+        "jobs",
+        "Results by job",
+        f"{settings(base)} Exact and false discovery with Wilson 95% intervals; Partial ± "
+        "standard error.",
+        ["Sweep / job", "Samples", "Exact", "Partial", "False discovery"],
+    )
+    for (sweep, job), rows in base.groupby(["sweep", "job"], sort=True):
+        table.rows.append(
+            (
+                f"{sweep} / {job}",
+                [
+                    Cell.count(len(rows)),
+                    Cell.rate(metrics.exact_rate(rows)),
+                    Cell.mean(metrics.partial(rows)),
+                    Cell.rate(metrics.false_discovery(rows)),
+                ],
+            )
+        )
+    return [table]
+
+
 TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
     "model": (table_model, "needs SODA rows with known lengths"),
     "tradeoff": (table_tradeoff, "needs SODA rows with at least two observation settings"),
@@ -397,6 +425,7 @@ TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
     "algo": (table_algo, "needs rows from at least two algorithms"),
     "privacy": (table_privacy, "needs rows on the privacy dataset"),
     "length": (table_length, "needs rows searched with length auto"),
+    "jobs": (table_jobs, "needs rows from sweeps or tuning trials"),
 }
 
 
