@@ -90,3 +90,12 @@ def test_algorithm_entry_steps_override_the_sweep_budget(tmp_path):
     bad = write_sweep(tmp_path, algorithms=[{"name": "soda", "steps": 0}])
     with pytest.raises(ValueError, match=r"algorithms\[0\]\.steps"):
         load_sweep(bad)
+
+
+def test_unreachable_cluster_is_one_line(tmp_path, capsys):
+    path = write_sweep(tmp_path, steps=1)
+    code = main(
+        ["sweep", "run", str(path), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:9"]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "cannot reach a Ray cluster at 127.0.0.1:9" in err, err

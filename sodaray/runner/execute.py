@@ -192,6 +192,27 @@ def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
 
 
 # ---- running on Ray -----------------------------------------------------------------------------
+def init_ray(address: str | None) -> None:
+    """Start Ray locally (no address) or join a cluster, with a one-line error when the cluster
+    cannot be reached (Ray itself would wait minutes on a wrong HOST:PORT)."""
+    import socket
+
+    import ray
+
+    hint = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
+    if address and address not in ("auto", "local") and "://" not in address:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot reach a Ray cluster at {address} ({exc}); {hint}") from exc
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except ConnectionError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"cannot connect to a Ray cluster at {address}: {first}; {hint}") from exc
+
+
 def run_sweep(
     sweep: Sweep,
     out: str | Path,
@@ -223,7 +244,7 @@ def run_sweep(
 
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        init_ray(address)
     # One queue and one group of actors per distinct model.
     queues: dict[str, deque[tuple[JobPlan, int]]] = {}
     specs = {}

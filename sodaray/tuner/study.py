@@ -293,7 +293,7 @@ def run_tuning(
         study.enqueue_trial(t.params, skip_if_exists=False)
         run.stale_failed.append(t.number)
 
-    from sodaray.runner.execute import dataset_table
+    from sodaray.runner.execute import dataset_table, init_ray
     from sodaray.runner.spec import Job
 
     # The validation rows (built once per model into OUT/<name>/datasets/).
@@ -326,7 +326,7 @@ def run_tuning(
     distributions = spec.distributions()
     own_ray = not ray.is_initialized()
     if own_ray:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        init_ray(address)
     remote = ray.remote(TrialWorkerActor).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
