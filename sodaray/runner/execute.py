@@ -24,11 +24,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.results import write_table_atomic
-from sodaray.runner.spec import Job, Sweep
+from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep
+from sodaray.runner.worker import InversionWorker
 
 log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
+
+
+def found_exact(table: pa.Table) -> tuple[int, int]:
+    """Counts of found and exact rows (unknown exact counts as not exact)."""
+    found = int(pc.sum(table["found"]).as_py() or 0)
+    exact = int(pc.sum(table["exact"].fill_null(False)).as_py() or 0)
+    return found, exact
 
 
 def shard_path(folder: Path, index: int) -> Path:
@@ -120,30 +128,30 @@ def select_rows(
     return {c: [r[c] for r in chosen] for c in cols}
 
 
-def dataset_table(job: Job, root: Path) -> pa.Table:
-    """The job's dataset: its file, or built from the spec once per model (cached)."""
+def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
+    """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
+    under `root/datasets/`)."""
     from sodaray.data import read_dataset
 
-    spec = job.dataset
     if spec.path is not None:
         return read_dataset(spec.path)
     from sodaray.results import config_hash
 
     build = dict(spec.build or {})
-    key = config_hash({"model": job.model.identity(), "build": build, "name": spec.name})
-    path = root / "datasets" / f"{job.model.label}-{spec.name}-{key[:8]}.parquet"
+    key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
+    path = root / "datasets" / f"{model.label}-{spec.name}-{key[:8]}.parquet"
     if not path.exists():
         from sodaray.data import build_dataset, write_dataset
 
-        log.info("building dataset %s for %s", spec.name, job.model.label)
+        log.info("building dataset %s for %s", spec.name, model.label)
         table = build_dataset(
-            job.model.id,
+            model.id,
             build.get("dataset", spec.name),
             build.get("lengths"),
             build.get("per_length"),
             build.get("seed", 1),
             build.get("source"),
-            gguf_file=job.model.gguf_file,
+            gguf_file=model.gguf_file,
             progress=False,
         )
         write_dataset(table, path)
@@ -154,7 +162,8 @@ def plan_jobs(jobs: list[Job], root: Path) -> list[JobPlan]:
     plans = []
     for job in jobs:
         folder = root / job.name
-        rows = select_rows(dataset_table(job, root), job.samples_per_length, job.limit)
+        table = dataset_table(job.model, job.dataset, root)
+        rows = select_rows(table, job.samples_per_length, job.limit)
         n = len(rows["sample_id"])
         shards = (n + job.shard_size - 1) // job.shard_size
         folder.mkdir(parents=True, exist_ok=True)
@@ -173,9 +182,15 @@ def plan_jobs(jobs: list[Job], root: Path) -> list[JobPlan]:
     return plans
 
 
+def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
+    """The shard's rows, [lo, hi), in the job's selected samples."""
+    size = plan.job.shard_size
+    return index * size, min((index + 1) * size, len(plan.rows["sample_id"]))
+
+
 def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
     job = plan.job
-    lo, hi = index * job.shard_size, (index + 1) * job.shard_size
+    lo, hi = shard_bounds(plan, index)
     return {
         "sweep": job.sweep,
         "job": job.name,
@@ -234,7 +249,7 @@ def run_sweep(
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
     run.shards_skipped = run.shards_total - sum(len(p.pending) for p in plans)
     pending_samples = sum(
-        len(shard_task(p, i)["rows"]["sample_id"]) for p in plans for i in p.pending
+        hi - lo for p in plans for lo, hi in (shard_bounds(p, i) for i in p.pending)
     )
     if on_start is not None:
         on_start(run, pending_samples)
@@ -254,7 +269,7 @@ def run_sweep(
         if key not in specs or p.job.model.replicas > specs[key].replicas:
             specs[key] = p.job.model
         queues.setdefault(key, deque()).extend((p, i) for i in p.pending)
-    remote = ray.remote(InversionWorkerActor)
+    remote = ray.remote(InversionWorker)
     actors: dict[str, list[Any]] = {}
     for key, q in queues.items():
         if not q:
@@ -315,8 +330,7 @@ def run_sweep(
                 plan.job.name,
                 index,
                 len(table),
-                int(pc.sum(table["found"]).as_py() or 0),
-                int(pc.sum(table["exact"].fill_null(False)).as_py() or 0),
+                *found_exact(table),
                 out_["seconds"],
                 out_["pid"],
                 time.perf_counter() - submitted - out_["seconds"],
@@ -337,21 +351,6 @@ def run_sweep(
             ray.shutdown()
     run.seconds = time.perf_counter() - started
     return run
-
-
-class InversionWorkerActor:
-    """`InversionWorker` under Ray (imported lazily so planning needs no torch import)."""
-
-    def __init__(self, model: dict[str, Any], num_cpus: float) -> None:
-        from sodaray.runner.worker import InversionWorker
-
-        self.worker = InversionWorker(model, num_cpus)
-
-    def pid(self) -> int:
-        return self.worker.pid()
-
-    def run_shard(self, task: dict[str, Any]) -> dict[str, Any]:
-        return self.worker.run_shard(task)
 
 
 # ---- status -----------------------------------------------------------------------------------
@@ -380,8 +379,8 @@ def job_status(folder: Path) -> JobStatus:
             done += 1
             t = pq.read_table(path, columns=["found", "exact"])
             samples += len(t)
-            found += int(pc.sum(t["found"]).as_py() or 0)
-            exact += int(pc.sum(t["exact"].fill_null(False)).as_py() or 0)
+            f, e = found_exact(t)
+            found, exact = found + f, exact + e
         elif error_path(folder, i).exists():
             failed += 1
     return JobStatus(

@@ -47,6 +47,16 @@ class ModelSpec:
     def label(self) -> str:
         return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
 
+    def with_id(self, model: str) -> ModelSpec:
+        """Another model (`--model`) on this entry's resources and dtype; presets dropped."""
+        return ModelSpec(
+            id=model,
+            num_gpus=self.num_gpus,
+            num_cpus=self.num_cpus,
+            replicas=self.replicas,
+            dtype=self.dtype,
+        )
+
     def identity(self) -> dict[str, Any]:
         """What decides results (resources do not)."""
         return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
@@ -132,16 +142,7 @@ class Sweep:
         resources from the first model entry); `limit` caps samples per job."""
         models = self.models
         if model is not None:
-            first = self.models[0]
-            models = [
-                ModelSpec(
-                    id=model,
-                    num_gpus=first.num_gpus,
-                    num_cpus=first.num_cpus,
-                    replicas=first.replicas,
-                    dtype=first.dtype,
-                )
-            ]
+            models = [self.models[0].with_id(model)]
         jobs = []
         for m, ds, (algo, variant, params, steps), obj, seed in itertools.product(
             models, self.datasets, self._variants(), self._objectives(), self.seeds
@@ -225,8 +226,6 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
-    if not isinstance(data, dict):
-        raise error(f"{path}: a {kind} file is a mapping of fields")
     return data, path
 
 

@@ -9,6 +9,7 @@ marked failed (and retried) when the study is resumed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -100,8 +101,6 @@ class TrialWorker:
     def run_trial(
         self, number: int, config: dict[str, Any], objective: dict[str, Any]
     ) -> dict[str, Any]:
-        import dataclasses
-
         import optuna
 
         from sodaray.api import invert, make_config
@@ -200,21 +199,6 @@ def trial_value(metric: str, exact: int, total: int, seconds: float, losses: lis
     return rate
 
 
-class TrialWorkerActor:
-    """`TrialWorker` under Ray."""
-
-    def __init__(self, spec: dict[str, Any], rows: dict[str, list[Any]], num_cpus: float):
-        self.worker = TrialWorker(spec, rows, num_cpus)
-
-    def pid(self) -> int:
-        return self.worker.pid()
-
-    def run_trial(
-        self, number: int, config: dict[str, Any], objective: dict[str, Any]
-    ) -> dict[str, Any]:
-        return self.worker.run_trial(number, config, objective)
-
-
 # ---- the driver --------------------------------------------------------------------------------
 @dataclass
 class TrialOutcome:
@@ -256,21 +240,15 @@ def run_tuning(
     import optuna
     import ray
 
-    from sodaray.runner.execute import select_rows
-    from sodaray.runner.spec import ModelSpec
+    from sodaray.runner.execute import dataset_table, init_ray, select_rows
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
-    if model is not None:
-        spec.model = ModelSpec(
-            id=model,
-            num_gpus=spec.model.num_gpus,
-            num_cpus=spec.model.num_cpus,
-            dtype=spec.model.dtype,
-        )
+    if model is not None:  # a copy: the caller's spec keeps its model
+        spec = dataclasses.replace(spec, model=spec.model.with_id(model))
     out = Path(out) / spec.name
     out.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec, out, storage)
@@ -293,25 +271,8 @@ def run_tuning(
         study.enqueue_trial(t.params, skip_if_exists=False)
         run.stale_failed.append(t.number)
 
-    from sodaray.runner.execute import dataset_table, init_ray
-    from sodaray.runner.spec import Job
-
     # The validation rows (built once per model into OUT/<name>/datasets/).
-    job = Job(
-        spec.name,
-        spec.model,
-        spec.data,
-        spec.algorithm,
-        spec.algorithm,
-        spec.config({}),
-        spec.objective,
-        "fixed",
-        10,
-        None,
-        None,
-        1,
-    )
-    rows = select_rows(dataset_table(job, out), None, None)
+    rows = select_rows(dataset_table(spec.model, spec.data, out), None, None)
     worker_spec = {
         "name": spec.name,
         "model": {**spec.model.identity(), "trust_remote_code": spec.model.trust_remote_code},
@@ -327,7 +288,7 @@ def run_tuning(
     own_ray = not ray.is_initialized()
     if own_ray:
         init_ray(address)
-    remote = ray.remote(TrialWorkerActor).options(
+    remote = ray.remote(TrialWorker).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
         max_restarts=-1,
