@@ -97,28 +97,50 @@ class BatchSearch(Protocol):
         """Drop every slot not in `slots` (the batch shrinks when the queue is empty)."""
 
 
-@torch.no_grad()
-def check_changed(
-    model: Any,
-    targets: TargetSet,
-    batch: BatchTargets,
-    tokens: Tensor,
-    last_checked: Tensor,
-) -> Tensor:
-    """The hard-max check (found mask), run only for slots whose tokens changed since their
-    last check; `last_checked` is updated in place. An unchanged candidate already failed, so
-    skipping it changes no outcome."""
-    found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    changed = (tokens != last_checked).any(1).nonzero().squeeze(1)
-    if len(changed):
-        found[changed] = hard_match(
-            model,
-            targets.objective,
-            tokens[changed],
-            batch,
-            targets.atol,
-            targets.rtol,
-            rows=changed,
-        )
-        last_checked[changed] = tokens[changed]
-    return found
+class BatchState:
+    """What every algorithm's batch holds: the model, the targets in its slots, and the tokens
+    each slot last sent to the hard-max check."""
+
+    def __init__(
+        self,
+        model: Any,
+        targets: TargetSet,
+        length: int,
+        config: SearchConfig,
+        slots: int,
+        generator: torch.Generator,
+    ) -> None:
+        self.model, self.targets, self.n, self.cfg = model, targets, length, config
+        self.objective = targets.objective
+        self.generator = generator
+        dev = model.device
+        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
+        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
+
+    def add_targets(self, slots: Tensor, rows: np.ndarray) -> None:
+        """Put target `rows` in `slots`, with nothing checked yet."""
+        self.last_checked[slots] = -1
+        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+
+    def keep_targets(self, slots: Tensor) -> None:
+        self.last_checked = self.last_checked[slots]
+        self.batch = self.batch.select(slots)
+
+    @torch.no_grad()
+    def check(self, tokens: Tensor) -> Tensor:
+        """The hard-max check (found mask), run only for slots whose tokens changed since their
+        last check. An unchanged candidate already failed, so skipping it changes no outcome."""
+        found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
+        if len(changed):
+            found[changed] = hard_match(
+                self.model,
+                self.objective,
+                tokens[changed],
+                self.batch,
+                self.targets.atol,
+                self.targets.rtol,
+                rows=changed,
+            )
+            self.last_checked[changed] = tokens[changed]
+        return found

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, TargetSet, context_embeds, objective_loss
-from sodaray.search.base import SearchConfig, StepOutcome, check_changed
+from sodaray.objectives import TargetSet, context_embeds, objective_loss
+from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 
 
 @dataclass
@@ -68,7 +68,7 @@ def nearest_tokens(
     return best_index.view(x.shape[:-1])
 
 
-class EmbeddingBatch:
+class EmbeddingBatch(BatchState):
     """Continuous inputs (B, n, d) with their Adam moments."""
 
     def __init__(
@@ -80,17 +80,13 @@ class EmbeddingBatch:
         slots: int,
         generator: torch.Generator,
     ) -> None:
-        self.model, self.targets, self.n, self.cfg = model, targets, length, config
-        self.objective = targets.objective
-        self.generator = generator
+        super().__init__(model, targets, length, config, slots, generator)
         d = model.embedding_matrix.shape[1]
         dev = model.device
         self.x = torch.zeros((slots, length, d), device=dev, dtype=torch.float32)
         self.m = torch.zeros_like(self.x)
         self.v = torch.zeros_like(self.x)
         self.age = torch.zeros(slots, device=dev, dtype=torch.float32)
-        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
-        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
 
     def add(self, slots: Tensor, rows: np.ndarray) -> None:
         shape = (len(slots), self.n, self.x.shape[-1])
@@ -99,13 +95,12 @@ class EmbeddingBatch:
         self.m[slots] = 0.0
         self.v[slots] = 0.0
         self.age[slots] = 0.0
-        self.last_checked[slots] = -1
-        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+        self.add_targets(slots, rows)
 
     def keep(self, slots: Tensor) -> None:
         self.x, self.m, self.v = self.x[slots], self.m[slots], self.v[slots]
-        self.age, self.last_checked = self.age[slots], self.last_checked[slots]
-        self.batch = self.batch.select(slots)
+        self.age = self.age[slots]
+        self.keep_targets(slots)
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         x = self.x.detach().requires_grad_(True)
@@ -128,5 +123,5 @@ class EmbeddingBatch:
             distance=self.cfg.distance,
             chunk=self.cfg.vocab_chunk,
         )
-        found = check_changed(self.model, self.targets, self.batch, tokens, self.last_checked)
+        found = self.check(tokens)
         return StepOutcome(found=found, tokens=tokens, loss=loss.detach())

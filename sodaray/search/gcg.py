@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, TargetSet, context_embeds, objective_loss
-from sodaray.search.base import SearchConfig, StepOutcome, check_changed
+from sodaray.objectives import TargetSet, context_embeds, objective_loss
+from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
-class GcgBatch:
+class GcgBatch(BatchState):
     """Current tokens (B, n) of a batch of equal-length GCG searches."""
 
     # Tests set this to force the out-of-memory fallback at a small chunk size.
@@ -67,9 +67,7 @@ class GcgBatch:
         slots: int,
         generator: torch.Generator,
     ) -> None:
-        self.model, self.targets, self.n, self.cfg = model, targets, length, config
-        self.objective = targets.objective
-        self.generator = generator
+        super().__init__(model, targets, length, config, slots, generator)
         dev = model.device
         self.allowed = torch.ones(model.vocab_size, dtype=torch.bool, device=dev)
         if config.exclude_tokens:
@@ -81,8 +79,6 @@ class GcgBatch:
             raise ValueError("exclude_tokens removes the whole vocabulary")
         self.allowed_ids = self.allowed.nonzero().squeeze(1)
         self.tokens = torch.zeros((slots, length), dtype=torch.long, device=dev)
-        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
-        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
         self.chunk = config.eval_batch_size
 
     def add(self, slots: Tensor, rows: np.ndarray) -> None:
@@ -93,12 +89,11 @@ class GcgBatch:
             device=self.generator.device,
         ).to(self.tokens.device)
         self.tokens[slots] = self.allowed_ids[pick]
-        self.last_checked[slots] = -1
-        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+        self.add_targets(slots, rows)
 
     def keep(self, slots: Tensor) -> None:
-        self.tokens, self.last_checked = self.tokens[slots], self.last_checked[slots]
-        self.batch = self.batch.select(slots)
+        self.tokens = self.tokens[slots]
+        self.keep_targets(slots)
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         grad = self.one_hot_gradient()
@@ -108,7 +103,7 @@ class GcgBatch:
         rows = torch.arange(len(best), device=best.device)
         self.tokens = candidates[rows, best]
         loss = losses[rows, best]
-        found = check_changed(self.model, self.targets, self.batch, self.tokens, self.last_checked)
+        found = self.check(self.tokens)
         return StepOutcome(found=found, tokens=self.tokens.clone(), loss=loss)
 
     def one_hot_gradient(self) -> Tensor:

@@ -21,12 +21,11 @@ from torch import Tensor
 
 from sodaray.models import LoadedModel
 from sodaray.objectives import (
-    BatchTargets,
     TargetSet,
     context_embeds,
     objective_loss,
 )
-from sodaray.search.base import SearchConfig, StepOutcome, check_changed
+from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 
 
 @dataclass
@@ -126,7 +125,7 @@ class RelaxedEmbedding(torch.autograd.Function):
         return grad_z.div_(ctx.temperature), None, None
 
 
-class SodaBatch:
+class SodaBatch(BatchState):
     """The (B, n, V) SODA state of one batch of equal-length targets."""
 
     def __init__(
@@ -138,16 +137,12 @@ class SodaBatch:
         slots: int,
         generator: torch.Generator,
     ) -> None:
-        self.model, self.targets, self.n, self.cfg = model, targets, length, config
-        self.objective = targets.objective
-        self.generator = generator
+        super().__init__(model, targets, length, config, slots, generator)
         shape = (slots, length, model.vocab_size)
         dev = model.device
         self.z = torch.zeros(shape, device=dev, dtype=torch.float32)
         self.m = torch.zeros_like(self.z)
         self.v = torch.zeros_like(self.z)
-        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
-        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
         # Steps since the moments were last zeroed (for the optional bias correction).
         self.moment_age = np.zeros(slots, dtype=np.int64)
 
@@ -156,14 +151,12 @@ class SodaBatch:
         self.z[slots] = 0.0
         self.m[slots] = 0.0
         self.v[slots] = 0.0
-        self.last_checked[slots] = -1
         self.moment_age[slots.cpu().numpy()] = 0
-        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+        self.add_targets(slots, rows)
 
     def keep(self, slots: Tensor) -> None:
         self.z, self.m, self.v = self.z[slots], self.m[slots], self.v[slots]
-        self.last_checked = self.last_checked[slots]
-        self.batch = self.batch.select(slots)
+        self.keep_targets(slots)
         self.moment_age = self.moment_age[slots.cpu().numpy()]
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
@@ -171,7 +164,7 @@ class SodaBatch:
         self.moment_age += 1
         self.update(grad, self.moment_age)
         tokens = self.z.argmax(-1)
-        found = check_changed(self.model, self.targets, self.batch, tokens, self.last_checked)
+        found = self.check(tokens)
         self.apply_schedules(steps_after)
         return StepOutcome(found=found, tokens=tokens, loss=loss)
 
