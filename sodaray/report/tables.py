@@ -246,6 +246,14 @@ def table_tradeoff_fdr(df: pd.DataFrame) -> list[Table]:
     return _tradeoff(df, fdr=True)
 
 
+COS_SKIPPED = "; cosine similarity skipped (no local sentence-embedding model)."
+
+
+def _has_cos(rows: pd.DataFrame) -> bool:
+    """Whether the rows carry cosine similarities (a sentence-embedding model was available)."""
+    return "cos_sim" in rows and rows["cos_sim"].notna().any()
+
+
 def _quality_cells(rows: pd.DataFrame, with_cos: bool) -> list[Cell]:
     cells = [Cell.rate(metrics.exact_rate(rows)), Cell.mean(metrics.partial(rows))]
     if with_cos:
@@ -259,7 +267,7 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
     base = dominant_observation(base)
     if base[["dataset", "fluency"]].drop_duplicates().shape[0] < 2:
         return []
-    with_cos = "cos_sim" in base and base["cos_sim"].notna().any()
+    with_cos = _has_cos(base)
     table = Table(
         "fluency",
         "Natural-language inputs and the fluency penalty",
@@ -268,7 +276,7 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
         + (
             "; cosine similarity of recovered and true text ± standard error."
             if with_cos
-            else "; cosine similarity skipped (no local sentence-embedding model)."
+            else COS_SKIPPED
         ),
         ["Dataset", "Fluency", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []),
     )
@@ -340,17 +348,13 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
     base = df[(df["dataset"] == "privacy") & df["pii_labels"].notna()]
     if base.empty:
         return []
-    with_cos = "cos_sim" in base and base["cos_sim"].notna().any()
+    with_cos = _has_cos(base)
     main = Table(
         "privacy",
         "Recovering inputs with personal information",
         f"{settings(base)} Exact with Wilson 95% intervals; Partial, PII (partial over "
         "PII-labelled tokens) ± standard error"
-        + (
-            ", cosine similarity ± standard error."
-            if with_cos
-            else "; cosine similarity skipped (no local sentence-embedding model)."
-        ),
+        + (", cosine similarity ± standard error." if with_cos else COS_SKIPPED),
         ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
     )
     for (model, variant), rows in base.groupby(["model_name", "variant"], sort=True):
