@@ -4,6 +4,12 @@
     python benchmarks/bench_invert.py --suite scaling    # n, B and vocabulary sweep
     python benchmarks/bench_invert.py --suite gpu        # B in {64, 256, 1000}, n=10 (on CUDA)
     python benchmarks/bench_invert.py --case neo:3:64    # one case: model:n:B
+    python benchmarks/bench_invert.py --authors-cmd "python run_authors.py {n} {B} {steps}"
+
+`--authors-cmd` times the authors' implementation in the same run, interleaved case by case, so
+the comparison does not depend on how fast the shared machine is that hour. The command runs
+outside this repository (their code is not part of sodaray) and must print one JSON line with
+`sample_steps_per_s`; benchmarks/RESULTS.md says how it was set up.
 
 Models: `neo` is a randomly initialised TinyStories-33M-shaped GPT-Neo (hidden 768, 4 layers, 16
 heads, vocab 50257, window 256, alternating global/local attention, initializer_range 0.1, so that
@@ -140,14 +146,14 @@ def run_case(spec: str, steps: int, device: str, dtype: str, precision: str) -> 
     torch.manual_seed(1)
     tokens = torch.randint(0, model.vocab_size, (batch, n)).tolist()
     targets = sodaray.make_targets(model, tokens)
-    config = sodaray.SodaConfig.from_preset(
-        "tinystories-33m", max_steps=steps, max_batch_size=batch
-    )
-    sodaray.invert(
-        model,
-        targets,
-        sodaray.SodaConfig.from_preset("tinystories-33m", max_steps=2, max_batch_size=batch),
-    )  # warm-up
+
+    def preset(max_steps: int) -> sodaray.SodaConfig:
+        return sodaray.SodaConfig.from_preset(
+            "tinystories-33m", max_steps=max_steps, max_batch_size=batch, precision=precision
+        )
+
+    config = preset(steps)
+    sodaray.invert(model, targets, preset(2))  # warm-up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -178,7 +184,21 @@ def run_case(spec: str, steps: int, device: str, dtype: str, precision: str) -> 
         "found": sum(r.found for r in results),
         "device": device,
         "dtype": dtype,
+        "precision": precision,
     }
+
+
+def time_authors(template: str, spec: str, steps: int) -> float | None:
+    """Sample-steps/s of the authors' code for one case, from the external command's JSON."""
+    _, n, batch = spec.split(":")
+    cmd = template.format(n=n, B=batch, steps=steps)
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no JSON line"])[-1]
+        print(f"{spec}: authors' command FAILED: {tail}", flush=True)
+        return None
+    return float(json.loads(lines[-1])["sample_steps_per_s"])
 
 
 def main() -> None:
@@ -191,6 +211,11 @@ def main() -> None:
     parser.add_argument("--precision", default="float32", help="SODA gradient-pass precision")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also append JSON lines to this file")
+    parser.add_argument(
+        "--authors-cmd",
+        help="command timing the authors' code for one case, with {n}, {B} and {steps} filled in; "
+        "it must print a JSON line with sample_steps_per_s (run before each neo case)",
+    )
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -214,6 +239,9 @@ def main() -> None:
         flush=True,
     )
     for spec in args.case or SUITES[args.suite]:
+        authors = None
+        if args.authors_cmd and spec.startswith("neo:"):
+            authors = time_authors(args.authors_cmd, spec, args.steps)
         env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_PROGRESS_BARS="1")
         cmd = [
             sys.executable,
@@ -228,6 +256,8 @@ def main() -> None:
             args.dtype,
             "--threads",
             str(args.threads),
+            "--precision",
+            args.precision,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -237,13 +267,18 @@ def main() -> None:
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["ceiling_gflops"] = ceiling
         key = (row["model"], row["n"], row["B"])
+        rate = row["sample_steps_per_s"]
         extra = ""
         if key in REFERENCE and device == "cpu":
             ref, goal = REFERENCE[key]
-            rate = row["sample_steps_per_s"]
-            extra = (
-                f" authors={ref} goal={goal} x_authors={rate / ref:.2f} x_goal={rate / goal:.2f}"
-            )
+            extra = f" issue: authors={ref} goal={goal} x_goal={rate / goal:.2f}"
+            if authors is not None:
+                # The goal is a multiple of the authors' rate; apply it to this run's rate.
+                row["authors_same_run"] = authors
+                extra += (
+                    f" | same run: authors={authors:.1f} x_authors={rate / authors:.2f}"
+                    f" x_goal={rate / (authors * goal / ref):.2f}"
+                )
         print(
             f"{spec:>16}  V={row['V']:>5}  {row['sample_steps_per_s']:8.1f} sample-steps/s  "
             f"{row['ms_per_step']:8.1f} ms/step  {row['gflops']:7.1f} GFLOP/s "
