@@ -272,13 +272,12 @@ def main() -> None:
         if key in REFERENCE and device == "cpu":
             ref, goal = REFERENCE[key]
             extra = f" issue: authors={ref} goal={goal} x_goal={rate / goal:.2f}"
-            if authors is not None:
+        if authors is not None:
+            row["authors_same_run"] = authors
+            extra += f" | same run: authors={authors:.1f} x_authors={rate / authors:.2f}"
+            if key in REFERENCE and device == "cpu":
                 # The goal is a multiple of the authors' rate; apply it to this run's rate.
-                row["authors_same_run"] = authors
-                extra += (
-                    f" | same run: authors={authors:.1f} x_authors={rate / authors:.2f}"
-                    f" x_goal={rate / (authors * goal / ref):.2f}"
-                )
+                extra += f" x_goal={rate / (authors * goal / ref):.2f}"
         print(
             f"{spec:>16}  V={row['V']:>5}  {row['sample_steps_per_s']:8.1f} sample-steps/s  "
             f"{row['ms_per_step']:8.1f} ms/step  {row['gflops']:7.1f} GFLOP/s "
