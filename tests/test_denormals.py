@@ -6,11 +6,10 @@ import torch
 
 from sodaray.search.denormals import flush_denormals
 
-TINY = 1e-30 * 1e-10  # 1e-40 in float32: a denormal
-
 
 def denormal_product() -> torch.Tensor:
-    # Large enough that torch splits the multiply across its intra-op threads.
+    # 1e-40: a float32 denormal. Large enough that torch splits the multiply across its
+    # intra-op threads.
     return torch.full((1 << 22,), 1e-30) * torch.tensor(1e-10)
 
 
