@@ -26,14 +26,11 @@ import torch
 log = logging.getLogger(__name__)
 
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_mode = {"on": False}
-
-
-def _set_this_thread(_: object) -> None:
-    torch.set_flush_denormal(_mode["on"])
-
-
-_callback = _Callback(_set_this_thread)
+# One callback per mode, so no state is shared between Python threads (each has its own pool).
+_CALLBACKS = {
+    True: _Callback(lambda _: torch.set_flush_denormal(True)),
+    False: _Callback(lambda _: torch.set_flush_denormal(False)),
+}
 _runtime: ctypes.CDLL | None | bool = False  # False: not looked up yet
 
 
@@ -56,12 +53,11 @@ def _openmp_runtime() -> ctypes.CDLL | None:
 
 
 def _set_all_threads(on: bool) -> None:
-    _mode["on"] = on
     torch.set_flush_denormal(on)
     runtime = _openmp_runtime()
     if runtime is not None:
         # num_threads 0: the team torch's next parallel region would get (its intra-op pool).
-        runtime.GOMP_parallel(_callback, None, 0, 0)
+        runtime.GOMP_parallel(_CALLBACKS[on], None, 0, 0)
 
 
 @contextlib.contextmanager
