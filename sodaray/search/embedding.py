@@ -16,6 +16,7 @@ from torch import Tensor
 from sodaray.models import LoadedModel
 from sodaray.objectives import TargetSet, context_embeds, objective_loss
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.search.denormals import flush_denormals
 
 
 @dataclass
@@ -104,7 +105,7 @@ class EmbeddingBatch(BatchState):
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         x = self.x.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), flush_denormals(x.device.type == "cpu"):  # gradient pass only
             embeds = x.to(self.model.dtype)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch)

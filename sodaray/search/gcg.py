@@ -20,6 +20,7 @@ from torch import Tensor
 from sodaray.models import LoadedModel
 from sodaray.objectives import TargetSet, context_embeds, objective_loss
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.search.denormals import flush_denormals
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,9 @@ class GcgBatch(BatchState):
     def one_hot_gradient(self) -> Tensor:
         one_hot = F.one_hot(self.tokens, self.model.vocab_size).to(self.model.dtype)
         one_hot.requires_grad_(True)
-        with torch.enable_grad():
+        # Denormals flushed in the gradient pass only (see search/denormals.py); scoring and the
+        # hard check run without it.
+        with torch.enable_grad(), flush_denormals(one_hot.device.type == "cpu"):
             embeds = one_hot @ self.model.embedding_matrix
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(
