@@ -61,9 +61,12 @@ def _set_all_threads(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def flush_denormals(enabled: bool = True) -> Iterator[None]:
-    """Denormals flushed to zero on the CPU inside the block; the default (off) after it."""
-    if not enabled:
+def flush_denormals(device: torch.device | str = "cpu") -> Iterator[None]:
+    """Denormals flushed to zero on the CPU inside the block; the default (off) after it.
+
+    A no-op for work on another `device`: GPUs handle denormals at full speed.
+    """
+    if torch.device(device).type != "cpu":
         yield
         return
     _set_all_threads(True)

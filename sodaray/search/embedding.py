@@ -105,7 +105,7 @@ class EmbeddingBatch(BatchState):
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         x = self.x.detach().requires_grad_(True)
-        with torch.enable_grad(), flush_denormals(x.device.type == "cpu"):  # gradient pass only
+        with torch.enable_grad(), flush_denormals(x.device):  # gradient pass only
             embeds = x.to(self.model.dtype)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch)

@@ -112,7 +112,7 @@ class GcgBatch(BatchState):
         one_hot.requires_grad_(True)
         # Denormals flushed in the gradient pass only (see search/denormals.py); scoring and the
         # hard check run without it.
-        with torch.enable_grad(), flush_denormals(one_hot.device.type == "cpu"):
+        with torch.enable_grad(), flush_denormals(one_hot.device):
             embeds = one_hot @ self.model.embedding_matrix
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(

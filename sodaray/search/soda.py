@@ -202,8 +202,7 @@ class SodaBatch(BatchState):
         model = self.model.for_precision(self.cfg.precision)
         # The relaxed pass may flush denormals (faster; it moves values below 1.2e-38 only); the
         # hard-max check runs outside it, so every reported match is exact.
-        cpu = self.z.device.type == "cpu"
-        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"), flush_denormals(cpu):
+        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"), flush_denormals(z.device):
             embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
             hidden = model.hidden(context_embeds(model, embeds, self.batch))
             probs = None
