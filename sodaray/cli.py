@@ -83,6 +83,13 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     obj = p.add_argument_group("objective")
     obj.add_argument("--objective", choices=["logits", "text"], default=None)
     obj.add_argument("--top-k", type=int, help="observe only the top-k logits")
+    obj.add_argument(
+        "--space",
+        choices=["raw", "centred", "logprobs"],
+        default=None,
+        help="where logits are compared (loss and match check): raw, centred (minus each "
+        "position's mean) or logprobs; a --logits-file holds values of this space",
+    )
     obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
     obj.add_argument("--loss", choices=["huber", "mse"], default="huber")
     obj.add_argument("--fluency-weight", type=float, default=0.0)
@@ -180,6 +187,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
     objective = Objective(
         kind=kind,
         top_k=args.top_k,
+        **({"space": args.space} if args.space else {}),
         output_tokens=args.output_tokens,
         loss=args.loss,
         fluency_weight=args.fluency_weight,

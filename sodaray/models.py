@@ -39,12 +39,17 @@ class LoadedModel:
     prefix_ids: list[int] = field(default_factory=list)
     # Set by `__post_init__`: whether base_model + lm_head reproduce the model's logits.
     split_forward: bool = field(default=False, init=False)
+    # Set by `__post_init__`: the factor the input-embedding module applies to its rows (Gemma
+    # multiplies by sqrt(d) inside it). A relaxed input `p @ embedding_matrix` must be multiplied
+    # by it, or the search optimises a different model than the one the match check runs.
+    embed_scale: float = field(default=1.0, init=False)
     _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model.eval()
         self.model.requires_grad_(False)  # frozen: gradients flow to the inputs only
         self.split_forward = self._check_split_forward()
+        self.embed_scale = self._measure_embed_scale()
 
     def for_precision(self, precision: str) -> LoadedModel:
         """The model the gradient pass runs on: itself for float32/tf32, or a cached bfloat16
@@ -143,6 +148,27 @@ class LoadedModel:
             tokens = torch.cat([prefix, tokens], dim=1)
         logits = self.model(input_ids=tokens, use_cache=False).logits
         return logits[:, len(self.prefix_ids) :]
+
+    def relaxed_embeds(self, mixture_embeds: Tensor) -> Tensor:
+        """`p @ embedding_matrix` as the model's own embedding module would have scaled it."""
+        return mixture_embeds if self.embed_scale == 1.0 else mixture_embeds * self.embed_scale
+
+    def _measure_embed_scale(self) -> float:
+        module = self.model.get_input_embeddings()
+        ids = torch.arange(min(8, self.vocab_size), device=self.device)
+        with torch.no_grad():
+            looked_up = module(ids).float()
+            rows = module.weight[ids].float()
+        if torch.equal(looked_up, rows):
+            return 1.0
+        scale = float((looked_up * rows).sum() / (rows * rows).sum().clamp_min(1e-30))
+        if not torch.allclose(looked_up, rows * scale, rtol=1e-3, atol=1e-6):
+            raise ValueError(
+                f"{self.name}: the input-embedding module is not a scaled row lookup; "
+                "relaxed inputs cannot reproduce it"
+            )
+        log.info("%s scales its input embeddings by %.4g", self.name, scale)
+        return scale
 
     def _check_split_forward(self) -> bool:
         get_out = getattr(self.model, "get_output_embeddings", None)

@@ -23,18 +23,28 @@ from sodaray.models import LoadedModel
 
 ObjectiveKind = Literal["logits", "text"]
 LossKind = Literal["huber", "mse"]
+# Where observed logits are compared: as the model emits them, with each position's mean over
+# the vocabulary subtracted (TransformerLens' `center_unembed`, which the authors' code loads
+# with), or as log-probabilities (what APIs and llama.cpp show). One place defines each: see
+# `observed_in_space` and `predicted_in_space`.
+ObservationSpace = Literal["raw", "centred", "logprobs"]
+SPACES: tuple[str, ...] = ("raw", "centred", "logprobs")
 
 
 @dataclass(frozen=True)
 class Objective:
     """How a candidate is scored and when it counts as found.
 
-    `top_k=None` observes all logits. `atol`/`rtol` default to the paper's tolerance for the
-    model's size (1e-4 under 100M parameters, 1e-3 above) when left as None.
+    `top_k=None` observes all logits. `space` is where logits are compared, by the loss and by
+    the match check alike: `raw`, `centred` (minus each position's mean; over the k observed
+    values for top-k) or `logprobs` (log-softmax over the whole vocabulary). `atol`/`rtol`
+    default to the paper's tolerance for the model's size (1e-4 under 100M parameters, 1e-3
+    above) when left as None.
     """
 
     kind: ObjectiveKind = "logits"
     top_k: int | None = None
+    space: ObservationSpace = "raw"
     output_tokens: int = 1
     loss: LossKind = "huber"
     huber_delta: float = 1.0
@@ -53,6 +63,12 @@ class Objective:
             raise ValueError(f"top_k must be at least 1, not {self.top_k}")
         if self.kind == "text" and self.top_k is not None:
             raise ValueError("top_k applies to the logits objective only")
+        if self.space not in SPACES:
+            raise ValueError(f"space must be one of {', '.join(SPACES)}, not {self.space!r}")
+        if self.kind == "text" and self.space != "raw":
+            raise ValueError("space applies to the logits objective only (text: leave it raw)")
+        if self.space == "centred" and self.top_k == 1:
+            raise ValueError("centred top-1 logits are always 0: observe top_k >= 2 or another space")
         if self.huber_delta <= 0:
             raise ValueError("huber_delta must be positive")
         if self.fluency_weight < 0:
@@ -181,10 +197,13 @@ def make_targets(
         conts.append(cont)
         if objective.kind == "logits":
             if objective.top_k is None:
-                values.append(logits)
+                values.append(observed_in_space(logits, objective.space, top_k=False))
             else:
+                # The transforms keep the order, so the top-k set is the raw logits' top-k.
                 top = logits.topk(objective.top_k, dim=-1)
-                values.append(top.values)
+                full = logits.log_softmax(-1) if objective.space == "logprobs" else logits
+                vals = full.gather(-1, top.indices)
+                values.append(observed_in_space(vals, objective.space, top_k=True))
                 indices.append(top.indices)
     return TargetSet(
         objective=objective,
@@ -268,6 +287,7 @@ def targets_from_logits(
     base = objective or Objective()
     base = replace(base, kind="logits", top_k=top_k, output_tokens=m)
     atol, rtol = _resolve_tolerance(model, base)
+    values = observed_in_space(values, base.space, top_k=top_k is not None)
     # The greedy continuation is the argmax of each observed position.
     best = values.argmax(-1)
     cont = best if indices is None else indices.gather(-1, best[..., None]).squeeze(-1)
@@ -302,6 +322,33 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
     if key is None:
         raise ValueError(f"{path}: expected a tensor named 'values' or 'logits'")
     return data[key], data.get("indices")
+
+
+# ---- observation spaces -------------------------------------------------------------------------
+def observed_in_space(values: Tensor, space: str, *, top_k: bool) -> Tensor:
+    """Observed values (..., V) or top-k values (..., k) moved into `space`.
+
+    Idempotent, so a file may hold raw or already-transformed values: centring twice is
+    centring once, and log-softmax of log-probabilities returns them. Top-k log-probabilities
+    cannot be renormalised (the rest of the vocabulary is unseen) and are taken as given.
+    """
+    if space == "raw":
+        return values
+    if space == "centred":
+        return values - values.mean(-1, keepdim=True)
+    return values if top_k else values.log_softmax(-1)
+
+
+def predicted_in_space(
+    model: LoadedModel, hidden: Tensor, indices: Tensor | None, space: str
+) -> Tensor:
+    """The candidate's values in `space` at the observed entries: (B, P, V) or (B, P, k)."""
+    if space == "raw" or (space == "centred" and indices is not None):
+        values = model.unembed(hidden, indices).float()
+        return values if space == "raw" else values - values.mean(-1, keepdim=True)
+    full = model.unembed(hidden).float()  # centring or normalising needs every logit
+    values = full - full.mean(-1, keepdim=True) if space == "centred" else full.log_softmax(-1)
+    return values if indices is None else values.gather(-1, indices)
 
 
 # ---- scoring ------------------------------------------------------------------------------------
@@ -399,7 +446,7 @@ def objective_loss(
     pos = observed_positions(model, n, m)
     h_obs = hidden[:, pos]
     if objective.kind == "logits":
-        pred = model.unembed(h_obs, batch.observed_indices).float()
+        pred = predicted_in_space(model, h_obs, batch.observed_indices, objective.space)
         per_entry = _elementwise_loss(objective, pred, batch.observed_values)
         loss = per_entry.flatten(1).mean(1)
     else:
@@ -461,7 +508,8 @@ def hard_match(
         return (pred == cont).all(1)
     result = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     alive = torch.arange(tokens.shape[0], device=tokens.device)
-    if model.split_forward and batch.probe_indices is not None:
+    # The probe compares raw logits; the other spaces need the whole row anyway.
+    if model.split_forward and batch.probe_indices is not None and objective.space == "raw":
         probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
         # Far looser than the real test than any rounding: it never rejects a true match.
         ok = torch.isclose(
@@ -473,12 +521,19 @@ def hard_match(
         hidden, rows = hidden[alive], rows[alive]
     values = batch.observed_values[rows]
     full = model.unembed(hidden).float()
+    space = objective.space
+    if space == "centred" and batch.observed_indices is None:
+        full = full - full.mean(-1, keepdim=True)
+    elif space == "logprobs":
+        full = full.log_softmax(-1)  # monotone: the top-k set below is unchanged
     if batch.observed_indices is None:
         close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)
     else:
         indices = batch.observed_indices[rows]
         k = indices.shape[-1]
         at_obs = full.gather(-1, indices)
+        if space == "centred":
+            at_obs = at_obs - at_obs.mean(-1, keepdim=True)
         close = torch.isclose(at_obs, values, atol=atol, rtol=rtol).flatten(1).all(1)
         # Its own top-k must be the observed set (order-free: ties may swap equal values).
         own = full.topk(k, dim=-1).indices.sort(-1).values

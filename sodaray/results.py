@@ -1,7 +1,7 @@
 """The result schema: one Parquet row per inverted target, shared by `invert --out`, sweeps,
 tuning trials and reports.
 
-Schema version 1 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
+Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
 
 | column | type | meaning |
 |---|---|---|
@@ -16,6 +16,7 @@ Schema version 1 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | algorithm | string | `soda`, `gcg`, `embedding` |
 | objective | string | `logits` or `text` |
 | top_k | int32 | observed top-k logits (null: all) |
+| space | string | where logits were compared: `raw`, `centred` or `logprobs` (v2; null in v1 files) |
 | output_tokens | int32 | observed output positions |
 | loss | string | `huber` or `mse` |
 | fluency_weight | float64 | fluency penalty weight (0: off) |
@@ -55,7 +56,7 @@ import pyarrow.parquet as pq
 
 from sodaray.search.base import InversionResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the `space` column
 VERSION_KEY = b"sodaray.results.version"
 
 RESULT_SCHEMA = pa.schema(
@@ -74,6 +75,7 @@ RESULT_SCHEMA = pa.schema(
         ("algorithm", pa.string()),
         ("objective", pa.string()),
         ("top_k", pa.int32()),
+        ("space", pa.string()),
         ("output_tokens", pa.int32()),
         ("loss", pa.string()),
         ("fluency_weight", pa.float64()),
@@ -187,6 +189,7 @@ def result_rows(
                 "algorithm": r.algorithm,
                 "objective": obj.kind,
                 "top_k": obj.top_k,
+                "space": obj.space,
                 "output_tokens": obj.output_tokens,
                 "loss": obj.loss,
                 "fluency_weight": float(obj.fluency_weight),

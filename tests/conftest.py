@@ -22,6 +22,7 @@ def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel
         AutoModelForCausalLM,
         GPT2Config,
         GPTNeoConfig,
+        Gemma3TextConfig,
         LlamaConfig,
         Qwen2Config,
     )
@@ -59,6 +60,18 @@ def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=64,
+        )
+    elif kind == "gemma3":  # scales its input embeddings by sqrt(d) inside the lookup
+        cfg = Gemma3TextConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=64,
+            sliding_window=16,
         )
     else:
         raise ValueError(kind)

@@ -16,6 +16,10 @@ OBJECTIVES = [
     sodaray.Objective(top_k=4, output_tokens=2, loss="mse"),
     sodaray.Objective(kind="text", output_tokens=3),
     sodaray.Objective(fluency_weight=0.0),
+    sodaray.Objective(space="centred"),
+    sodaray.Objective(space="centred", top_k=4, output_tokens=2),
+    sodaray.Objective(space="logprobs"),
+    sodaray.Objective(space="logprobs", top_k=5),
 ]
 
 
@@ -33,7 +37,9 @@ def batch_of(targets, rows):
 
 
 @pytest.mark.parametrize(
-    "objective", OBJECTIVES, ids=lambda o: f"{o.kind}-k{o.top_k}-m{o.output_tokens}-{o.loss}"
+    "objective",
+    OBJECTIVES,
+    ids=lambda o: f"{o.kind}-{o.space}-k{o.top_k}-m{o.output_tokens}-{o.loss}",
 )
 def test_zero_at_true_input_positive_elsewhere(tiny_llama, objective):
     true = [[3, 9, 4], [10, 11, 12]]
@@ -164,6 +170,9 @@ def test_targets_from_logits_equal_make_targets(tiny_llama, tmp_path):
         dict(output_tokens=0),
         dict(loss="l1"),
         dict(kind="text", top_k=3),
+        dict(space="probs"),
+        dict(kind="text", space="logprobs"),
+        dict(space="centred", top_k=1),
     ],
 )
 def test_bad_objectives(bad):
@@ -185,3 +194,54 @@ def test_tolerance_defaults_follow_model_size(tiny_llama):
     assert t.atol == t.rtol == 1e-4
     t = sodaray.make_targets(tiny_llama, [[1]], objective=sodaray.Objective(atol=1e-2))
     assert t.atol == 1e-2 and t.rtol == 1e-4
+
+
+@pytest.mark.parametrize("top_k", [None, 6])
+def test_space_loss_formulas(tiny_llama, top_k):
+    """Each space's loss is the Huber loss between the transformed candidate and observation."""
+    true, cand = [[5, 6]], [[7, 8]]
+    raw_true = tiny_llama.token_logits(torch.tensor(true))[0, -1]
+    raw_cand = tiny_llama.token_logits(torch.tensor(cand))[0, -1]
+    idx = raw_true.topk(top_k).indices if top_k else torch.arange(raw_true.shape[0])
+    expected = {
+        "centred": lambda x: x[idx] - x[idx].mean(),
+        "logprobs": lambda x: x.log_softmax(-1)[idx],
+    }
+    for space, f in expected.items():
+        objective = sodaray.Objective(top_k=top_k, space=space)
+        targets = sodaray.make_targets(tiny_llama, true, objective=objective)
+        torch.testing.assert_close(targets.observed_values[0, 0], f(raw_true))
+        want = torch.nn.functional.huber_loss(f(raw_cand), f(raw_true))
+        got = one_hot_loss(tiny_llama, targets, cand)[0]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_shifted_logits_match_only_in_shift_free_spaces(tiny_llama):
+    """Logits shifted by a constant (what an API's per-request offset does) are the same output
+    in the centred and log-probability spaces, and a different one in the raw space."""
+    true = torch.tensor([[5, 6]])
+    shifted = tiny_llama.token_logits(true)[:, -1:] + 3.0  # (1, 1, V)
+    verdicts = {}
+    for space in ("raw", "centred", "logprobs"):
+        objective = sodaray.Objective(space=space)
+        targets = sodaray.targets_from_logits(tiny_llama, shifted.numpy(), objective=objective)
+        batch = batch_of(targets, [0])
+        verdicts[space] = bool(
+            hard_match(tiny_llama, targets.objective, true, batch, targets.atol, targets.rtol)
+        )
+    assert verdicts == {"raw": False, "centred": True, "logprobs": True}
+
+
+def test_logprob_file_equals_make_targets(tiny_llama):
+    """Top-k log-probabilities as an API returns them invert like the model's own."""
+    objective = sodaray.Objective(top_k=5, space="logprobs")
+    made = sodaray.make_targets(tiny_llama, [[4, 5]], objective=objective)
+    loaded = sodaray.targets_from_logits(
+        tiny_llama, made.observed_values.numpy(), made.observed_indices.numpy(), objective=objective
+    )
+    torch.testing.assert_close(loaded.observed_values, made.observed_values)
+    assert (loaded.observed_values <= 0).all()
+    batch = batch_of(loaded, [0])
+    ok = hard_match(tiny_llama, loaded.objective, torch.tensor([[4, 5]]), batch, 1e-4, 1e-4)
+    bad = hard_match(tiny_llama, loaded.objective, torch.tensor([[4, 6]]), batch, 1e-4, 1e-4)
+    assert ok.item() and not bad.item()

@@ -119,7 +119,7 @@ class EmbeddingBatch(BatchState):
             v_hat = self.v / (1 - c.beta2**self.age).view(-1, 1, 1)
             self.x.addcdiv_(m_hat, v_hat.sqrt_().add_(c.eps), value=-c.learning_rate)
         tokens = nearest_tokens(
-            self.x,
+            self.x / self.model.embed_scale,  # nearest to the scaled rows the model looks up
             self.model.embedding_matrix,
             distance=self.cfg.distance,
             chunk=self.cfg.vocab_chunk,

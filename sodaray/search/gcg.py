@@ -113,7 +113,7 @@ class GcgBatch(BatchState):
         # Denormals flushed in the gradient pass only (see search/denormals.py); scoring and the
         # hard check run without it.
         with torch.enable_grad(), flush_denormals(one_hot.device):
-            embeds = one_hot @ self.model.embedding_matrix
+            embeds = self.model.relaxed_embeds(one_hot @ self.model.embedding_matrix)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(
                 self.model,

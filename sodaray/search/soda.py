@@ -204,6 +204,7 @@ class SodaBatch(BatchState):
         # hard-max check runs outside it, so every reported match is exact.
         with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"), flush_denormals(z.device):
             embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
+            embeds = model.relaxed_embeds(embeds)
             hidden = model.hidden(context_embeds(model, embeds, self.batch))
             probs = None
             if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
