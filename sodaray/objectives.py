@@ -68,7 +68,9 @@ class Objective:
         if self.kind == "text" and self.space != "raw":
             raise ValueError("space applies to the logits objective only (text: leave it raw)")
         if self.space == "centred" and self.top_k == 1:
-            raise ValueError("centred top-1 logits are always 0: observe top_k >= 2 or another space")
+            raise ValueError(
+                "centred top-1 logits are always 0: observe top_k >= 2 or another space"
+            )
         if self.huber_delta <= 0:
             raise ValueError("huber_delta must be positive")
         if self.fluency_weight < 0:

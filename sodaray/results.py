@@ -16,7 +16,7 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | algorithm | string | `soda`, `gcg`, `embedding` |
 | objective | string | `logits` or `text` |
 | top_k | int32 | observed top-k logits (null: all) |
-| space | string | where logits were compared: `raw`, `centred` or `logprobs` (v2; null in v1 files) |
+| space | string | where logits were compared: `raw`, `centred`, `logprobs` (null in v1 files) |
 | output_tokens | int32 | observed output positions |
 | loss | string | `huber` or `mse` |
 | fluency_weight | float64 | fluency penalty weight (0: off) |

@@ -20,9 +20,9 @@ def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel
     """A randomly initialised model of the given family, small enough for unit tests."""
     from transformers import (
         AutoModelForCausalLM,
+        Gemma3TextConfig,
         GPT2Config,
         GPTNeoConfig,
-        Gemma3TextConfig,
         LlamaConfig,
         Qwen2Config,
     )

@@ -9,7 +9,6 @@ import torch
 from conftest import tiny_model
 
 
-
 def test_gemma_scale_measured_and_relaxed_one_hot_equals_tokens():
     model = tiny_model("gemma3")
     assert math.isclose(model.embed_scale, math.sqrt(32), rel_tol=1e-3)
@@ -23,4 +22,3 @@ def test_gemma_scale_measured_and_relaxed_one_hot_equals_tokens():
 
 def test_unscaled_models_keep_scale_one(tiny_llama):
     assert tiny_llama.embed_scale == 1.0
-

@@ -180,3 +180,22 @@ def test_workspace_follows_the_batch_when_it_shrinks(tiny_llama):
     batch.keep(torch.tensor([0, 2]))
     batch.step(np.array([3, 3]))
     assert batch.workspace.probs.shape == batch.z.shape == (2, 2, tiny_llama.vocab_size)
+
+
+def test_mean_reduction_is_the_authors_batch_averaged_loss(tiny_llama):
+    """loss_reduction=mean: one loss averaged over the batch (the authors' code), so each
+    sample's gradient is 1/B of its own, and one Adam step equals eps * B under "sum"."""
+    steps = {}
+    for reduction, eps in (("sum", 3e-6), ("mean", 1e-6)):
+        cfg = sodaray.SodaConfig(temperature=0.7, loss_reduction=reduction, eps=eps)
+        batch = make_batch(tiny_llama, cfg)
+        torch.manual_seed(2)
+        batch.z.copy_(torch.randn_like(batch.z))
+        grad, _ = batch.gradient()
+        steps[reduction] = grad.clone()
+        batch.update(grad, np.ones(3, dtype=np.int64))
+        steps[reduction + "_z"] = batch.z.clone()
+    torch.testing.assert_close(steps["mean"] * 3, steps["sum"], rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(steps["mean_z"], steps["sum_z"], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="loss_reduction"):
+        sodaray.SodaConfig(loss_reduction="max")

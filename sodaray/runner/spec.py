@@ -114,6 +114,8 @@ class Job:
             what = (
                 "all" if obj["top_k"] is None else f"top{obj['top_k']}"
             ) + f"x{obj['output_tokens']}"
+        if obj.get("space", "raw") != "raw":
+            what += f"-{obj['space']}"
         if obj["fluency_weight"]:
             what += f"-flu{obj['fluency_weight']:g}"
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.params['seed']}"]

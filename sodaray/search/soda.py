@@ -55,6 +55,13 @@ class SodaConfig(SearchConfig):
     # cores) or "tf32" (CUDA matmuls). The hard-max check always runs at the model's own
     # precision, so every reported match is exact; trajectories differ from float32.
     precision: str = "float32"
+    # "sum": each sample is optimised on its own loss (Algorithm 1 as written; a sample's
+    # trajectory does not depend on its batch). "mean": the authors' code, one loss averaged
+    # over the samples in the batch, so each gradient is 1/B of its own. Adam is blind to the
+    # scale of a gradient except through eps, so "mean" acts as eps * B: with B in the hundreds
+    # the many low-probability coordinates fall under eps and move in proportion to their
+    # gradient instead of by about `learning_rate` each (see RESULTS.md, issue 14).
+    loss_reduction: str = "sum"
 
     algorithm = "soda"
 
@@ -74,6 +81,8 @@ class SodaConfig(SearchConfig):
             raise ValueError("reset_period and reinit_period must be at least 1")
         if self.precision not in ("float32", "tf32", "bfloat16"):
             raise ValueError(f"precision must be float32, tf32 or bfloat16, not {self.precision!r}")
+        if self.loss_reduction not in ("sum", "mean"):
+            raise ValueError(f"loss_reduction must be sum or mean, not {self.loss_reduction!r}")
         if self.eps <= 0 or self.reinit_std < 0:
             raise ValueError("eps must be positive and reinit_std non-negative")
 
@@ -210,7 +219,8 @@ class SodaBatch(BatchState):
             if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
                 probs = torch.softmax(z / tau, dim=-1)
             loss = objective_loss(model, self.objective, hidden, self.n, self.batch, probs)
-            (grad,) = torch.autograd.grad(loss.sum(), z)
+            total = loss.sum() if self.cfg.loss_reduction == "sum" else loss.mean()
+            (grad,) = torch.autograd.grad(total, z)
         return grad, loss.detach()
 
     @torch.no_grad()
