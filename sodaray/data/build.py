@@ -298,6 +298,9 @@ def build_dataset(
     if tokenizer is None:
         check_model_path(model, gguf_file)
     total = len(length_list) * per_length
+    from sodaray.validation import check_memory, dataset_bytes
+
+    check_memory(dataset_bytes(length_list, per_length), f"{total} samples (rows)")
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.
     docs, records, info = _load_source(name, source, total)
     info_tok = tokenizer or load_tokenizer(model, gguf_file=gguf_file)

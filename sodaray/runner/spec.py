@@ -22,6 +22,7 @@ from sodaray.api import ALGORITHMS, make_config
 from sodaray.objectives import Objective
 from sodaray.presets import PRESETS, get_preset, load_preset_file
 from sodaray.results import config_hash
+from sodaray.validation import coerce_fields, make_objective, yaml_load
 
 
 class SweepError(ValueError):
@@ -223,7 +224,7 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
     if not path.is_file():
         raise error(f"{path}: no such {kind} file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_load(path.read_text(encoding="utf-8"))  # YAML 1.2 numbers: 1e-3 a float
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     return data, path
@@ -299,6 +300,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             raise fail(where, "must be a mapping")
         _known(entry, OBJECTIVE_KEYS, where, fail)
         _check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+        entry = _coerce_objective(entry, where, fail)
         objectives.append(entry)
 
     scalars = {
@@ -341,7 +343,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         base = {k: v for k, v in entry.items() if k != "grid"}
         for values in _grid(entry.get("grid") or {}):
             try:
-                Objective(**{**base, **values})
+                make_objective({**base, **values})  # with finite, non-negative tolerances
             except (TypeError, ValueError) as exc:
                 raise fail(f"objectives[{i}]", str(exc)) from exc
     for i, entry in enumerate(algorithms):
@@ -359,6 +361,20 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
                     message = str(exc).removeprefix("config: ")
                     raise fail(f"algorithms[{i}]", message) from exc
     return sweep
+
+
+def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:
+    """Objective fields (and their grid values) as the field types say; NaN refused."""
+    try:
+        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
+        if entry.get("grid"):
+            out["grid"] = {
+                k: [coerce_fields(Objective, {k: v})[k] for v in values]
+                for k, values in entry["grid"].items()
+            }
+    except ValueError as exc:
+        raise fail(where, str(exc)) from exc
+    return out
 
 
 def _entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
