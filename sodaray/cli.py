@@ -263,7 +263,10 @@ def cmd_invert(args: argparse.Namespace) -> int:
             )
     if args.out:  # after printing: a failed write (disk full) must not lose the results
         sys.stdout.flush()
-        write_table_atomic(table, args.out)
+        try:
+            write_table_atomic(table, args.out)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
         logging.info("wrote %d result rows to %s", len(table), args.out)
     return 0
 
