@@ -50,6 +50,10 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"({run.shards_skipped} already done), {samples} samples to run",
             file=sys.stderr,
         )
+        for name in run.locked:
+            print(f"  skipped {name}: another driver is running it", file=sys.stderr)
+        for name in run.corrupt:
+            print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
         if samples and sys.stderr.isatty():
             from tqdm import tqdm
 

@@ -86,12 +86,17 @@ class Job:
     samples_per_length: int | None
     limit: int | None
     shard_size: int
+    # A dataset file's `sodaray.dataset.hash`, set when planning: its rows decide results, not
+    # its path (a file rebuilt in place with other rows makes a new job).
+    dataset_hash: str | None = None
 
     def config(self) -> dict[str, Any]:
         """Everything that decides this job's results (hashed into its folder name)."""
         return {
             "model": self.model.identity(),
-            "dataset": asdict(self.dataset),
+            "dataset": asdict(self.dataset)
+            if self.dataset_hash is None
+            else {"name": self.dataset.name, "hash": self.dataset_hash},
             "algorithm": self.algorithm,
             "params": self.params,
             "objective": self.objective,
