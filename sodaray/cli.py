@@ -430,6 +430,7 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # read at import: no retry chatter
     warnings.filterwarnings("ignore")
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     try:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not pr
 INV = ["invert", "--model", "{model}", "--tokens", "172", "--max-steps", "5"]
 
 SWEEP = """name: bad
-models: [{{id: "{model}", num_cpus: 1}}]
+models: [{{id: "{model}", num_cpus: 1{resources}}}]
 datasets: [{{name: random, build: {{dataset: random, lengths: "1", per_length: 2}}}}]
 algorithms: [{{name: soda, params: {params}}}]
 objectives: [{objective}]
@@ -39,8 +39,11 @@ trials: 1
 """
 
 
-def sweep(params: str = "{}", objective: str = "{kind: logits}") -> dict[str, str]:
-    return {"s.yaml": SWEEP.format(model="{model}", params=params, objective=objective)}
+def sweep(
+    params: str = "{}", objective: str = "{kind: logits}", resources: str = ""
+) -> dict[str, str]:
+    text = SWEEP.format(model="{model}", params=params, objective=objective, resources=resources)
+    return {"s.yaml": text}
 
 
 def tuning(space: str = "{learning_rate: {low: 0.01, high: 0.1}}") -> dict[str, str]:
@@ -208,6 +211,30 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "not a folder",
         {**sweep(), "f.txt": "x"},
     ),
+    (
+        "sweep-address-refused",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--address", "127.0.0.1:1"],
+        "cannot reach a Ray cluster",
+        sweep(),
+    ),
+    (
+        "sweep-address-ray-client-refused",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--address", "ray://127.0.0.1:1"],
+        "cannot reach a Ray cluster",
+        sweep(),
+    ),
+    (
+        "tune-address-bad-scheme",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o", "--address", "http://127.0.0.1:1"],
+        "use auto, HOST:PORT or ray://HOST:PORT",
+        tuning(),
+    ),
+    (
+        "sweep-gpus-this-machine-lacks",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "GPU per replica but the machine has",
+        sweep(resources=", num_gpus: 64"),
+    ),
     ("sweep-status-missing", ["sweep", "status", "{tmp}/nothing"], "no such results folder", {}),
     # ---- tuning files and tune
     (
@@ -295,6 +322,7 @@ def test_numbers_are_floats_in_yaml_and_param(text, value):
     assert _parse_param(f"learning_rate={text}") == ("learning_rate", value)
     data = yaml_load(
         SWEEP.format(
+            resources="",
             model=STORIES,
             params=f"{{learning_rate: {text}}}",
             objective=(f"{{kind: logits, fluency_weight: {text}}}"),
@@ -367,3 +395,37 @@ def test_invert_out_in_a_read_only_folder(capsys, tmp_path, monkeypatch):
     code = main([*argv, "--out", str(tmp_path / "rows.parquet")])
     err = capsys.readouterr().err
     assert code == 2 and "Permission denied" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unreachable_hub_is_one_line(tmp_path):
+    """A hub id with no connection (or no such repository): the hub's retries print nothing,
+    the error is one line. A fresh process, since the hub reads its verbosity at import."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_HUB_VERBOSITY", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sodaray.cli",
+            "invert",
+            "--model",
+            "nobody/no-such-model-x",
+            "--tokens",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "cannot load model" in proc.stderr

@@ -348,25 +348,79 @@ def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
 
 
 # ---- running on Ray -----------------------------------------------------------------------------
+ADDRESS_HINT = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
+
+
+def check_address(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT or ray://HOST:PORT address must accept a connection within `timeout`
+    seconds: Ray itself retries for half a minute, printing as it goes."""
+    if not address or address in ("auto", "local"):
+        return
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme not in ("ray", "rays"):
+        raise ValueError(f"--address {address}: use auto, HOST:PORT or ray://HOST:PORT")
+    target = rest if sep else address
+    host, _, port = target.rstrip("/").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"cannot reach a Ray cluster at {address} ({exc}); {ADDRESS_HINT}"
+        ) from exc
+
+
 def init_ray(address: str | None) -> None:
     """Start Ray locally (no address) or join a cluster, with a one-line error when the cluster
     cannot be reached (Ray itself would wait minutes on a wrong HOST:PORT)."""
-    import socket
-
     import ray
 
-    hint = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
-    if address and address not in ("auto", "local") and "://" not in address:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot reach a Ray cluster at {address} ({exc}); {hint}") from exc
+    check_address(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            # Ray's own start-up lines only when our caller logs at INFO (`-v`)
+            logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
+        )
     except ConnectionError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot connect to a Ray cluster at {address}: {first}; {hint}") from exc
+        raise ValueError(
+            f"cannot connect to a Ray cluster at {address}: {first}; {ADDRESS_HINT}"
+        ) from exc
+
+
+def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:
+    """Each actor's request (label, num_cpus, num_gpus) against what the Ray cluster has. On the
+    local machine a request that can never fit is an error (Ray would wait forever); on a
+    cluster the autoscaler may still add nodes, so it is a warning saying so."""
+    import ray
+
+    if ray.is_initialized():
+        total = ray.cluster_resources()
+    else:  # the local machine, before Ray starts: what Ray would detect
+        import torch
+
+        total = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+    for label, cpus, gpus in requests:
+        short = [
+            f"{need:g} {name} per replica but the {'cluster' if address else 'machine'} has "
+            f"{total.get(key, 0):g}"
+            for name, key, need in (("GPU", "GPU", gpus), ("CPU", "CPU", cpus))
+            if need > total.get(key, 0)
+        ]
+        if not short:
+            continue
+        if address is None:
+            raise ValueError(
+                f"{label} asks for {short[0]}; lower its num_gpus/num_cpus, or give --address "
+                "for a cluster that has them"
+            )
+        log.warning(
+            "%s asks for %s; waiting for the autoscaler to add such nodes (Ctrl-C to stop)",
+            label,
+            short[0],
+        )
 
 
 def run_sweep(
@@ -383,6 +437,7 @@ def run_sweep(
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
     called once the work is planned; `on_shard` after each finished shard (progress)."""
     started = time.perf_counter()
+    check_address(address)  # before planning (dataset builds): fail fast
     root = Path(out) / sweep.name
     plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
     held = [p.folder for p in plans if p.locked_by is None]
@@ -409,6 +464,13 @@ def _run_plans(
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked_shards = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked_shards - sum(len(p.pending) for p in plans)
+    requests = [
+        (f"model {p.job.model.label}", p.job.model.num_cpus, p.job.model.num_gpus)
+        for p in plans
+        if p.pending
+    ]
+    if address is None and not ray.is_initialized():
+        check_resources(requests, None)  # before Ray starts: it would wait forever
     pending_samples = sum(
         hi - lo for p in plans for lo, hi in (shard_bounds(p, i) for i in p.pending)
     )
@@ -421,6 +483,8 @@ def _run_plans(
     own_ray = not ray.is_initialized()
     if own_ray:
         init_ray(address)
+    if address is not None or not own_ray:  # a cluster: the autoscaler may add nodes
+        check_resources(requests, address or "the running Ray")
     # One queue and one group of actors per distinct model.
     queues: dict[str, deque[tuple[JobPlan, int]]] = {}
     specs = {}

@@ -240,10 +240,17 @@ def run_tuning(
     import optuna
     import ray
 
-    from sodaray.runner.execute import dataset_table, init_ray, select_rows
+    from sodaray.runner.execute import (
+        check_address,
+        check_resources,
+        dataset_table,
+        init_ray,
+        select_rows,
+    )
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
+    check_address(address)  # fail fast, before the study and the validation data
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
@@ -286,8 +293,13 @@ def run_tuning(
     }
     distributions = spec.distributions()
     own_ray = not ray.is_initialized()
+    requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
+    if own_ray and address is None:
+        check_resources(requests, None)  # before Ray starts: it would wait forever
     if own_ray:
         init_ray(address)
+    if address is not None or not own_ray:
+        check_resources(requests, address or "the running Ray")
     remote = ray.remote(TrialWorker).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
