@@ -258,7 +258,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "tune-storage-unknown-scheme",
         ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o", "--storage", "foo://bar"],
-        "foo",
+        "storage foo://bar: Can't load plugin",
         tuning(),
     ),
 ]

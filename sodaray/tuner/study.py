@@ -37,12 +37,29 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
 def open_storage(url: str):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
     if "://" in url:
+        _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(url))
+
+
+def _check_rdb_url(url: str) -> None:
+    """An RDB URL whose database kind SQLAlchemy knows (the connection is tried later)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        make_url(url).get_dialect()
+    except ImportError as exc:
+        raise ValueError(f"storage {url}: {exc} (install the database driver)") from exc
+    except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"storage {url}: {first} (an Optuna RDB URL: sqlite:///study.db, "
+            "postgresql://user@host/db, ...)"
+        ) from exc
 
 
 def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
