@@ -212,6 +212,23 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         {**sweep(), "f.txt": "x"},
     ),
     (
+        "data-lengths-huge",
+        [
+            "data",
+            "build",
+            "--model",
+            "{model}",
+            "--dataset",
+            "random",
+            "--lengths",
+            "1-99999999999",
+            "--out",
+            "{tmp}/d.parquet",
+        ],
+        "at most 1048576 tokens",
+        {},
+    ),
+    (
         "sweep-address-refused",
         ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--address", "127.0.0.1:1"],
         "cannot reach a Ray cluster",
