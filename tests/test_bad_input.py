@@ -446,3 +446,41 @@ def test_an_unreachable_hub_is_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert "cannot load model" in proc.stderr
+
+
+def test_data_build_on_a_full_disk(capsys, tmp_path, monkeypatch):
+    """ENOSPC simulated at Parquet's write: one line, and no temporary file left behind."""
+    import pyarrow.parquet as pq
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pq, "write_table", full)
+    argv = ["data", "build", "--model", str(STORIES), "--dataset", "random", "--lengths", "1"]
+    code = main([*argv, "--per-length", "2", "--out", str(tmp_path / "d.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_resources_the_cluster_lacks(monkeypatch, caplog, address):
+    """On this machine (no address) a request that can never fit is an error; on a cluster a
+    warning, since the autoscaler may add nodes."""
+    import logging
+
+    import ray
+
+    from sodaray.runner.execute import check_resources
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    request = [("model m", 1.0, 1.0)]
+    if address is None:
+        with pytest.raises(ValueError, match="1 GPU per replica but the machine has 0"):
+            check_resources(request, address)
+    else:
+        with caplog.at_level(logging.WARNING):
+            check_resources(request, address)
+        assert "autoscaler" in caplog.text and "cluster has 0" in caplog.text
+    check_resources([("model m", 2.0, 0.0)], address)  # what fits passes silently
