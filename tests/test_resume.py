@@ -176,3 +176,18 @@ def test_run_takes_and_releases_its_locks(tmp_path):
     )
     assert seen == [True]  # held while running
     assert run.shards_skipped == 2 and not (root / plans[0].job.name / LOCK_FILE).exists()
+
+
+def test_report_skips_an_unreadable_shard_in_a_folder(tmp_path, caplog):
+    sweep = load_sweep(write_sweep(tmp_path, BUILD))
+    root = tmp_path / "out" / "r"
+    plans = plan_jobs(sweep.jobs(), root)
+    finish_all(plans)
+    shard_path(plans[0].folder, 0).write_bytes(b"PAR1 cut short")
+    assert len(read_results(tmp_path / "out")) == 2  # shard 1's rows
+    assert "skipped" in caplog.text and "shard-00000.parquet" in caplog.text
+    assert (
+        main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "rep"), "--no-figures"]) == 0
+    )
+    with pytest.raises(ValueError, match="not a Parquet file"):  # named on its own: an error
+        read_results(shard_path(plans[0].folder, 0))
