@@ -68,6 +68,9 @@ def invert(
     elif length == "auto":
         if max_length < 1:
             raise ValueError("max_length must be at least 1")
+        from sodaray.validation import check_context
+
+        check_context(model, max_length, targets.objective.output_tokens)  # before the plan
         plan = [[L] * n_targets for L in range(1, max_length + 1)]
     elif isinstance(length, int) and length >= 1:
         plan = [[length] * n_targets]

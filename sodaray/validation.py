@@ -282,11 +282,15 @@ def state_bytes(batch: int, length: int, vocab: int) -> float:
     return float(STATE_BUFFERS) * 4 * batch * length * vocab
 
 
+# For a model whose config names no context: longer than any model's (and bounds every plan).
+MAX_POSITIONS = 1 << 20
+
+
 def check_context(model: Any, length: int, output_tokens: int) -> None:
     """The fixed context, the searched input and the observed output must fit the model."""
-    limit = getattr(model, "max_positions", None)
+    limit = getattr(model, "max_positions", None) or MAX_POSITIONS
     total = len(getattr(model, "prefix_ids", []) or []) + length + output_tokens
-    if limit is not None and total > limit:
+    if total > limit:
         fixed = total - length - output_tokens
         raise ValueError(
             f"input length {length} + {output_tokens} output tokens"

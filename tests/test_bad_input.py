@@ -81,6 +81,12 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "exceed the model's context",
         {"ok.npy": "logits"},
     ),
+    (
+        "auto-max-length-huge",
+        [*INV[:3], "--logits-file", "{tmp}/ok.npy", "--max-length", "1000000000"],
+        "exceed the model's context",
+        {"ok.npy": "logits"},
+    ),
     # ---- invert: output paths
     ("out-is-directory", [*INV, "--out", "{tmp}"], "is a directory", {}),
     (
