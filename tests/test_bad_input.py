@@ -253,6 +253,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         tuning(),
     ),
     (
+        "sweep-num-gpus-nan",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "num_gpus must be a finite number",
+        sweep(resources=", num_gpus: .nan"),
+    ),
+    (
+        "tune-trials-fraction",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o"],
+        "trials: must be an integer, not 2.5",
+        {"t.yaml": tuning()["t.yaml"].replace("trials: 1", "trials: 2.5")},
+    ),
+    (
         "sweep-gpus-this-machine-lacks",
         ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
         "GPU per replica but the machine has",
@@ -490,3 +502,12 @@ def test_resources_the_cluster_lacks(monkeypatch, caplog, address):
             check_resources(request, address)
         assert "autoscaler" in caplog.text and "cluster has 0" in caplog.text
     check_resources([("model m", 2.0, 0.0)], address)  # what fits passes silently
+
+
+def test_integral_numbers_in_integer_fields(tmp_path):
+    from sodaray.runner.spec import parse_sweep
+    from sodaray.validation import yaml_load
+
+    text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")
+    sweep_ = parse_sweep(yaml_load(text.replace("steps: 5", "steps: 1e2")), Path("s.yaml"))
+    assert sweep_.steps == 100 and isinstance(sweep_.steps, int)

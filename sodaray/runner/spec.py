@@ -266,8 +266,8 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         if "id" not in entry:
             raise fail(f"{where}.id", "required field missing")
         try:
-            spec = ModelSpec(**entry)
-        except TypeError as exc:
+            spec = ModelSpec(**coerce_fields(ModelSpec, entry))  # num_gpus: .nan refused
+        except (TypeError, ValueError) as exc:
             raise fail(where, str(exc)) from exc
         check_model(spec, where, fail)
         models.append(spec)
@@ -320,6 +320,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         )
         if k in data
     }
+    scalars = coerce_scalars(Sweep, scalars, fail)  # steps: 1e3 is 1000
     sweep = Sweep(
         name=name,
         path=path,
@@ -366,6 +367,17 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
                     message = str(exc).removeprefix("config: ")
                     raise fail(f"algorithms[{i}]", message) from exc
     return sweep
+
+
+def coerce_scalars(cls: type, values: dict[str, Any], fail) -> dict[str, Any]:
+    """Top-level fields by `cls`'s field types, each error naming its field."""
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = coerce_fields(cls, {key: value})[key]
+        except ValueError as exc:
+            raise fail(key, str(exc).removeprefix(f"{key} ")) from exc
+    return out
 
 
 def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from sodaray.runner.spec import (
     check_dataset,
     check_model,
     check_name,
+    coerce_scalars,
     read_config_file,
 )
 from sodaray.validation import coerce_fields, make_objective
@@ -171,7 +172,10 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
     bad = sorted(set(model_entry) - {f.name for f in fields(ModelSpec)})
     if bad:
         raise fail(f"model.{bad[0]}", "unknown field")
-    model = ModelSpec(**model_entry)
+    try:
+        model = ModelSpec(**coerce_fields(ModelSpec, model_entry))  # num_gpus: .nan refused
+    except (TypeError, ValueError) as exc:
+        raise fail("model", str(exc)) from exc
     sweep_check(check_model, model, "model")
 
     data_entry = data["data"]
@@ -222,6 +226,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         )
         if k in data
     }
+    scalars = coerce_scalars(TuningSpec, scalars, fail)  # steps: 1e3 is 1000
     spec = TuningSpec(
         name=name,
         path=path,
