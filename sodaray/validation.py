@@ -97,6 +97,8 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
             raise ValueError(f"{name} must be one of {', '.join(map(str, literal))}, not {value!r}")
         return value
     if bool in kinds:
+        if type(value) is int and value in (0, 1):
+            return bool(value)
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false, not {value!r}")
         return value
