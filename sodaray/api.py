@@ -68,12 +68,22 @@ def invert(
     elif length == "auto":
         if max_length < 1:
             raise ValueError("max_length must be at least 1")
+        from sodaray.validation import check_context
+
+        check_context(model, max_length, targets.objective.output_tokens)  # before the plan
         plan = [[L] * n_targets for L in range(1, max_length + 1)]
     elif isinstance(length, int) and length >= 1:
         plan = [[length] * n_targets]
     else:
         raise ValueError(f"length must be a positive integer or 'auto', not {length!r}")
 
+    from sodaray.validation import check_context, check_state_memory
+
+    for stage in plan:  # before any allocation: lengths fit the model, the state fits memory
+        for n in sorted(set(stage)):
+            check_context(model, n, targets.objective.output_tokens)
+            batch = min(config.max_batch_size, sum(1 for x in stage if x == n))
+            check_state_memory(model, batch, n, algo)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
     collector = _Collector(model, targets, config, on_result)
     pending = list(range(n_targets))

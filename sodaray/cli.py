@@ -52,8 +52,13 @@ def _parse_param(text: str) -> tuple[str, Any]:
 
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
+    from sodaray.validation import first_line, yaml_load
+
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    try:  # YAML 1.2 numbers: 3e-6 is a float, not a string
+        return key.strip(), yaml_load(value)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"--param {key.strip()}: {first_line(exc)}") from exc
 
 
 def _add_invert(sub: argparse._SubParsersAction) -> None:
@@ -156,8 +161,6 @@ def _algorithm_config(args: argparse.Namespace):
 
 
 def cmd_invert(args: argparse.Namespace) -> int:
-    import torch
-
     from sodaray.api import invert
     from sodaray.models import load_model
     from sodaray.objectives import (
@@ -181,18 +184,24 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if args.top_k is not None and args.top_k < 1:
         raise CliError(f"--top-k must be at least 1, not {args.top_k}")
     config = _algorithm_config(args)  # validate before the (slow) model load
-    if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: CUDA is not available on this machine")
+    from sodaray.validation import check_context, check_device, check_output_file, make_objective
+
+    if args.device:
+        check_device(args.device)
+    if args.out:
+        check_output_file(args.out)
     kind = args.objective or ("text" if args.output_text else "logits")
-    objective = Objective(
-        kind=kind,
-        top_k=args.top_k,
-        **({"space": args.space} if args.space else {}),
-        output_tokens=args.output_tokens,
-        loss=args.loss,
-        fluency_weight=args.fluency_weight,
-        atol=args.atol,
-        rtol=args.rtol,
+    objective: Objective = make_objective(
+        dict(
+            kind=kind,
+            top_k=args.top_k,
+            **({"space": args.space} if args.space else {}),
+            output_tokens=args.output_tokens,
+            loss=args.loss,
+            fluency_weight=args.fluency_weight,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
     )
     logging.info("loading %s", args.model)
     model = load_model(
@@ -206,6 +215,8 @@ def cmd_invert(args: argparse.Namespace) -> int:
     length = args.length
     if args.prompt or args.tokens:
         texts_tokens = [model.encode(p) for p in args.prompt] + list(args.tokens)
+        longest = max(len(t) for t in texts_tokens)  # the greedy continuation must fit too
+        check_context(model, length if isinstance(length, int) else longest, args.output_tokens)
         targets = make_targets(model, texts_tokens, objective=objective)
     elif args.output_text:
         if kind != "text":
@@ -246,9 +257,6 @@ def cmd_invert(args: argparse.Namespace) -> int:
         length_mode="auto" if length == "auto" else "fixed",
     )
     table = result_rows(results, context)
-    if args.out:
-        write_table_atomic(table, args.out)
-        logging.info("wrote %d result rows to %s", len(table), args.out)
     for res, row in zip(results, table.to_pylist(), strict=True):
         if args.json:  # the result schema's row, with its JSON columns decoded
             row["params"] = json.loads(row["params"])
@@ -261,6 +269,13 @@ def cmd_invert(args: argparse.Namespace) -> int:
                 f"[{res.sample_id}] {status}{exact} after {res.steps} steps "
                 f"({res.seconds:.1f}s): tokens={res.tokens} text={res.text!r}"
             )
+    if args.out:  # after printing: a failed write (disk full) must not lose the results
+        sys.stdout.flush()
+        try:
+            write_table_atomic(table, args.out)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
+        logging.info("wrote %d result rows to %s", len(table), args.out)
     return 0
 
 
@@ -285,8 +300,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from sodaray.report import build_report
+    from sodaray.validation import check_output_dir
 
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    if not formats:
+        raise CliError(f"--format names no format ({args.format!r}); give md, latex and/or csv")
+    check_output_dir(args.out)
     report = build_report(
         args.results,
         args.out,
@@ -341,6 +360,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         raise CliError(f"--per-length must be at least 1, not {args.per_length}")
     if not args.out.endswith(".parquet"):
         raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
+    from sodaray.validation import check_output_file
+
+    check_output_file(args.out)
     table = build_dataset(
         args.model,
         args.dataset,
@@ -385,10 +407,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("sodaray: interrupted\n")
         return 130
-    except (CliError, ValueError, FileNotFoundError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        sys.stderr.write(f"sodaray: error: {message}\n")
+    except _edge_errors() as exc:
+        from sodaray.validation import first_line
+
+        sys.stderr.write(f"sodaray: error: {first_line(exc)}\n")
         return EXIT_USAGE
+
+
+def _edge_errors() -> tuple[type[BaseException], ...]:
+    """Errors that are the user's input or environment, by kind: bad values, files that cannot
+    be read or written (a read-only folder, a full disk), numbers too large, bad YAML, corrupt
+    weight files, storage URLs and Ray connections. Only modules already loaded are consulted."""
+    kinds: list[type[BaseException]] = [CliError, ValueError, OSError, OverflowError]
+    found = {
+        "yaml": "YAMLError",
+        "safetensors": "SafetensorError",
+        "sqlalchemy.exc": "SQLAlchemyError",
+        "optuna.exceptions": "OptunaError",
+    }
+    for module, name in found.items():
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            kinds.append(kind)
+    return tuple(kinds)
 
 
 def _quiet_libraries() -> None:
@@ -397,6 +438,7 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # read at import: no retry chatter
     warnings.filterwarnings("ignore")
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     try:

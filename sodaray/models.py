@@ -86,6 +86,17 @@ class LoadedModel:
         return int(self.embedding_matrix.shape[0])
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (fixed context, input and observed output) the model takes, from
+        its config; None when the config does not say (e.g. rotary models without a limit)."""
+        config = getattr(self.model, "config", None)
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
@@ -215,6 +226,16 @@ def resolve_model_path(
     return name_or_path, gguf_file
 
 
+def _weight_file_errors() -> tuple[type[BaseException], ...]:
+    """What a corrupt or truncated weight file raises (safetensors' own error type)."""
+    try:
+        from safetensors import SafetensorError
+
+        return (SafetensorError,)
+    except ImportError:
+        return ()
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -240,7 +261,7 @@ def load_model(
         kwargs["gguf_file"] = gguf_file
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, *_weight_file_errors()) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}") from exc
     try:

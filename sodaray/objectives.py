@@ -259,6 +259,12 @@ def targets_from_logits(
 ) -> TargetSet:
     """Targets from observed logits: values (N, m, V) for all logits, or (N, m, k) with their
     vocabulary indices for top-k. (V,) / (m, V) shapes are read as a single target."""
+    if np.iscomplexobj(values):  # a cast to float32 would drop the imaginary part silently
+        raise ValueError("observed logits are complex numbers; logits are real")
+    if np.asarray(values).size == 0:
+        raise ValueError("observed logits are empty")
+    if indices is not None and not np.issubdtype(np.asarray(indices).dtype, np.integer):
+        raise ValueError(f"logits indices must be integers, not {np.asarray(indices).dtype}")
     values = torch.as_tensor(np.asarray(values, dtype=np.float32))
     if indices is not None:
         indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
@@ -283,6 +289,8 @@ def targets_from_logits(
     else:
         if int(indices.min()) < 0 or int(indices.max()) >= model.vocab_size:
             raise ValueError(f"logits indices fall outside the vocabulary [0, {model.vocab_size})")
+        if k > 1 and (indices.sort(-1).values.diff(dim=-1) == 0).any():
+            raise ValueError("logits indices repeat a vocabulary index at one position")
         top_k = k
     if not torch.isfinite(values).all():
         raise ValueError("observed logits contain NaN or infinity")

@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -55,6 +56,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sodaray.search.base import InversionResult
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2  # 2: the `space` column
 VERSION_KEY = b"sodaray.results.version"
@@ -260,12 +263,18 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
     files = result_files(paths)
     if not files:
         raise ResultsError(f"no result files (*.parquet) in {where}")
+    named = {Path(p) for p in paths if Path(p).is_file()}
     tables = []
     for f in files:
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise ResultsError(f"{f}: not a Parquet file ({exc})") from exc
+            if f in named:
+                raise ResultsError(f"{f}: not a Parquet file ({exc})") from exc
+            # A shard cut short inside a results folder: the others still make a report, and
+            # `sodaray sweep run` sets it aside and computes it again.
+            log.warning("skipped %s: not a readable Parquet file (%s)", f, exc)
+            continue
         version = (schema.metadata or {}).get(VERSION_KEY)
         if version is None and b"sodaray.dataset.version" in (schema.metadata or {}):
             continue  # a sweep's built dataset beside its results, not result rows

@@ -50,6 +50,10 @@ T = TypeVar("T")
 Sample = tuple[int, int | None, list[int], list[str | None] | None]
 
 
+# Longer than any model's context; a bound before a range becomes a list.
+MAX_LENGTH = 1 << 20
+
+
 def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
     """Lengths from "A-B", "N", "1,3,5" or integers: sorted, distinct, each at least 1."""
     if isinstance(spec, str):
@@ -61,10 +65,14 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
                 first, last = (int(t) for t in text.split("-", 1))
                 if last < first:
                     values = None
+                elif last > MAX_LENGTH:  # before building a list that size
+                    raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
                 else:
                     values = list(range(first, last + 1))
             else:
                 values = [int(text)]
+        except DatasetError:
+            raise
         except ValueError:
             raise DatasetError(
                 f"lengths take A-B, N or a comma list such as 1,3,5, not {spec!r}"
@@ -79,6 +87,8 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
         raise DatasetError(f"no lengths in {spec!r}")
     if min(values) < 1:
         raise DatasetError(f"lengths must be at least 1, not {spec!r}")
+    if max(values) > MAX_LENGTH:
+        raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
     return sorted(set(values))
 
 
@@ -298,6 +308,9 @@ def build_dataset(
     if tokenizer is None:
         check_model_path(model, gguf_file)
     total = len(length_list) * per_length
+    from sodaray.validation import check_memory, dataset_bytes
+
+    check_memory(dataset_bytes(length_list, per_length), f"{total} samples (rows)")
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.
     docs, records, info = _load_source(name, source, total)
     info_tok = tokenizer or load_tokenizer(model, gguf_file=gguf_file)

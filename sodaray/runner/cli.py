@@ -37,6 +37,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
     sweep = load_sweep(args.sweep)  # validated before Ray starts
+    from sodaray.validation import check_output_dir
+
+    check_output_dir(args.out)
     bar = None
     counts: dict[str, int] = defaultdict(int)
 
@@ -47,6 +50,10 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"({run.shards_skipped} already done), {samples} samples to run",
             file=sys.stderr,
         )
+        for name in run.locked:
+            print(f"  skipped {name}: another driver is running it", file=sys.stderr)
+        for name in run.corrupt:
+            print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
         if samples and sys.stderr.isatty():
             from tqdm import tqdm
 

@@ -3,15 +3,23 @@
 Layout: `OUT/<sweep>/<job>/job.json` (the job's settings, shard count) and one
 `shard-NNNNN.parquet` per finished shard, written atomically by the driver; a shard that keeps
 failing leaves `shard-NNNNN.error.json` instead and is retried by the next run. Resume is
-therefore "compute every shard without a result file". Ray does the placement (actors ask for
+therefore "compute every shard without a valid result file": a shard file is trusted only when
+it reads as the result schema with exactly the shard's sample ids; any other is moved aside as
+`shard-NNNNN.parquet.corrupt` and computed again. A driver holds `OUT/<sweep>/<job>/job.lock`
+(its host and pid, refreshed while it runs) for every job it runs; a second driver on the same
+folder skips those jobs, and breaks a lock whose owner is gone (same host: the pid is dead;
+another host: not refreshed for `LOCK_STALE_SECONDS`). Ray does the placement (actors ask for
 the resources their model entry names), restarts dead actors, and retries their in-flight
 shards; this module only hands each idle actor the next shard of its model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +38,9 @@ from sodaray.runner.worker import InversionWorker
 log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
+LOCK_FILE = "job.lock"
+LOCK_REFRESH_SECONDS = 30.0
+LOCK_STALE_SECONDS = 300.0
 
 
 def found_exact(table: pa.Table) -> tuple[int, int]:
@@ -45,6 +56,111 @@ def shard_path(folder: Path, index: int) -> Path:
 
 def error_path(folder: Path, index: int) -> Path:
     return folder / f"shard-{index:05d}.error.json"
+
+
+def shard_problem(
+    path: Path, sample_ids: list[int] | None = None, rows: int | None = None
+) -> str | None:
+    """Why a shard file cannot be trusted, or None: it must read as Parquet in the result schema
+    and hold exactly `sample_ids` (when given), or `rows` rows (else at least one)."""
+    from sodaray.results import VERSION_KEY
+    from sodaray.validation import first_line
+
+    try:
+        schema = pq.read_schema(path)
+        if VERSION_KEY not in (schema.metadata or {}):
+            return "not a sodaray result file"
+        table = pq.read_table(path, columns=["sample_id", "found", "exact"])
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        return f"unreadable ({first_line(exc)})"
+    ids = table["sample_id"].to_pylist()
+    if sample_ids is None:
+        expected = 1 if rows is None else rows
+        ok = len(ids) >= 1 if rows is None else len(ids) == rows
+        return None if ok else f"{len(ids)} rows where the shard has {expected}"
+    if sorted(ids) != sorted(sample_ids):
+        return f"{len(ids)} rows where the shard has {len(sample_ids)} samples (or other ids)"
+    return None
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Move an untrusted shard file to `*.corrupt` (kept for inspection, never read)."""
+    target = path.with_name(path.name + ".corrupt")
+    os.replace(path, target)
+    log.warning("%s: %s; moved to %s, computing it again", path, why, target.name)
+    return target
+
+
+# ---- per-job locks ------------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def lock_owner(folder: Path) -> dict[str, Any] | None:
+    """The live owner of a job's lock (host, pid), or None when unlocked or stale."""
+    path = folder / LOCK_FILE
+    try:
+        owner = json.loads(path.read_text())
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # half-written or garbled: stale once old enough
+        return None if time.time() - _mtime(path) > LOCK_STALE_SECONDS else {"host": "?"}
+    if owner.get("host") == socket.gethostname():
+        same_driver = owner.get("pid") == os.getpid()
+        return None if same_driver or not _pid_alive(int(owner.get("pid", 0))) else owner
+    return None if age > LOCK_STALE_SECONDS else owner
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def acquire_lock(folder: Path) -> dict[str, Any] | None:
+    """Take the job's lock; returns the other live owner instead when there is one."""
+    path = folder / LOCK_FILE
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = lock_owner(folder)
+            if owner is not None:
+                return owner
+            log.warning("breaking the stale lock %s", path)
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        return None
+    return lock_owner(folder) or {"host": "?"}
+
+
+def release_lock(folder: Path) -> None:
+    path = folder / LOCK_FILE
+    try:
+        owner = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if owner.get("host") == socket.gethostname() and owner.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def refresh_locks(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            os.utime(folder / LOCK_FILE)
+        except OSError:
+            pass
 
 
 @dataclass
@@ -78,6 +194,8 @@ class SweepRun:
     jobs: int = 0
     shards_total: int = 0
     shards_skipped: int = 0  # already finished before this run
+    locked: list[str] = field(default_factory=list)  # jobs another live driver is running
+    corrupt: list[str] = field(default_factory=list)  # shard files set aside and recomputed
     done: list[ShardDone] = field(default_factory=list)
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
@@ -100,6 +218,8 @@ class JobPlan:
     rows: dict[str, list[Any]]  # the selected samples' columns
     shards: int
     pending: list[int]
+    locked_by: dict[str, Any] | None = None
+    corrupt: list[str] = field(default_factory=list)
 
 
 def select_rows(
@@ -158,11 +278,17 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
     return read_dataset(path)
 
 
-def plan_jobs(jobs: list[Job], root: Path) -> list[JobPlan]:
+def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
+    """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
+    job another live driver holds comes back with no pending shards and `locked_by` set."""
+    from sodaray.data import dataset_hash
+
     plans = []
     for job in jobs:
-        folder = root / job.name
         table = dataset_table(job.model, job.dataset, root)
+        if job.dataset.path is not None:  # its rows decide the results, not its path
+            job = dataclasses.replace(job, dataset_hash=dataset_hash(table))
+        folder = root / job.name
         rows = select_rows(table, job.samples_per_length, job.limit)
         n = len(rows["sample_id"])
         shards = (n + job.shard_size - 1) // job.shard_size
@@ -176,9 +302,24 @@ def plan_jobs(jobs: list[Job], root: Path) -> list[JobPlan]:
             "shard_size": job.shard_size,
             "config": job.config(),
         }
+        if lock and (owner := acquire_lock(folder)) is not None:
+            host, pid = owner.get("host"), owner.get("pid")
+            log.warning("skipping %s: another driver runs it (%s pid %s)", job.name, host, pid)
+            plans.append(JobPlan(job, folder, rows, shards, [], locked_by=owner))
+            continue
         (folder / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        pending = [i for i in range(shards) if not shard_path(folder, i).exists()]
-        plans.append(JobPlan(job, folder, rows, shards, pending))
+        plan = JobPlan(job, folder, rows, shards, [])
+        for i in range(shards):
+            path = shard_path(folder, i)
+            if not path.exists():
+                plan.pending.append(i)
+                continue
+            lo, hi = shard_bounds(plan, i)
+            why = shard_problem(path, rows["sample_id"][lo:hi])
+            if why is not None:
+                plan.corrupt.append(set_aside(path, why).name)
+                plan.pending.append(i)
+        plans.append(plan)
     return plans
 
 
@@ -207,25 +348,79 @@ def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
 
 
 # ---- running on Ray -----------------------------------------------------------------------------
+ADDRESS_HINT = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
+
+
+def check_address(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT or ray://HOST:PORT address must accept a connection within `timeout`
+    seconds: Ray itself retries for half a minute, printing as it goes."""
+    if not address or address in ("auto", "local"):
+        return
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme not in ("ray", "rays"):
+        raise ValueError(f"--address {address}: use auto, HOST:PORT or ray://HOST:PORT")
+    target = rest if sep else address
+    host, _, port = target.rstrip("/").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"cannot reach a Ray cluster at {address} ({exc}); {ADDRESS_HINT}"
+        ) from exc
+
+
 def init_ray(address: str | None) -> None:
     """Start Ray locally (no address) or join a cluster, with a one-line error when the cluster
     cannot be reached (Ray itself would wait minutes on a wrong HOST:PORT)."""
-    import socket
-
     import ray
 
-    hint = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
-    if address and address not in ("auto", "local") and "://" not in address:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot reach a Ray cluster at {address} ({exc}); {hint}") from exc
+    check_address(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            # Ray's own start-up lines only when our caller logs at INFO (`-v`)
+            logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
+        )
     except ConnectionError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot connect to a Ray cluster at {address}: {first}; {hint}") from exc
+        raise ValueError(
+            f"cannot connect to a Ray cluster at {address}: {first}; {ADDRESS_HINT}"
+        ) from exc
+
+
+def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:
+    """Each actor's request (label, num_cpus, num_gpus) against what the Ray cluster has. On the
+    local machine a request that can never fit is an error (Ray would wait forever); on a
+    cluster the autoscaler may still add nodes, so it is a warning saying so."""
+    import ray
+
+    if ray.is_initialized():
+        total = ray.cluster_resources()
+    else:  # the local machine, before Ray starts: what Ray would detect
+        import torch
+
+        total = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+    for label, cpus, gpus in requests:
+        short = [
+            f"{need:g} {name} per replica but the {'cluster' if address else 'machine'} has "
+            f"{total.get(key, 0):g}"
+            for name, key, need in (("GPU", "GPU", gpus), ("CPU", "CPU", cpus))
+            if need > total.get(key, 0)
+        ]
+        if not short:
+            continue
+        if address is None:
+            raise ValueError(
+                f"{label} asks for {short[0]}; lower its num_gpus/num_cpus, or give --address "
+                "for a cluster that has them"
+            )
+        log.warning(
+            "%s asks for %s; waiting for the autoscaler to add such nodes (Ctrl-C to stop)",
+            label,
+            short[0],
+        )
 
 
 def run_sweep(
@@ -241,13 +436,41 @@ def run_sweep(
 ) -> SweepRun:
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
     called once the work is planned; `on_shard` after each finished shard (progress)."""
+    started = time.perf_counter()
+    check_address(address)  # before planning (dataset builds): fail fast
+    root = Path(out) / sweep.name
+    plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
+    held = [p.folder for p in plans if p.locked_by is None]
+    try:
+        return _run_plans(plans, started, address, max_attempts, on_start, on_shard, held)
+    finally:
+        for folder in held:
+            release_lock(folder)
+
+
+def _run_plans(
+    plans: list[JobPlan],
+    started: float,
+    address: str | None,
+    max_attempts: int,
+    on_start: Callable[[SweepRun, int], None] | None,
+    on_shard: Callable[[ShardDone], None] | None,
+    held: list[Path],
+) -> SweepRun:
     import ray
 
-    started = time.perf_counter()
-    root = Path(out) / sweep.name
-    plans = plan_jobs(sweep.jobs(limit=limit, model=model), root)
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
-    run.shards_skipped = run.shards_total - sum(len(p.pending) for p in plans)
+    run.locked = [p.job.name for p in plans if p.locked_by is not None]
+    run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
+    locked_shards = sum(p.shards for p in plans if p.locked_by is not None)
+    run.shards_skipped = run.shards_total - locked_shards - sum(len(p.pending) for p in plans)
+    requests = [
+        (f"model {p.job.model.label}", p.job.model.num_cpus, p.job.model.num_gpus)
+        for p in plans
+        if p.pending
+    ]
+    if address is None and not ray.is_initialized():
+        check_resources(requests, None)  # before Ray starts: it would wait forever
     pending_samples = sum(
         hi - lo for p in plans for lo, hi in (shard_bounds(p, i) for i in p.pending)
     )
@@ -260,6 +483,8 @@ def run_sweep(
     own_ray = not ray.is_initialized()
     if own_ray:
         init_ray(address)
+    if address is not None or not own_ray:  # a cluster: the autoscaler may add nodes
+        check_resources(requests, address or "the running Ray")
     # One queue and one group of actors per distinct model.
     queues: dict[str, deque[tuple[JobPlan, int]]] = {}
     specs = {}
@@ -299,8 +524,14 @@ def run_sweep(
         for key, group in actors.items():
             for actor in group:
                 submit(key, actor)
+        refreshed = time.monotonic()
         while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=LOCK_REFRESH_SECONDS)
+            if time.monotonic() - refreshed >= LOCK_REFRESH_SECONDS:
+                refresh_locks(held)  # our locks stay fresh for other hosts' drivers
+                refreshed = time.monotonic()
+            if not ready:
+                continue
             ref = ready[0]
             key, actor, plan, index, submitted = in_flight.pop(ref)
             try:
@@ -375,7 +606,8 @@ def job_status(folder: Path) -> JobStatus:
     done = failed = samples = found = exact = 0
     for i in range(info["shards"]):
         path = shard_path(folder, i)
-        if path.exists():
+        size = min(info["shard_size"], info["samples"] - i * info["shard_size"])
+        if path.exists() and shard_problem(path, rows=size) is None:  # `run` sets bad ones aside
             done += 1
             t = pq.read_table(path, columns=["found", "exact"])
             samples += len(t)

@@ -22,6 +22,7 @@ from sodaray.api import ALGORITHMS, make_config
 from sodaray.objectives import Objective
 from sodaray.presets import PRESETS, get_preset, load_preset_file
 from sodaray.results import config_hash
+from sodaray.validation import coerce_fields, make_objective, yaml_load
 
 
 class SweepError(ValueError):
@@ -85,12 +86,17 @@ class Job:
     samples_per_length: int | None
     limit: int | None
     shard_size: int
+    # A dataset file's `sodaray.dataset.hash`, set when planning: its rows decide results, not
+    # its path (a file rebuilt in place with other rows makes a new job).
+    dataset_hash: str | None = None
 
     def config(self) -> dict[str, Any]:
         """Everything that decides this job's results (hashed into its folder name)."""
         return {
             "model": self.model.identity(),
-            "dataset": asdict(self.dataset),
+            "dataset": asdict(self.dataset)
+            if self.dataset_hash is None
+            else {"name": self.dataset.name, "hash": self.dataset_hash},
             "algorithm": self.algorithm,
             "params": self.params,
             "objective": self.objective,
@@ -225,7 +231,7 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
     if not path.is_file():
         raise error(f"{path}: no such {kind} file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml_load(path.read_text(encoding="utf-8"))  # YAML 1.2 numbers: 1e-3 a float
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     return data, path
@@ -262,8 +268,8 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         if "id" not in entry:
             raise fail(f"{where}.id", "required field missing")
         try:
-            spec = ModelSpec(**entry)
-        except TypeError as exc:
+            spec = ModelSpec(**coerce_fields(ModelSpec, entry))  # num_gpus: .nan refused
+        except (TypeError, ValueError) as exc:
             raise fail(where, str(exc)) from exc
         check_model(spec, where, fail)
         models.append(spec)
@@ -301,6 +307,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             raise fail(where, "must be a mapping")
         _known(entry, OBJECTIVE_KEYS, where, fail)
         _check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+        entry = _coerce_objective(entry, where, fail)
         objectives.append(entry)
 
     scalars = {
@@ -315,6 +322,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         )
         if k in data
     }
+    scalars = coerce_scalars(Sweep, scalars, fail)  # steps: 1e3 is 1000
     sweep = Sweep(
         name=name,
         path=path,
@@ -343,7 +351,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         base = {k: v for k, v in entry.items() if k != "grid"}
         for values in _grid(entry.get("grid") or {}):
             try:
-                Objective(**{**base, **values})
+                make_objective({**base, **values})  # with finite, non-negative tolerances
             except (TypeError, ValueError) as exc:
                 raise fail(f"objectives[{i}]", str(exc)) from exc
     for i, entry in enumerate(algorithms):
@@ -361,6 +369,31 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
                     message = str(exc).removeprefix("config: ")
                     raise fail(f"algorithms[{i}]", message) from exc
     return sweep
+
+
+def coerce_scalars(cls: type, values: dict[str, Any], fail) -> dict[str, Any]:
+    """Top-level fields by `cls`'s field types, each error naming its field."""
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = coerce_fields(cls, {key: value})[key]
+        except ValueError as exc:
+            raise fail(key, str(exc).removeprefix(f"{key} ")) from exc
+    return out
+
+
+def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:
+    """Objective fields (and their grid values) as the field types say; NaN refused."""
+    try:
+        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
+        if entry.get("grid"):
+            out["grid"] = {
+                k: [coerce_fields(Objective, {k: v})[k] for v in values]
+                for k, values in entry["grid"].items()
+            }
+    except ValueError as exc:
+        raise fail(where, str(exc)) from exc
+    return out
 
 
 def _entries(data: dict, key: str, fail) -> list[dict[str, Any]]:

@@ -12,6 +12,9 @@ from torch import Tensor
 
 from sodaray.objectives import BatchTargets, TargetSet, hard_match
 
+# Step counters are int64 tensors and schedules multiply them; a billion steps is days per target.
+MAX_STEPS = 10**9
+
 
 @dataclass
 class SearchConfig:
@@ -29,8 +32,15 @@ class SearchConfig:
         self.validate()
 
     def validate(self) -> None:
+        from sodaray.validation import check_fields_finite
+
+        check_fields_finite(self)  # NaN passes every range check below
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be at least 1, not {self.max_steps}")
+        if self.max_steps > MAX_STEPS:
+            raise ValueError(f"max_steps must be at most {MAX_STEPS}, not {self.max_steps}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63), not {self.seed}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, not {self.max_batch_size}")
         if self.max_seconds is not None and self.max_seconds <= 0:
@@ -49,7 +59,12 @@ class SearchConfig:
                 f"{source}: unknown {cls.algorithm} parameter {unknown[0]!r} "
                 f"(known: {', '.join(sorted(known))})"
             )
-        return cls(**data)
+        from sodaray.validation import coerce_fields
+
+        try:
+            return cls(**coerce_fields(cls, data))
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from exc
 
 
 @dataclass

@@ -32,6 +32,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
     spec = load_tuning(args.tuning)  # validated before Ray starts
+    from sodaray.validation import check_output_dir
+
+    check_output_dir(args.out)
     total = spec.trials if args.trials is None else args.trials
     bar = None
     if sys.stderr.isatty():

@@ -17,8 +17,10 @@ from sodaray.runner.spec import (
     check_dataset,
     check_model,
     check_name,
+    coerce_scalars,
     read_config_file,
 )
+from sodaray.validation import coerce_fields, make_objective
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
@@ -170,7 +172,10 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
     bad = sorted(set(model_entry) - {f.name for f in fields(ModelSpec)})
     if bad:
         raise fail(f"model.{bad[0]}", "unknown field")
-    model = ModelSpec(**model_entry)
+    try:
+        model = ModelSpec(**coerce_fields(ModelSpec, model_entry))  # num_gpus: .nan refused
+    except (TypeError, ValueError) as exc:
+        raise fail("model", str(exc)) from exc
     sweep_check(check_model, model, "model")
 
     data_entry = data["data"]
@@ -191,7 +196,10 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {', '.join(ALGORITHMS)})")
     objective = data.get("objective") or {"kind": "logits"}
     try:
-        Objective(**objective)
+        if not isinstance(objective, dict):
+            raise ValueError("a mapping of objective fields")
+        objective = coerce_fields(Objective, objective)  # YAML numbers by field type
+        make_objective(objective)
     except (TypeError, ValueError) as exc:
         raise fail("objective", str(exc)) from exc
 
@@ -218,6 +226,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         )
         if k in data
     }
+    scalars = coerce_scalars(TuningSpec, scalars, fail)  # steps: 1e3 is 1000
     spec = TuningSpec(
         name=name,
         path=path,
@@ -307,15 +316,17 @@ def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:
         return ParamSpace(name, kind, choices=choices)
     low, high = entry.get("low"), entry.get("high")
     for key, value in (("low", low), ("high", high)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             raise fail(f"{where}.{key}", f"a number, not {value!r}")
+        if abs(value) == float("inf"):
+            raise fail(f"{where}.{key}", f"a finite number, not {value!r}")
     if not low < high:
         raise fail(where, f"low ({low}) must be below high ({high})")
     log = bool(entry.get("log", False))
     if log and low <= 0:
         raise fail(f"{where}.low", "a log-scale range must start above 0")
     step = entry.get("step")
-    if step is not None and (not isinstance(step, (int, float)) or step <= 0):
+    if step is not None and (not isinstance(step, (int, float)) or not 0 < step < float("inf")):
         raise fail(f"{where}.step", f"a positive number, not {step!r}")
     if log and step is not None:
         raise fail(f"{where}.step", "log scale and step cannot be combined (Optuna's rule)")

@@ -37,6 +37,7 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
 def open_storage(url: str):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
     if "://" in url:
+        _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
@@ -45,17 +46,120 @@ def open_storage(url: str):
     return JournalStorage(JournalFileBackend(url))
 
 
-def make_sampler(spec: TuningSpec):
+def _check_rdb_url(url: str) -> None:
+    """An RDB URL whose database kind SQLAlchemy knows (the connection is tried later)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        make_url(url).get_dialect()
+    except ImportError as exc:
+        raise ValueError(f"storage {url}: {exc} (install the database driver)") from exc
+    except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"storage {url}: {first} (an Optuna RDB URL: sqlite:///study.db, "
+            "postgresql://user@host/db, ...)"
+        ) from exc
+
+
+def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
+    """The study's sampler, seeded from (seed, trials so far): a resumed study proposes new
+    points instead of replaying the first run's (a new study keeps the file's seed)."""
+    import numpy as np
     import optuna
 
+    seed = spec.seed
+    if trials_so_far:
+        seed = int(np.random.SeedSequence([spec.seed, trials_so_far]).generate_state(1)[0])
     if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "grid":
         space = {p.name: p.grid_values() for p in spec.space}
-        return optuna.samplers.GridSampler(space, seed=spec.seed)
+        return optuna.samplers.GridSampler(space, seed=seed)
     if spec.sampler == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=spec.seed)
-    return optuna.samplers.TPESampler(seed=spec.seed)
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+SPEC_HASH_ATTR = "sodaray.spec_hash"
+
+
+def spec_hash(spec: TuningSpec) -> str:
+    """What makes trials comparable: model, data, algorithm, objective, fixed values, space,
+    steps, metric, checkpoints and seed (not trials, sampler, pruner or storage)."""
+    from sodaray.results import config_hash
+
+    return config_hash(
+        {
+            "model": spec.model.identity(),
+            "data": dataclasses.asdict(spec.data),
+            "algorithm": spec.algorithm,
+            "objective": spec.objective,
+            "fixed": spec.fixed,
+            "space": [dataclasses.asdict(p) for p in spec.space],
+            "steps": spec.steps,
+            "metric": spec.metric,
+            "checkpoints": spec.checkpoints,
+            "seed": spec.seed,
+        }
+    )
+
+
+def open_study(spec: TuningSpec, url: str, study_name: str) -> tuple[Any, list[int]]:
+    """Create or resume the study: refuse one made by a different tuning file, re-seed the
+    sampler from the trials so far, and fail (then retry) trials a dead driver left RUNNING.
+    Returns the study and the numbers of those stale trials."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=open_storage(url),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+        direction="maximize",
+        load_if_exists=True,
+    )
+    key = spec_hash(spec)
+    recorded = study.user_attrs.get(SPEC_HASH_ATTR)
+    if recorded is None:
+        study.set_user_attr(SPEC_HASH_ATTR, key)
+    elif recorded != key:
+        raise ValueError(
+            f"study {study_name!r} in {url} was made by another tuning file (model, data, "
+            "algorithm, objective, space, steps, metric or seed differ); give this one its own "
+            "study_name or storage"
+        )
+    trials = study.get_trials(deepcopy=False)
+    if trials:
+        study.sampler = make_sampler(spec, len(trials))
+    if not trials and spec.start_params():  # a new study opens with the given preset
+        study.enqueue_trial(spec.start_params())
+    # Trials a dead driver left RUNNING: failed, and their parameters tried again (when it got
+    # as far as sampling them all).
+    stale = []
+    names = {p.name for p in spec.space}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        if set(t.params) >= names:
+            study.enqueue_trial(t.params, skip_if_exists=False)
+        stale.append(t.number)
+    return study, stale
+
+
+def ask_trial(study: Any, distributions: dict[str, Any]) -> Any:
+    """`study.ask`, but a failure (storage, sampler) leaves no RUNNING trial behind."""
+    import optuna
+
+    before = {t.number for t in study.get_trials(deepcopy=False)}
+    try:
+        return study.ask(distributions)
+    except BaseException:
+        running = (optuna.trial.TrialState.RUNNING,)
+        for t in study.get_trials(deepcopy=False, states=running):
+            if t.number not in before:
+                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        raise
 
 
 def make_pruner(spec: TuningSpec):
@@ -240,10 +344,17 @@ def run_tuning(
     import optuna
     import ray
 
-    from sodaray.runner.execute import dataset_table, init_ray, select_rows
+    from sodaray.runner.execute import (
+        check_address,
+        check_resources,
+        dataset_table,
+        init_ray,
+        select_rows,
+    )
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
+    check_address(address)  # fail fast, before the study and the validation data
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
@@ -253,23 +364,8 @@ def run_tuning(
     out.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec, out, storage)
     study_name = spec.study_name or spec.name
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=open_storage(url),
-        sampler=make_sampler(spec),
-        pruner=make_pruner(spec),
-        direction="maximize",
-        load_if_exists=True,
-    )
-    run = TuneRun(study_name, url, out)
-    if not study.trials and spec.start_params():  # a new study opens with the given preset
-        study.enqueue_trial(spec.start_params())
-    # Trials a dead driver left RUNNING: failed, and their parameters tried again.
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        study.enqueue_trial(t.params, skip_if_exists=False)
-        run.stale_failed.append(t.number)
+    study, stale = open_study(spec, url, study_name)
+    run = TuneRun(study_name, url, out, stale_failed=stale)
 
     # The validation rows (built once per model into OUT/<name>/datasets/).
     rows = select_rows(dataset_table(spec.model, spec.data, out), None, None)
@@ -286,8 +382,13 @@ def run_tuning(
     }
     distributions = spec.distributions()
     own_ray = not ray.is_initialized()
+    requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
+    if own_ray and address is None:
+        check_resources(requests, None)  # before Ray starts: it would wait forever
     if own_ray:
         init_ray(address)
+    if address is not None or not own_ray:
+        check_resources(requests, address or "the running Ray")
     remote = ray.remote(TrialWorker).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
@@ -301,13 +402,18 @@ def run_tuning(
 
     def launch(slot: int) -> None:
         nonlocal launched
-        trial = study.ask(distributions)
+        trial = ask_trial(study, distributions)
         launched += 1
-        config = spec.config(trial.params)
-        # Wait until the worker answers (after a crash Ray is restarting it); its pid is for
-        # callers that watch (or, in tests, kill) it.
-        pid = wait_ready(actors[slot])
-        ref = actors[slot].run_trial.remote(trial.number, config, spec.objective_for(trial.params))
+        try:
+            config = spec.config(trial.params)
+            # Wait until the worker answers (after a crash Ray is restarting it); its pid is
+            # for callers that watch (or, in tests, kill) it.
+            pid = wait_ready(actors[slot])
+            objective = spec.objective_for(trial.params)
+            ref = actors[slot].run_trial.remote(trial.number, config, objective)
+        except BaseException:  # never leave it RUNNING with nobody working on it
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            raise
         in_flight[ref] = (slot, trial.number, trial.params, time.perf_counter())
         if on_launch is not None:
             on_launch(trial.number, pid)

@@ -1,0 +1,326 @@
+"""Checks at the edges, shared by the CLI, sweep and tuning files and the library's configs.
+
+- YAML read with the number forms YAML 1.2 and people write (`1e-3`, `1E-3`, `.5`, `5.`);
+  YAML 1.1 reads `1e-3` as a string.
+- Values coerced by their dataclass field's type (`float` takes `1e-3` and `3`, `int` takes
+  `5.0`), NaN and infinity refused (`nan <= 0` is false, so they pass every range check).
+- Output paths checked before the work that produces them; memory estimated before allocating.
+- `first_line`: the message of an error as one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import types
+import typing
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's message as one line (its type when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+# ---- YAML -------------------------------------------------------------------------------------
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-3`, `1E-3`, `1e3` and `2.5e3` as floats (YAML 1.2)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+        |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*\.[0-9_]*)$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """`yaml.safe_load` with YAML 1.2 floats; raises `yaml.YAMLError` on bad YAML or tags."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+# ---- numbers by field type --------------------------------------------------------------------
+def check_finite(name: str, value: Any) -> None:
+    """NaN and infinity pass every range check; refuse them by name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, not {value}")
+
+
+def _kinds(hint: Any) -> tuple[set[type], bool, tuple[Any, ...] | None]:
+    """The plain types a hint allows, whether None is allowed, and Literal choices."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return set(), False, typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        kinds: set[type] = set()
+        optional = False
+        literal: tuple[Any, ...] | None = None
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                optional = True
+                continue
+            k, _, lit = _kinds(arg)
+            kinds |= k
+            literal = lit if lit is not None else literal
+        return kinds, optional, literal
+    if isinstance(hint, type):
+        return {hint}, False, None
+    return set(), False, None
+
+
+def coerce_value(name: str, value: Any, hint: Any) -> Any:
+    """`value` as the field's type: numbers from numeric strings and ints for floats,
+    integral floats for ints; NaN, infinity, bools for numbers and non-numbers refused."""
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, not {value!r}")
+        return [coerce_value(f"{name}[{i}]", v, item) for i, v in enumerate(value)]
+    kinds, optional, literal = _kinds(hint)
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name} must be set, not null")
+    if literal is not None and not kinds:
+        if value not in literal:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, literal))}, not {value!r}")
+        return value
+    if bool in kinds:
+        if type(value) is int and value in (0, 1):
+            return bool(value)
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, not {value!r}")
+        return value
+    if float in kinds:
+        number = _number(name, value, "a number")
+        check_finite(name, number)
+        return float(number) if int not in kinds or isinstance(number, float) else number
+    if int in kinds:
+        number = _number(name, value, "an integer")
+        check_finite(name, number)
+        if isinstance(number, float):
+            if not number.is_integer():
+                raise ValueError(f"{name} must be an integer, not {value!r}")
+            number = int(number)
+        return number
+    if str in kinds and not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, not {value!r}")
+    return value
+
+
+def _number(name: str, value: Any, what: str) -> int | float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be {what}, not {value!r}")
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be {what}, not {value!r}")
+
+
+def coerce_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `data` with each value coerced by `cls`'s (a dataclass) field type; keys that
+    are not fields are left for the caller to report."""
+    assert is_dataclass(cls)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    return {
+        k: coerce_value(k, v, hints[k]) if k in names and k in hints else v for k, v in data.items()
+    }
+
+
+def check_fields_finite(obj: Any) -> None:
+    """Every float field of a dataclass instance is finite."""
+    for f in fields(obj):
+        check_finite(f.name, getattr(obj, f.name))
+
+
+def check_objective(objective: Any) -> None:
+    """What `Objective` itself does not check: finite numbers, non-negative tolerances."""
+    check_fields_finite(objective)
+    for name in ("atol", "rtol"):
+        value = getattr(objective, name)
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be non-negative, not {value}")
+
+
+def make_objective(data: dict[str, Any]) -> Any:
+    """An `Objective` from a mapping (YAML, CLI), coerced by field type and checked."""
+    from sodaray.objectives import Objective
+
+    unknown = sorted(set(data) - {f.name for f in fields(Objective)})
+    if unknown:
+        raise ValueError(f"unknown objective field {unknown[0]!r}")
+    objective = Objective(**coerce_fields(Objective, data))
+    check_objective(objective)
+    return objective
+
+
+# ---- output paths -----------------------------------------------------------------------------
+def check_output_file(path: str | Path, what: str = "--out") -> Path:
+    """A file we are about to write: not a directory, its folder creatable and writable."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{what} {path}: is a directory, not a file")
+    _check_writable_folder(path.parent, f"{what} {path}")
+    return path
+
+
+def check_output_dir(path: str | Path, what: str = "--out") -> Path:
+    """A folder we are about to write into: not a file, creatable and writable."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path}: exists and is not a folder")
+    _check_writable_folder(path, f"{what} {path}")
+    return path
+
+
+def _check_writable_folder(folder: Path, label: str) -> None:
+    probe = folder if str(folder) else Path(".")
+    while not probe.exists():  # the nearest existing ancestor must be a writable folder
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{label}: {probe} is a file, not a folder")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{label}: folder {probe} is not writable")
+
+
+# ---- devices ----------------------------------------------------------------------------------
+def check_device(text: str) -> None:
+    """A device this machine has: cpu, cuda[:i] (with CUDA), mps (with MPS)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"--device {text}: not a device (cpu, cuda, cuda:1, mps)") from exc
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {text}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+        return
+    if device.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise ValueError(f"--device {text}: not available here (use cpu or cuda)")
+
+
+# ---- memory -----------------------------------------------------------------------------------
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation on this machine (None when unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_memory(
+    needed: float, what: str, available: int | None = None, hint: str = "make it smaller"
+) -> None:
+    """Refuse before allocating when `needed` bytes exceed what the machine has."""
+    available = available_memory() if available is None else available
+    if available is not None and needed > available:
+        raise MemoryBudgetError(
+            f"{what} needs about {format_bytes(needed)} but only {format_bytes(available)} "
+            f"is available; {hint}"
+        )
+
+
+class MemoryBudgetError(ValueError):
+    """A size whose memory exceeds what the machine (or device) has."""
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# Bytes per float32 (B, n, V) buffer, times the buffers an algorithm keeps: SODA holds Z, Adam's
+# two moments, the probabilities and the gradient; GCG its one-hot gradient and candidates.
+STATE_BUFFERS = 5
+
+
+def dataset_bytes(lengths: list[int], per_length: int) -> float:
+    """Rough peak memory of building a dataset: Python rows (ids, text, labels) and Arrow copy."""
+    return float(per_length) * sum(400 + 80 * n for n in lengths)
+
+
+def state_bytes(batch: int, length: int, vocab: int) -> float:
+    return float(STATE_BUFFERS) * 4 * batch * length * vocab
+
+
+# For a model whose config names no context: longer than any model's (and bounds every plan).
+MAX_POSITIONS = 1 << 20
+
+
+def check_context(model: Any, length: int, output_tokens: int) -> None:
+    """The fixed context, the searched input and the observed output must fit the model."""
+    limit = getattr(model, "max_positions", None) or MAX_POSITIONS
+    total = len(getattr(model, "prefix_ids", []) or []) + length + output_tokens
+    if total > limit:
+        fixed = total - length - output_tokens
+        raise ValueError(
+            f"input length {length} + {output_tokens} output tokens"
+            + (f" + {fixed} fixed" if fixed else "")
+            + f" = {total} positions exceed the model's context of {limit}"
+        )
+
+
+def device_memory(device: Any) -> int | None:
+    """Free bytes on `device` (CUDA: what the driver reports; else the machine's memory)."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    return available_memory()
+
+
+def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> None:
+    """Refuse a (B, n, V) search state that does not fit, before allocating it."""
+    vocab = int(model.vocab_size)
+    if algorithm == "embedding":  # (B, n, d) state; distances in vocab chunks
+        vocab = int(model.embedding_matrix.shape[1]) + 8192
+    check_memory(
+        state_bytes(batch, length, vocab),
+        f"a search state of {batch} targets x {length} positions x {vocab}",
+        device_memory(model.device),
+        "lower max_batch_size or the length",
+    )

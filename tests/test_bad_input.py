@@ -1,0 +1,513 @@
+"""Bad input, every command: one line on stderr naming the problem, exit code 2, no traceback.
+
+One table (`CASES`) so that a new command or option inherits the check: add a row. A row is
+(id, argv, the text the error must contain, files to write first). `{tmp}` in argv and files is
+the test's temporary folder, `{model}` the stories260K model folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import STORIES
+
+from sodaray.cli import main
+
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+
+INV = ["invert", "--model", "{model}", "--tokens", "172", "--max-steps", "5"]
+
+SWEEP = """name: bad
+models: [{{id: "{model}", num_cpus: 1{resources}}}]
+datasets: [{{name: random, build: {{dataset: random, lengths: "1", per_length: 2}}}}]
+algorithms: [{{name: soda, params: {params}}}]
+objectives: [{objective}]
+steps: 5
+"""
+
+TUNE = """name: badtune
+model: {{id: "{model}"}}
+data: {{build: {{dataset: random, lengths: "1", per_length: 2, seed: 0}}}}
+space: {space}
+steps: 5
+trials: 1
+"""
+
+
+def sweep(
+    params: str = "{}", objective: str = "{kind: logits}", resources: str = ""
+) -> dict[str, str]:
+    text = SWEEP.format(model="{model}", params=params, objective=objective, resources=resources)
+    return {"s.yaml": text}
+
+
+def tuning(space: str = "{learning_rate: {low: 0.01, high: 0.1}}") -> dict[str, str]:
+    return {"t.yaml": TUNE.format(model="{model}", space=space)}
+
+
+CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
+    # ---- invert: values that used to pass or escape as tracebacks
+    (
+        "param-not-a-number",
+        [*INV, "--param", "temperature=abc"],
+        "temperature must be a number",
+        {},
+    ),
+    ("param-nan", [*INV, "--param", "learning_rate=.nan"], "learning_rate must be a finite", {}),
+    ("param-inf", [*INV, "--param", "decay=.inf"], "decay must be a finite", {}),
+    ("param-yaml-tag", [*INV, "--param", "eps=!!python/name:os.system"], "--param eps", {}),
+    ("param-int-field-float", [*INV, "--param", "reset_period=2.5"], "must be an integer", {}),
+    ("param-bool-field", [*INV, "--param", "use_decay=maybe"], "true or false", {}),
+    ("atol-negative", [*INV, "--atol", "-1"], "atol must be non-negative", {}),
+    ("rtol-nan", [*INV, "--rtol", "nan"], "rtol must be a finite", {}),
+    ("fluency-inf", [*INV, "--fluency-weight", "inf"], "fluency_weight must be a finite", {}),
+    ("max-steps-overflow", [*INV[:-2], "--max-steps", "9" * 23], "max_steps must be at most", {}),
+    ("seed-negative", [*INV, "--seed", "-1"], "seed must be in", {}),
+    ("seed-overflow", [*INV, "--seed", "9" * 23], "seed must be in", {}),
+    ("device-tpu", [*INV, "--device", "tpu"], "--device tpu", {}),
+    ("device-nonsense", [*INV, "--device", "gpu0"], "--device gpu0", {}),
+    # ---- invert: sizes the model or the machine cannot take
+    ("length-over-context", [*INV, "--length", "1000"], "exceed the model's context of 512", {}),
+    ("length-huge", [*INV, "--length", "100000"], "exceed the model's context", {}),
+    ("output-tokens-huge", [*INV, "--output-tokens", "100000"], "exceed the model's context", {}),
+    (
+        "auto-length-over-context",
+        [*INV[:3], "--logits-file", "{tmp}/ok.npy", "--max-length", "600"],
+        "exceed the model's context",
+        {"ok.npy": "logits"},
+    ),
+    (
+        "auto-max-length-huge",
+        [*INV[:3], "--logits-file", "{tmp}/ok.npy", "--max-length", "1000000000"],
+        "exceed the model's context",
+        {"ok.npy": "logits"},
+    ),
+    # ---- invert: output paths
+    ("out-is-directory", [*INV, "--out", "{tmp}"], "is a directory", {}),
+    (
+        "out-parent-is-file",
+        [*INV, "--out", "{tmp}/f.txt/rows.parquet"],
+        "is a file",
+        {"f.txt": "x"},
+    ),
+    # ---- invert: observed logits files
+    ("logits-complex", [*INV[:3], "--logits-file", "{tmp}/c.npy"], "complex", {"c.npy": "complex"}),
+    (
+        "logits-float-indices",
+        [*INV[:3], "--logits-file", "{tmp}/f.safetensors"],
+        "integers",
+        {"f.safetensors": "float-indices"},
+    ),
+    (
+        "logits-duplicate-indices",
+        [*INV[:3], "--logits-file", "{tmp}/d.safetensors"],
+        "repeat",
+        {"d.safetensors": "duplicate-indices"},
+    ),
+    ("logits-empty", [*INV[:3], "--logits-file", "{tmp}/e.npy"], "empty", {"e.npy": "empty"}),
+    # ---- a corrupt or truncated model
+    (
+        "model-truncated-weights",
+        ["invert", "--model", "{tmp}/m", "--tokens", "1"],
+        "cannot load model",
+        {"m": "truncated-model"},
+    ),
+    (
+        "model-empty-weights",
+        ["invert", "--model", "{tmp}/m", "--tokens", "1"],
+        "cannot load model",
+        {"m": "empty-model"},
+    ),
+    # ---- report
+    ("report-format-comma", ["report", "{tmp}/r.parquet", "--format", ","], "names no format", {}),
+    ("report-format-unknown", ["report", "{tmp}", "--format", "pdf"], "pdf", {}),
+    (
+        "report-out-is-file",
+        ["report", "{tmp}", "--out", "{tmp}/f.txt"],
+        "not a folder",
+        {"f.txt": "x"},
+    ),
+    # ---- data build
+    (
+        "data-per-length-huge",
+        [
+            "data",
+            "build",
+            "--model",
+            "{model}",
+            "--dataset",
+            "random",
+            "--per-length",
+            "1000000000",
+            "--out",
+            "{tmp}/d.parquet",
+        ],
+        "needs about",
+        {},
+    ),
+    (
+        "data-out-is-directory",
+        [
+            "data",
+            "build",
+            "--model",
+            "{model}",
+            "--dataset",
+            "random",
+            "--out",
+            "{tmp}/dir.parquet",
+        ],
+        "is a directory",
+        {"dir.parquet/x": "x"},
+    ),
+    (
+        "data-out-parent-is-file",
+        [
+            "data",
+            "build",
+            "--model",
+            "{model}",
+            "--dataset",
+            "random",
+            "--out",
+            "{tmp}/f.txt/d.parquet",
+        ],
+        "is a file",
+        {"f.txt": "x"},
+    ),
+    # ---- sweep files and sweep run
+    (
+        "sweep-nan",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "finite",
+        sweep(params="{learning_rate: .nan}"),
+    ),
+    (
+        "sweep-string-number",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "temperature must be a number",
+        sweep(params="{temperature: fast}"),
+    ),
+    (
+        "sweep-objective-atol",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "atol must be non-negative",
+        sweep(objective="{kind: logits, atol: -1}"),
+    ),
+    (
+        "sweep-objective-nan",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "fluency_weight must be a finite",
+        sweep(objective="{kind: logits, fluency_weight: .nan}"),
+    ),
+    (
+        "sweep-yaml-tag",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "not valid YAML",
+        {"s.yaml": "name: !!python/name:os.system x\n"},
+    ),
+    (
+        "sweep-out-is-file",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/f.txt"],
+        "not a folder",
+        {**sweep(), "f.txt": "x"},
+    ),
+    (
+        "data-lengths-huge",
+        [
+            "data",
+            "build",
+            "--model",
+            "{model}",
+            "--dataset",
+            "random",
+            "--lengths",
+            "1-99999999999",
+            "--out",
+            "{tmp}/d.parquet",
+        ],
+        "at most 1048576 tokens",
+        {},
+    ),
+    (
+        "sweep-address-refused",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--address", "127.0.0.1:1"],
+        "cannot reach a Ray cluster",
+        sweep(),
+    ),
+    (
+        "sweep-address-ray-client-refused",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--address", "ray://127.0.0.1:1"],
+        "cannot reach a Ray cluster",
+        sweep(),
+    ),
+    (
+        "tune-address-bad-scheme",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o", "--address", "http://127.0.0.1:1"],
+        "use auto, HOST:PORT or ray://HOST:PORT",
+        tuning(),
+    ),
+    (
+        "sweep-num-gpus-nan",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "num_gpus must be a finite number",
+        sweep(resources=", num_gpus: .nan"),
+    ),
+    (
+        "tune-trials-fraction",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o"],
+        "trials: must be an integer, not 2.5",
+        {"t.yaml": tuning()["t.yaml"].replace("trials: 1", "trials: 2.5")},
+    ),
+    (
+        "sweep-gpus-this-machine-lacks",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "GPU per replica but the machine has",
+        sweep(resources=", num_gpus: 64"),
+    ),
+    ("sweep-status-missing", ["sweep", "status", "{tmp}/nothing"], "no such results folder", {}),
+    # ---- tuning files and tune
+    (
+        "tune-nan-low",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o"],
+        "a number",
+        tuning("{learning_rate: {low: .nan, high: 0.1}}"),
+    ),
+    (
+        "tune-inf-high",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o"],
+        "finite",
+        tuning("{learning_rate: {low: 0.01, high: .inf}}"),
+    ),
+    (
+        "tune-out-is-file",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/f.txt"],
+        "not a folder",
+        {**tuning(), "f.txt": "x"},
+    ),
+    (
+        "tune-storage-unknown-scheme",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o", "--storage", "foo://bar"],
+        "storage foo://bar: Can't load plugin",
+        tuning(),
+    ),
+]
+
+
+def _materialise(tmp: Path, files: dict[str, str]) -> None:
+    for name, content in files.items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content == "logits":
+            np.save(path, np.zeros((1, 512), dtype=np.float32))
+        elif content == "complex":
+            np.save(path, np.zeros((1, 512), dtype=np.complex64) + 1j)
+        elif content == "empty":
+            np.save(path, np.zeros((0,), dtype=np.float32))
+        elif content in ("float-indices", "duplicate-indices"):
+            from safetensors.numpy import save_file
+
+            indices = np.array([[3, 3, 5]]) if content == "duplicate-indices" else np.ones((1, 3))
+            values = np.array([[3.0, 2.0, 1.0]], dtype=np.float32)
+            save_file({"values": values, "indices": indices}, str(path))
+        elif content in ("truncated-model", "empty-model"):
+            shutil.copytree(STORIES, path)
+            weights = (STORIES / "model.safetensors").read_bytes()
+            (path / "model.safetensors").write_bytes(
+                weights[:1000] if content == "truncated-model" else b""
+            )
+        else:
+            path.write_text(content.replace("{model}", str(STORIES)))
+
+
+@pytest.mark.parametrize("argv,message,files", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message, files):
+    _materialise(tmp_path, files)
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{model}", str(STORIES)) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_the_table_covers_every_command():
+    commands = {c[1][0] if c[1][0] not in ("sweep", "data") else " ".join(c[1][:2]) for c in CASES}
+    assert {"invert", "report", "data build", "sweep run", "sweep status", "tune"} <= commands
+
+
+# ---- numbers by the field's type: what YAML 1.1 reads as strings --------------------------------
+@pytest.mark.parametrize(
+    "text,value", [("1e-3", 1e-3), ("1E-3", 1e-3), (".5", 0.5), ("5.", 5.0), ("3e-6", 3e-6)]
+)
+def test_numbers_are_floats_in_yaml_and_param(text, value):
+    from sodaray.cli import _parse_param
+    from sodaray.runner.spec import parse_sweep
+    from sodaray.validation import yaml_load
+
+    assert _parse_param(f"learning_rate={text}") == ("learning_rate", value)
+    data = yaml_load(
+        SWEEP.format(
+            resources="",
+            model=STORIES,
+            params=f"{{learning_rate: {text}}}",
+            objective=(f"{{kind: logits, fluency_weight: {text}}}"),
+        )
+    )
+    sweep_ = parse_sweep(data, Path("s.yaml"))
+    (job,) = sweep_.jobs()
+    assert job.params["learning_rate"] == value
+    assert job.objective["fluency_weight"] == value
+    assert isinstance(job.params["learning_rate"], float)
+
+
+def test_tuning_ranges_accept_exponent_floats(tmp_path):
+    from sodaray.tuner.spec import load_tuning
+
+    (tmp_path / "t.yaml").write_text(
+        TUNE.format(model=STORIES, space="{learning_rate: {low: 1e-3, high: 1E-1, log: true}}")
+    )
+    spec = load_tuning(tmp_path / "t.yaml")
+    assert (spec.space[0].low, spec.space[0].high) == (1e-3, 1e-1)
+
+
+def test_string_numbers_coerced_by_field_type():
+    from sodaray.api import make_config
+
+    config = make_config("soda", {"learning_rate": "1e-3", "reset_period": 50.0, "eps": 1})
+    assert config.learning_rate == 1e-3 and isinstance(config.eps, float)
+    assert config.reset_period == 50 and isinstance(config.reset_period, int)
+
+
+# ---- memory and writes, where the real condition cannot be made in a test -----------------------
+def test_search_state_larger_than_memory_is_refused_before_allocating(capsys, monkeypatch):
+    import sodaray.validation as validation
+
+    monkeypatch.setattr(validation, "available_memory", lambda: 1000)
+    code = main([a.replace("{model}", str(STORIES)) for a in INV])
+    err = capsys.readouterr().err
+    assert code == 2 and "search state" in err and "needs about" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_invert_out_on_a_full_disk_prints_the_results_first(capsys, tmp_path, monkeypatch):
+    """ENOSPC is simulated at Parquet's write (the edge: temporary file, rename, error line);
+    a 64 KiB tmpfs gave the same output by hand."""
+    import pyarrow.parquet as pq
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pq, "write_table", full)
+    argv = [a.replace("{model}", str(STORIES)) for a in INV]
+    code = main([*argv, "--json", "--out", str(tmp_path / "rows.parquet")])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert '"tokens"' in captured.out  # the computed result was printed
+    assert "No space left on device" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no partial or temporary file left
+
+
+def test_invert_out_in_a_read_only_folder(capsys, tmp_path, monkeypatch):
+    """EACCES simulated at the write: tests run as root here, for whom chmod does not bite."""
+    import pyarrow.parquet as pq
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(pq, "write_table", denied)
+    argv = [a.replace("{model}", str(STORIES)) for a in INV]
+    code = main([*argv, "--out", str(tmp_path / "rows.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Permission denied" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unreachable_hub_is_one_line(tmp_path):
+    """A hub id with no connection (or no such repository): the hub's retries print nothing,
+    the error is one line. A fresh process, since the hub reads its verbosity at import."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_HUB_VERBOSITY", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sodaray.cli",
+            "invert",
+            "--model",
+            "nobody/no-such-model-x",
+            "--tokens",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "cannot load model" in proc.stderr
+
+
+def test_data_build_on_a_full_disk(capsys, tmp_path, monkeypatch):
+    """ENOSPC simulated at Parquet's write: one line, and no temporary file left behind."""
+    import pyarrow.parquet as pq
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pq, "write_table", full)
+    argv = ["data", "build", "--model", str(STORIES), "--dataset", "random", "--lengths", "1"]
+    code = main([*argv, "--per-length", "2", "--out", str(tmp_path / "d.parquet")])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("address", [None, "auto"])
+def test_resources_the_cluster_lacks(monkeypatch, caplog, address):
+    """On this machine (no address) a request that can never fit is an error; on a cluster a
+    warning, since the autoscaler may add nodes."""
+    import logging
+
+    import ray
+
+    from sodaray.runner.execute import check_resources
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    request = [("model m", 1.0, 1.0)]
+    if address is None:
+        with pytest.raises(ValueError, match="1 GPU per replica but the machine has 0"):
+            check_resources(request, address)
+    else:
+        with caplog.at_level(logging.WARNING):
+            check_resources(request, address)
+        assert "autoscaler" in caplog.text and "cluster has 0" in caplog.text
+    check_resources([("model m", 2.0, 0.0)], address)  # what fits passes silently
+
+
+def test_integral_numbers_in_integer_fields(tmp_path):
+    from sodaray.runner.spec import parse_sweep
+    from sodaray.validation import yaml_load
+
+    text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")
+    sweep_ = parse_sweep(yaml_load(text.replace("steps: 5", "steps: 1e2")), Path("s.yaml"))
+    assert sweep_.steps == 100 and isinstance(sweep_.steps, int)
