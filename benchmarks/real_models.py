@@ -103,6 +103,26 @@ def parse_config(spec: str, steps: int, batch: int) -> tuple[sodaray.SodaConfig,
     return config, space
 
 
+@torch.no_grad()
+def probe(model: sodaray.LoadedModel, ids: int, count: int = 48) -> str:
+    """How much the observed logits depend on the input: the mean |difference| between the
+    logits of `count` random single tokens, raw and centred, median over pairs; then the same
+    for the token after one random token of context. A flat map (small differences) leaves the
+    relaxed loss almost nothing to descend on."""
+    gen = torch.Generator().manual_seed(3)
+    first = torch.randint(0, ids, (count, 1), generator=gen)
+    context = torch.randint(0, ids, (count, 1), generator=gen)
+    parts = []
+    for label, tokens in (("1 token", first), ("after 1 token", torch.cat([context, first], 1))):
+        logits = model.token_logits(tokens)[:, -1].float()
+        pairs = torch.triu_indices(count, count, 1)
+        raw = (logits[pairs[0]] - logits[pairs[1]]).abs().mean(1).median()
+        centred = logits - logits.mean(1, keepdim=True)
+        cen = (centred[pairs[0]] - centred[pairs[1]]).abs().mean(1).median()
+        parts.append(f"{label}: |dlogit| {raw:.2f} (centred {cen:.2f})")
+    return "; ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="qwen2.5-0.5b,smollm2-135m,gemma3-270m")
@@ -112,6 +132,17 @@ def main() -> None:
     parser.add_argument("--configs", default="paper")
     parser.add_argument("--batch", type=int, default=64, help="max_batch_size")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--bos",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="a BOS token before the input: as the tokenizer does for plain text (auto), or "
+        "forced. Without one the input sits at position 0, which Qwen and SmolLM2 treat as an "
+        "attention sink whose output hardly depends on the token (RESULTS.md, issue 14)",
+    )
+    parser.add_argument(
+        "--probe", action="store_true", help="only measure how input-dependent the outputs are"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -127,7 +158,8 @@ def main() -> None:
         if path is None:
             print(f"# {name}: absent (run ../shared/models/fetch-real-models.sh); skipped")
             continue
-        model = sodaray.load_model(str(path), device="cpu")
+        bos = {"auto": None, "on": True, "off": False}[args.bos]
+        model = sodaray.load_model(str(path), device="cpu", bos=bos)
         ids = len(model.tokenizer) if model.tokenizer is not None else model.vocab_size
         ids = min(ids, model.vocab_size)
         rng = np.random.default_rng(1)
@@ -138,6 +170,9 @@ def main() -> None:
             f"tolerance {model.default_tolerance:g}, threads {args.threads}",
             flush=True,
         )
+        if args.probe:
+            print(f"{name} bos={args.bos} prefix {model.prefix_ids}: {probe(model, ids)}")
+            continue
         for spec, (config, space) in configs.items():
             objective = sodaray.Objective(space=space)
             for n, tokens in inputs.items():
@@ -151,13 +186,15 @@ def main() -> None:
                 lo_f, hi_f = wilson_interval(found, len(results))
                 lo_e, hi_e = wilson_interval(exact, len(results))
                 print(
-                    f"{name} {spec} n={n}: found {found}/{len(results)} "
+                    f"{name} bos={args.bos} {spec} n={n}: found {found}/{len(results)} "
                     f"({100 * lo_f:.0f}-{100 * hi_f:.0f}%), exact {exact}/{len(results)} "
                     f"({100 * lo_e:.0f}-{100 * hi_e:.0f}%), budget {args.steps} steps, "
                     f"found at steps {at}, {seconds:.0f}s",
                     flush=True,
                 )
-                rows.append((name, spec, n, exact, len(results), lo_e, hi_e))
+                rows.append((f"{name} bos={args.bos}", spec, n, exact, len(results), lo_e, hi_e))
+    if not rows:
+        return
     print("\n| model | config | n | exact (Wilson 95%) | paper Qwen-2.5-0.5B |")
     print("|---|---|---|---|---|")
     for name, spec, n, exact, total, lo_e, hi_e in rows:
