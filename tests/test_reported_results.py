@@ -144,3 +144,13 @@ def test_max_seconds_in_real_time(gpt2):
     cfg = sodaray.SodaConfig(max_steps=5000, max_seconds=0.05)
     [r] = sodaray.invert(gpt2, targets, cfg)
     assert not r.found and 0.05 <= r.seconds and r.steps < 5000
+
+
+def test_a_refilled_slot_checks_its_new_target_afresh(gpt2):
+    """The same observation twice through a one-slot pool: the second search's first candidate
+    equals the first search's answer, and must still be checked (for the new target)."""
+    targets = sodaray.make_targets(gpt2, [[5], [5]])
+    cfg = sodaray.SodaConfig(max_steps=50, max_batch_size=1)
+    first, second = sodaray.invert(gpt2, targets, cfg)
+    assert first.found and first.steps == 1  # else the slot's last check differs anyway
+    assert (second.found, second.steps, second.tokens) == (True, 1, first.tokens)
