@@ -96,3 +96,11 @@ def test_a_given_tolerance_is_kept(tiny_llama):
     objective = sodaray.Objective(atol=1e-2, rtol=1e-3)
     t = sodaray.make_targets(tiny_llama, [[1]], objective=objective)
     assert (t.atol, t.rtol) == (1e-2, 1e-3)
+
+
+def test_nearest_token_is_by_distance_not_by_dot_product():
+    from sodaray.search.embedding import nearest_tokens
+
+    E = torch.tensor([[1.0, 0.0], [10.0, 0.0], [0.0, -3.0]])
+    x = torch.tensor([[[1.2, 0.1], [2.0, -2.5]]])  # the largest dot product: row 1 for both
+    assert nearest_tokens(x, E, chunk=2).tolist() == [[0, 2]]
