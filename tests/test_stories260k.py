@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from oracle import misreports
 
 import sodaray
 from sodaray.objectives import BatchTargets, hard_match
@@ -33,13 +34,15 @@ def test_found_answers_equal_brute_force(stories):
 
 
 def test_prompt_roundtrip_with_text_objective(stories):
+    # "Lily" -> "'s mommy ..." is found at step 187 with seed 0 ("Once" is not found in 1500).
     targets = sodaray.make_targets(
-        stories, texts=["Once"], objective=sodaray.Objective(kind="text", output_tokens=4)
+        stories, texts=["Lily"], objective=sodaray.Objective(kind="text", output_tokens=4)
     )
-    [r] = sodaray.invert(stories, targets, sodaray.SodaConfig(max_steps=1500))
-    if r.found:
-        cont, _ = sodaray.objectives.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
-        assert torch.equal(cont[0], targets.continuation[0])
+    [r] = sodaray.invert(stories, targets, sodaray.SodaConfig(max_steps=400))
+    assert r.found, r
+    cont, _ = sodaray.objectives.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
+    assert torch.equal(cont[0], targets.continuation[0])
+    assert misreports(stories, targets, [r]) == []
 
 
 @pytest.mark.slow

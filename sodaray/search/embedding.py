@@ -15,6 +15,7 @@ from torch import Tensor
 
 from sodaray.models import LoadedModel
 from sodaray.objectives import TargetSet, context_embeds, objective_loss
+from sodaray.search.adam import adam_step
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 from sodaray.search.denormals import flush_denormals
 
@@ -110,14 +111,19 @@ class EmbeddingBatch(BatchState):
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch)
             (grad,) = torch.autograd.grad(loss.sum(), x)
-        with torch.no_grad():
-            c = self.cfg
-            self.age += 1
-            self.m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
-            self.v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
-            m_hat = self.m / (1 - c.beta1**self.age).view(-1, 1, 1)
-            v_hat = self.v / (1 - c.beta2**self.age).view(-1, 1, 1)
-            self.x.addcdiv_(m_hat, v_hat.sqrt_().add_(c.eps), value=-c.learning_rate)
+        c = self.cfg
+        self.age += 1
+        adam_step(
+            self.x,
+            grad,
+            self.m,
+            self.v,
+            learning_rate=c.learning_rate,
+            beta1=c.beta1,
+            beta2=c.beta2,
+            eps=c.eps,
+            step=self.age,
+        )
         tokens = nearest_tokens(
             self.x / self.model.embed_scale,  # nearest to the scaled rows the model looks up
             self.model.embedding_matrix,

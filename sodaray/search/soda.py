@@ -25,6 +25,7 @@ from sodaray.objectives import (
     context_embeds,
     objective_loss,
 )
+from sodaray.search.adam import adam_step
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 from sodaray.search.denormals import flush_denormals
 
@@ -230,17 +231,20 @@ class SodaBatch(BatchState):
         `grad` is consumed: its memory is reused for the denominator.
         """
         c = self.cfg
-        self.m.mul_(c.beta1).add_(grad, alpha=1 - c.beta1)
-        self.v.mul_(c.beta2).addcmul_(grad, grad, value=1 - c.beta2)
+        step = None
         if c.bias_correction:
-            t = torch.as_tensor(moment_age, device=self.z.device, dtype=torch.float32)
-            m_scale = (1 / (1 - c.beta1**t)).view(-1, 1, 1)
-            v_scale = (1 / (1 - c.beta2**t)).view(-1, 1, 1)
-            denom = (self.v * v_scale).sqrt_().add_(c.eps)
-            self.z.addcdiv_(self.m * m_scale, denom, value=-c.learning_rate)
-        else:
-            denom = torch.sqrt(self.v, out=grad).add_(c.eps)  # reuse the gradient's memory
-            self.z.addcdiv_(self.m, denom, value=-c.learning_rate)
+            step = torch.as_tensor(moment_age, device=self.z.device, dtype=torch.float32)
+        adam_step(
+            self.z,
+            grad,
+            self.m,
+            self.v,
+            learning_rate=c.learning_rate,
+            beta1=c.beta1,
+            beta2=c.beta2,
+            eps=c.eps,
+            step=step,
+        )
         if c.use_decay and c.decay != 1.0:
             self.z.mul_(c.decay)
 

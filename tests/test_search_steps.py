@@ -1,0 +1,106 @@
+"""One step of each algorithm against a reference written from its definition (added for the
+mutants of the issue 12 mutation pass that the other fast tests let through)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from conftest import tiny_model
+
+import sodaray
+from sodaray.objectives import context_embeds, objective_loss
+from sodaray.search.embedding import EmbeddingBatch
+from sodaray.search.gcg import GcgBatch
+from sodaray.search.soda import SodaBatch
+
+
+def relaxed_loss(model, batch, row: int, embeds: torch.Tensor, n: int, probs=None):
+    sub = batch.batch.select(torch.tensor([row]))
+    hidden = model.hidden(context_embeds(model, embeds, sub))
+    return objective_loss(model, batch.objective, hidden, n, sub, probs).sum()
+
+
+def test_first_bias_corrected_soda_step(tiny_llama):
+    """From Z = 0 with bias correction, m_hat = g and v_hat = g^2: Z = -lr * g / (|g| + eps),
+    then decay. Needs the step to advance each slot's moment age (an age of 0 divides by 0)."""
+    cfg = sodaray.SodaConfig(bias_correction=True)
+    targets = sodaray.make_targets(tiny_llama, [[1, 2], [3, 4]])
+    batch = SodaBatch(tiny_llama, targets, 2, cfg, 2, torch.Generator().manual_seed(0))
+    batch.add(torch.arange(2), np.arange(2))
+    grad = batch.gradient()[0].clone()  # the workspace buffer: the step reuses it
+    batch.step(np.array([1, 1]))
+    expected = -0.065 * grad / (grad.abs() + 1e-8) * 0.9
+    torch.testing.assert_close(batch.z, expected)
+    assert list(batch.moment_age) == [1, 1]
+
+
+def test_soda_fluency_gradient_uses_the_temperature(tiny_llama):
+    """With the fluency penalty, both terms see softmax(Z / tau)."""
+    objective = sodaray.Objective(fluency_weight=0.5)
+    targets = sodaray.make_targets(tiny_llama, [[1, 2, 3]], objective=objective)
+    cfg = sodaray.SodaConfig(temperature=0.7)
+    batch = SodaBatch(tiny_llama, targets, 3, cfg, 1, torch.Generator().manual_seed(0))
+    batch.add(torch.arange(1), np.arange(1))
+    torch.manual_seed(4)
+    batch.z.copy_(torch.randn_like(batch.z))
+    grad, _ = batch.gradient()
+    z = batch.z.clone().requires_grad_(True)
+    probs = torch.softmax(z / 0.7, -1)
+    loss = relaxed_loss(tiny_llama, batch, 0, probs @ tiny_llama.embedding_matrix, 3, probs)
+    (expected,) = torch.autograd.grad(loss, z)
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_embedding_search_is_adam_per_target_and_a_refill_starts_afresh():
+    model = tiny_model("gpt2")
+    targets = sodaray.make_targets(model, [[1, 2], [3, 4]])
+    cfg = sodaray.EmbeddingConfig(init_std=0.25)
+    batch = EmbeddingBatch(model, targets, 2, cfg, 2, torch.Generator().manual_seed(0))
+    batch.add(torch.arange(2), np.arange(2))
+    assert abs(batch.x.std().item() - 0.25) < 0.05
+
+    def reference(x0: torch.Tensor, row: int, steps: int) -> torch.Tensor:
+        x = x0.clone().requires_grad_(True)
+        opt = torch.optim.Adam([x], lr=0.065, betas=(0.9, 0.995), eps=1e-8)
+        for _ in range(steps):
+            opt.zero_grad()
+            relaxed_loss(model, batch, row, x[None], 2).backward()
+            opt.step()
+        return x.detach()
+
+    start = batch.x.clone()
+    for s in range(1, 4):
+        batch.step(np.array([s, s]))
+    for row in range(2):
+        torch.testing.assert_close(batch.x[row], reference(start[row], row, 3))
+    batch.add(torch.tensor([1]), np.array([0]))  # slot 1 takes target 0 from scratch
+    fresh = batch.x[1].clone()
+    batch.step(np.array([4, 1]))
+    torch.testing.assert_close(batch.x[1], reference(fresh, 1, 1))
+
+
+def test_gcg_swaps_in_tokens_from_the_gradients_top_k():
+    model = tiny_model("llama")
+    cfg = sodaray.GcgConfig(num_candidates=100, top_k=4)
+    targets = sodaray.make_targets(model, [[1, 3, 5], [7, 9, 11]])
+    batch = GcgBatch(model, targets, 3, cfg, 2, torch.Generator().manual_seed(0))
+    batch.add(torch.arange(2), np.arange(2))
+    grad = batch.one_hot_gradient()
+    best = (-grad).topk(4, dim=-1).indices  # (B, n, 4): the most negative gradient entries
+    cands = batch.sample_candidates(grad)
+    for b, c, pos in (cands != batch.tokens[:, None, :]).nonzero().tolist():
+        assert cands[b, c, pos] in best[b, pos]
+
+
+def test_a_given_tolerance_is_kept(tiny_llama):
+    objective = sodaray.Objective(atol=1e-2, rtol=1e-3)
+    t = sodaray.make_targets(tiny_llama, [[1]], objective=objective)
+    assert (t.atol, t.rtol) == (1e-2, 1e-3)
+
+
+def test_nearest_token_is_by_distance_not_by_dot_product():
+    from sodaray.search.embedding import nearest_tokens
+
+    E = torch.tensor([[1.0, 0.0], [10.0, 0.0], [0.0, -3.0]])
+    x = torch.tensor([[[1.2, 0.1], [2.0, -2.5]]])  # the largest dot product: row 1 for both
+    assert nearest_tokens(x, E, chunk=2).tolist() == [[0, 2]]
