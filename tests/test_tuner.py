@@ -167,3 +167,34 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
     assert first.params["learning_rate"] == 0.065 and first.params["reset_period"] in (20, 40, 60)
     with pytest.raises(ValueError, match="start_from"):
         load_tuning(write_tuning(tmp_path, start_from="no-such-preset"))
+
+
+def test_relative_storage_is_refused_with_an_address(tmp_path, capsys, monkeypatch):
+    # Nodes open the journal from their own working directory: a relative path is another file.
+    path = write_tuning(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["tune", str(path), "--out", "rel-out", "--address", "127.0.0.1:6379"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "relative path" in err and "rel-out/tiny/study.journal" in err, err
+    assert not (tmp_path / "rel-out").exists()  # refused before anything is written
+    code = main(["tune", str(path), "--storage", "sqlite:///rel.db", "--address", "auto"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "sqlite:///rel.db is a relative path" in err, err
+
+
+def test_a_run_where_no_trial_completed_exits_non_zero():
+    from sodaray.tuner.cli import no_trial_completed
+    from sodaray.tuner.study import TrialOutcome, TuneRun
+
+    run = TuneRun("s", "study.journal", Path("out"))
+    assert no_trial_completed(run) is None  # nothing added (e.g. the study was already full)
+    run.outcomes = [
+        TrialOutcome(0, "failed", None, {}, 1.0, "KeyError: 'Record does not exist.'"),
+        TrialOutcome(1, "pruned", 0.1, {}),
+    ]
+    message = no_trial_completed(run)
+    assert message is not None and "none of the 2 trials" in message
+    assert "Record does not exist" in message
+    run.outcomes.append(TrialOutcome(2, "complete", 0.5, {}))
+    assert no_trial_completed(run) is None

@@ -71,7 +71,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     print_leaderboard(run)
+    failure = no_trial_completed(run)
+    if failure is not None:
+        print(f"sodaray: error: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def no_trial_completed(run) -> str | None:
+    """One line when this run added trials and none completed, else None. Such a run is not a
+    success (exit 1), whatever the study held before: on a cluster it is how a storage or path
+    that the nodes cannot reach shows itself."""
+    if not run.outcomes or any(o.state == "complete" for o in run.outcomes):
+        return None
+    errors = sorted({o.error for o in run.outcomes if o.error})
+    detail = f"; first error: {errors[0]}" if errors else ""
+    return f"none of the {len(run.outcomes)} trials of this run completed{detail}"
 
 
 def print_leaderboard(run, top: int = 10) -> None:

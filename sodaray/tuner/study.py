@@ -34,6 +34,26 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
     return url
 
 
+def check_cluster_storage(url: str, address: str | None) -> None:
+    """With `address`, trial actors may run on other nodes, where they open the storage by the
+    same URL from their own working directory: a relative journal or SQLite file would be a
+    different (empty) file there, and every trial fails. Refuse it before anything starts."""
+    if address is None:
+        return
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+    elif "://" in url:
+        return  # a database server: the same for every node
+    else:
+        path = url
+    if not Path(path).is_absolute():
+        raise ValueError(
+            f"storage {url} is a relative path, which nodes of the cluster at {address} resolve "
+            "in their own folders: give --out or --storage as an absolute path on a file system "
+            "every node mounts, or a database URL (postgresql://...)"
+        )
+
+
 def open_storage(url: str):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
     if "://" in url:
@@ -354,15 +374,17 @@ def run_tuning(
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    check_address(address)  # fail fast, before the study and the validation data
+    # Both fail fast, before the study and the validation data.
+    check_cluster_storage(storage_url(spec, Path(out) / spec.name, storage), address)
+    check_address(address)
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     if model is not None:  # a copy: the caller's spec keeps its model
         spec = dataclasses.replace(spec, model=spec.model.with_id(model))
     out = Path(out) / spec.name
-    out.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec, out, storage)
+    out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name
     study, stale = open_study(spec, url, study_name)
     run = TuneRun(study_name, url, out, stale_failed=stale)
