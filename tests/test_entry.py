@@ -64,3 +64,19 @@ def test_lazy_names_resolve():
             assert getattr(package, name) is not None, (package.__name__, name)
     with pytest.raises(AttributeError):
         sodaray.no_such_name  # noqa: B018
+
+
+def test_refused_connection_names_the_missing_token():
+    # Ray's own exception and message for a client without the cluster's token (Ray >= 2.52).
+    import ray
+
+    from sodaray.runner.execute import ADDRESS_HINT, TOKEN_HINT, connect_hint
+
+    refused = ray.exceptions.AuthenticationError(
+        "Token authentication is enabled but no authentication token was found"
+    )
+    assert connect_hint(refused) == TOKEN_HINT
+    assert "RAY_AUTH_TOKEN" in TOKEN_HINT and "ray get-auth-token" in TOKEN_HINT
+    assert connect_hint(ConnectionError("Could not find any running Ray instance")) == (
+        ADDRESS_HINT
+    )
