@@ -36,7 +36,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, not {args.limit}")
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
-    sweep = load_sweep(args.sweep)  # validated before Ray starts
+    sweep = load_sweep(args.sweep, model=args.model)  # validated before Ray starts
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
