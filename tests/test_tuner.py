@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -15,6 +16,7 @@ import sodaray
 from sodaray.cli import main
 from sodaray.presets import load_preset_file
 from sodaray.tuner import load_tuning, run_tuning
+from sodaray.tuner.cli import leaderboard
 from sodaray.tuner.study import open_storage
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -62,6 +64,11 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     config = sodaray.SodaConfig(**params)
     assert config.learning_rate == pytest.approx(run.best_params["learning_rate"])
     assert config.reset_period == run.best_params["reset_period"]
+    # The leaderboard as JSON (`sodaray tune --json`): the best trial first.
+    board = json.loads(json.dumps(leaderboard(run)))
+    assert board["states"] == {"complete": 2} and len(board["top"]) == 2
+    assert board["top"][0]["params"] == run.best_params
+    assert board["top"][0]["value"] == pytest.approx(run.best_value)
     # The same command again resumes: the study grows, numbering goes on.
     again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
     assert [o.number for o in again.outcomes] == [2]

@@ -26,6 +26,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_sweep_run)
     status = cmds.add_parser("status", help="done / pending / failed shards per job")
     status.add_argument("out", help="results folder (or one sweep's folder in it)")
+    status.add_argument("--json", action="store_true", help="one JSON object per job")
     status.set_defaults(func=cmd_sweep_status)
 
 
@@ -111,6 +112,13 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
     jobs = sweep_status(args.out)
     if not jobs:
         raise ValueError(f"no sweep jobs (job.json) under {args.out}")
+    if args.json:
+        import dataclasses
+        import json
+
+        for j in jobs:  # JSON Lines: one job a line, for jq and scripts
+            print(json.dumps({**dataclasses.asdict(j), "pending": j.pending}))
+        return 0
     _print_status(jobs)
     return 0
 
