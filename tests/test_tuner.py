@@ -56,6 +56,13 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     assert len(study.trials) == 2
     # Solved fraction reported at each checkpoint of each length (2 lengths x 2 checkpoints).
     assert all(len(t.intermediate_values) == 4 for t in study.trials)
+    # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
+    assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["steps"] == 40
+    assert study.user_attrs["fixed"] == {"max_batch_size": 16}
+    for t in study.trials:
+        assert Path(t.user_attrs["result_file"]).is_file()
+        assert t.user_attrs["total"] == 6 and 0 <= t.user_attrs["exact"] <= 6
+        assert t.user_attrs["seconds"] > 0
     # Per-sample rows for every trial, in the result schema.
     rows = sodaray.results.read_results(tmp_path / "out" / "tiny" / "trials")
     assert len(rows) == 2 * 6 and set(rows["job"].to_pylist()) == {"trial-00000", "trial-00001"}
