@@ -83,7 +83,15 @@ __all__ = [
 ]
 
 
+# Submodules that `import sodaray` used to load as a side effect (`sodaray.results.x` kept working).
+_SUBMODULES = frozenset(
+    {"api", "metrics", "models", "objectives", "presets", "results", "search", "validation"}
+)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"sodaray.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sodaray' has no attribute {name!r}")

@@ -64,6 +64,14 @@ def test_lazy_names_resolve():
             assert getattr(package, name) is not None, (package.__name__, name)
     with pytest.raises(AttributeError):
         sodaray.no_such_name  # noqa: B018
+    # `import sodaray` then `sodaray.results.…`, as before the names became lazy.
+    done = subprocess.run(
+        [sys.executable, "-c", "import sodaray; print(sodaray.results.read_results.__name__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "read_results", done.stderr
 
 
 def test_refused_connection_names_the_missing_token():
