@@ -1,23 +1,59 @@
-"""sodaray: search-based language-model inversion (SODA and baselines) at cluster scale."""
+"""sodaray: search-based language-model inversion (SODA and baselines) at cluster scale.
 
-from sodaray.api import ALGORITHMS, invert, make_config
-from sodaray.models import LoadedModel, ModelLoadError, load_model, wrap_model
-from sodaray.objectives import (
-    Objective,
-    TargetSet,
-    make_targets,
-    read_logits_file,
-    targets_from_logits,
-    targets_from_text,
-)
-from sodaray.presets import PRESETS, get_preset
-from sodaray.results import RunContext, read_results, result_rows
-from sodaray.search.base import InversionResult, SearchConfig
-from sodaray.search.embedding import EmbeddingConfig
-from sodaray.search.gcg import GcgConfig
-from sodaray.search.soda import SodaConfig
+The public names are imported on first use (PEP 562), so that `sodaray --help`,
+`sodaray --version` and tools that only read results do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # static checkers and IDEs see the real names
+    from sodaray.api import ALGORITHMS, invert, make_config
+    from sodaray.models import LoadedModel, ModelLoadError, load_model, wrap_model
+    from sodaray.objectives import (
+        Objective,
+        TargetSet,
+        make_targets,
+        read_logits_file,
+        targets_from_logits,
+        targets_from_text,
+    )
+    from sodaray.presets import PRESETS, get_preset
+    from sodaray.results import RunContext, read_results, result_rows
+    from sodaray.search.base import InversionResult, SearchConfig
+    from sodaray.search.embedding import EmbeddingConfig
+    from sodaray.search.gcg import GcgConfig
+    from sodaray.search.soda import SodaConfig
 
 __version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "ALGORITHMS": "sodaray.api",
+    "EmbeddingConfig": "sodaray.search.embedding",
+    "GcgConfig": "sodaray.search.gcg",
+    "InversionResult": "sodaray.search.base",
+    "LoadedModel": "sodaray.models",
+    "ModelLoadError": "sodaray.models",
+    "Objective": "sodaray.objectives",
+    "PRESETS": "sodaray.presets",
+    "RunContext": "sodaray.results",
+    "SearchConfig": "sodaray.search.base",
+    "SodaConfig": "sodaray.search.soda",
+    "TargetSet": "sodaray.objectives",
+    "get_preset": "sodaray.presets",
+    "invert": "sodaray.api",
+    "load_model": "sodaray.models",
+    "make_config": "sodaray.api",
+    "make_targets": "sodaray.objectives",
+    "read_logits_file": "sodaray.objectives",
+    "read_results": "sodaray.results",
+    "result_rows": "sodaray.results",
+    "targets_from_logits": "sodaray.objectives",
+    "targets_from_text": "sodaray.objectives",
+    "wrap_model": "sodaray.models",
+}
 
 __all__ = [
     "ALGORITHMS",
@@ -45,3 +81,24 @@ __all__ = [
     "targets_from_text",
     "wrap_model",
 ]
+
+
+# Submodules that `import sodaray` used to load as a side effect (`sodaray.results.x` kept working).
+_SUBMODULES = frozenset(
+    {"api", "metrics", "models", "objectives", "presets", "results", "search", "validation"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"sodaray.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sodaray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -380,6 +380,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sodaray", description="Search-based language-model inversion.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    from sodaray import __version__  # cheap: the package imports its heavy modules lazily
+
+    parser.add_argument("--version", action="version", version=f"sodaray {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_invert(sub)
     _add_report(sub)

@@ -4,6 +4,7 @@ drivers on one results folder from computing the same shards."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -58,7 +59,7 @@ def finish_all(plans) -> None:
             write_table_atomic(out["table"], shard_path(plan.folder, i))
 
 
-def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path):
+def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):
     sweep = load_sweep(write_sweep(tmp_path, BUILD))
     root = tmp_path / "out" / "r"
     (plan,) = plan_jobs(sweep.jobs(), root)
@@ -72,6 +73,10 @@ def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path):
     (status,) = sweep_status(tmp_path / "out")
     assert (status.done, status.pending) == (0, 2)
     assert main(["sweep", "status", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "status", str(tmp_path / "out"), "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == {**dataclasses.asdict(status), "pending": 2}
     (plan,) = plan_jobs(sweep.jobs(), root)
     assert plan.pending == [0, 1]
     assert sorted(p.name for p in plan.folder.glob("*.corrupt")) == [

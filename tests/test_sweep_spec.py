@@ -99,3 +99,17 @@ def test_unreachable_cluster_is_one_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "cannot reach a Ray cluster at 127.0.0.1:9" in err, err
+
+
+def test_model_override_applies_before_the_file_model_is_checked(tmp_path, capsys):
+    # The README's `ray job submit` line: the file's relative model path does not exist in the
+    # job's folder, and --model must be enough to run it anyway.
+    path = write_sweep(tmp_path, models=[{"id": "./not/here", "num_cpus": 1}])
+    with pytest.raises(ValueError, match="no such model"):
+        load_sweep(path)
+    sweep = load_sweep(path, model=str(STORIES))
+    assert {j.model.id for j in sweep.jobs()} == {str(STORIES)}
+    code = main(["sweep", "run", str(path), "--model", "./neither/here", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--model (for models[0]).id: no such model folder or file: ./neither/here" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -15,6 +16,7 @@ import sodaray
 from sodaray.cli import main
 from sodaray.presets import load_preset_file
 from sodaray.tuner import load_tuning, run_tuning
+from sodaray.tuner.cli import leaderboard
 from sodaray.tuner.study import open_storage
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -54,6 +56,13 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     assert len(study.trials) == 2
     # Solved fraction reported at each checkpoint of each length (2 lengths x 2 checkpoints).
     assert all(len(t.intermediate_values) == 4 for t in study.trials)
+    # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
+    assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["steps"] == 40
+    assert study.user_attrs["fixed"] == {"max_batch_size": 16}
+    for t in study.trials:
+        assert Path(t.user_attrs["result_file"]).is_file()
+        assert t.user_attrs["total"] == 6 and 0 <= t.user_attrs["exact"] <= 6
+        assert t.user_attrs["seconds"] > 0
     # Per-sample rows for every trial, in the result schema.
     rows = sodaray.results.read_results(tmp_path / "out" / "tiny" / "trials")
     assert len(rows) == 2 * 6 and set(rows["job"].to_pylist()) == {"trial-00000", "trial-00001"}
@@ -62,6 +71,11 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     config = sodaray.SodaConfig(**params)
     assert config.learning_rate == pytest.approx(run.best_params["learning_rate"])
     assert config.reset_period == run.best_params["reset_period"]
+    # The leaderboard as JSON (`sodaray tune --json`): the best trial first.
+    board = json.loads(json.dumps(leaderboard(run)))
+    assert board["states"] == {"complete": 2} and len(board["top"]) == 2
+    assert board["top"][0]["params"] == run.best_params
+    assert board["top"][0]["value"] == pytest.approx(run.best_value)
     # The same command again resumes: the study grows, numbering goes on.
     again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
     assert [o.number for o in again.outcomes] == [2]
@@ -167,3 +181,34 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
     assert first.params["learning_rate"] == 0.065 and first.params["reset_period"] in (20, 40, 60)
     with pytest.raises(ValueError, match="start_from"):
         load_tuning(write_tuning(tmp_path, start_from="no-such-preset"))
+
+
+def test_relative_storage_is_refused_with_an_address(tmp_path, capsys, monkeypatch):
+    # Nodes open the journal from their own working directory: a relative path is another file.
+    path = write_tuning(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["tune", str(path), "--out", "rel-out", "--address", "127.0.0.1:6379"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "relative path" in err and "rel-out/tiny/study.journal" in err, err
+    assert not (tmp_path / "rel-out").exists()  # refused before anything is written
+    code = main(["tune", str(path), "--storage", "sqlite:///rel.db", "--address", "auto"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "sqlite:///rel.db is a relative path" in err, err
+
+
+def test_a_run_where_no_trial_completed_exits_non_zero():
+    from sodaray.tuner.cli import no_trial_completed
+    from sodaray.tuner.study import TrialOutcome, TuneRun
+
+    run = TuneRun("s", "study.journal", Path("out"))
+    assert no_trial_completed(run) is None  # nothing added (e.g. the study was already full)
+    run.outcomes = [
+        TrialOutcome(0, "failed", None, {}, 1.0, "KeyError: 'Record does not exist.'"),
+        TrialOutcome(1, "pruned", 0.1, {}),
+    ]
+    message = no_trial_completed(run)
+    assert message is not None and "none of the 2 trials" in message
+    assert "Record does not exist" in message
+    run.outcomes.append(TrialOutcome(2, "complete", 0.5, {}))
+    assert no_trial_completed(run) is None

@@ -1,15 +1,43 @@
-"""The sweep runner: sweep files (YAML) -> jobs -> Ray actors -> sharded, resumable Parquet."""
+"""The sweep runner: sweep files (YAML) -> jobs -> Ray actors -> sharded, resumable Parquet.
 
-from sodaray.runner.execute import (
-    JobStatus,
-    ShardDone,
-    ShardFailed,
-    SweepInterrupted,
-    SweepRun,
-    run_sweep,
-    sweep_status,
-)
-from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep
+Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.runner.cli`,
+which must not pull in torch and Ray through `execute`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # static checkers and IDEs see the real names
+    from sodaray.runner.execute import (
+        JobStatus,
+        ShardDone,
+        ShardFailed,
+        SweepInterrupted,
+        SweepRun,
+        run_sweep,
+        sweep_status,
+    )
+    from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep
+
+_EXECUTE = "sodaray.runner.execute"
+_SPEC = "sodaray.runner.spec"
+_LAZY: dict[str, str] = {
+    "JobStatus": _EXECUTE,
+    "ShardDone": _EXECUTE,
+    "ShardFailed": _EXECUTE,
+    "SweepInterrupted": _EXECUTE,
+    "SweepRun": _EXECUTE,
+    "run_sweep": _EXECUTE,
+    "sweep_status": _EXECUTE,
+    "DatasetSpec": _SPEC,
+    "Job": _SPEC,
+    "ModelSpec": _SPEC,
+    "Sweep": _SPEC,
+    "SweepError": _SPEC,
+    "load_sweep": _SPEC,
+}
 
 __all__ = [
     "DatasetSpec",
@@ -26,3 +54,16 @@ __all__ = [
     "run_sweep",
     "sweep_status",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sodaray.runner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

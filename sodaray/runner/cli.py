@@ -26,6 +26,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_sweep_run)
     status = cmds.add_parser("status", help="done / pending / failed shards per job")
     status.add_argument("out", help="results folder (or one sweep's folder in it)")
+    status.add_argument("--json", action="store_true", help="one JSON object per job")
     status.set_defaults(func=cmd_sweep_status)
 
 
@@ -36,7 +37,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be at least 1, not {args.limit}")
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
-    sweep = load_sweep(args.sweep)  # validated before Ray starts
+    sweep = load_sweep(args.sweep, model=args.model)  # validated before Ray starts
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
@@ -111,6 +112,13 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
     jobs = sweep_status(args.out)
     if not jobs:
         raise ValueError(f"no sweep jobs (job.json) under {args.out}")
+    if args.json:
+        import dataclasses
+        import json
+
+        for j in jobs:  # JSON Lines: one job a line, for jq and scripts
+            print(json.dumps({**dataclasses.asdict(j), "pending": j.pending}))
+        return 0
     _print_status(jobs)
     return 0
 

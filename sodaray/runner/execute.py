@@ -383,11 +383,28 @@ def init_ray(address: str | None) -> None:
             # Ray's own start-up lines only when our caller logs at INFO (`-v`)
             logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
         )
-    except ConnectionError as exc:
+    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"cannot connect to a Ray cluster at {address}: {first}; {ADDRESS_HINT}"
+            f"cannot connect to a Ray cluster at {address}: {first}; {connect_hint(exc)}"
         ) from exc
+
+
+TOKEN_HINT = (
+    "the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
+    "RAY_AUTH_TOKEN_PATH) to the head's token, which `ray get-auth-token` prints on the head"
+)
+
+
+def connect_hint(exc: BaseException) -> str:
+    """What to do about a refused connection: a cluster with Ray's token authentication refuses
+    a client without its token, and "start one" would send the user the wrong way."""
+    import ray
+
+    text = str(exc).lower()
+    if isinstance(exc, ray.exceptions.AuthenticationError) or "token" in text or "auth" in text:
+        return TOKEN_HINT
+    return ADDRESS_HINT
 
 
 def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:

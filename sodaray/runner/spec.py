@@ -244,12 +244,14 @@ def check_name(data: dict[str, Any], fail) -> str:
     return name
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; every job it makes is checked before returning."""
-    return parse_sweep(*read_config_file(path, "sweep", SweepError))
+def load_sweep(path: str | Path, model: str | None = None) -> Sweep:
+    """Read and validate a sweep file; every job it makes is checked before returning. `model`
+    (`--model`) replaces every entry's model before the check, so a file whose own model path
+    does not exist here (a relative path, another machine's folder) still runs on `model`."""
+    return parse_sweep(*read_config_file(path, "sweep", SweepError), model=model)
 
 
-def parse_sweep(data: Any, path: Path) -> Sweep:
+def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     def fail(where: str, message: str) -> SweepError:
         return SweepError(f"{path}: {where}: {message}")
 
@@ -271,6 +273,9 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
             spec = ModelSpec(**coerce_fields(ModelSpec, entry))  # num_gpus: .nan refused
         except (TypeError, ValueError) as exc:
             raise fail(where, str(exc)) from exc
+        if model is not None:
+            spec = spec.with_id(model)
+            where = f"--model (for {where})"
         check_model(spec, where, fail)
         models.append(spec)
 

@@ -1,7 +1,29 @@
-"""The tuner: Optuna studies over an algorithm's parameters, trials on Ray actors, presets out."""
+"""The tuner: Optuna studies over an algorithm's parameters, trials on Ray actors, presets out.
 
-from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning
-from sodaray.tuner.study import TrialOutcome, TuneRun, run_tuning
+Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.tuner.cli`,
+which must not pull in torch through the tuning file's checks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # static checkers and IDEs see the real names
+    from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning
+    from sodaray.tuner.study import TrialOutcome, TuneRun, run_tuning
+
+_SPEC = "sodaray.tuner.spec"
+_STUDY = "sodaray.tuner.study"
+_LAZY: dict[str, str] = {
+    "ParamSpace": _SPEC,
+    "TuningError": _SPEC,
+    "TuningSpec": _SPEC,
+    "load_tuning": _SPEC,
+    "TrialOutcome": _STUDY,
+    "TuneRun": _STUDY,
+    "run_tuning": _STUDY,
+}
 
 __all__ = [
     "ParamSpace",
@@ -12,3 +34,16 @@ __all__ = [
     "load_tuning",
     "run_tuning",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sodaray.tuner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

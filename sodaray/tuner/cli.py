@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +23,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="tuning-runs", help="output folder (default: ./tuning-runs)")
     p.add_argument("--model", help="tune on this model instead (hub id, folder, .gguf)")
     p.add_argument("--address", help="Ray cluster address: auto, HOST:PORT or ray://...")
+    p.add_argument("--json", action="store_true", help="the leaderboard as one JSON object")
     p.set_defaults(func=cmd_tune)
 
 
@@ -70,8 +73,53 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    print_leaderboard(run)
+    if args.json:
+        print(json.dumps(leaderboard(run)))
+    else:
+        print_leaderboard(run)
+    failure = no_trial_completed(run)
+    if failure is not None:
+        print(f"sodaray: error: {failure}", file=sys.stderr)
+        return 1
     return 0
+
+
+def no_trial_completed(run) -> str | None:
+    """One line when this run added trials and none completed, else None. Such a run is not a
+    success (exit 1), whatever the study held before: on a cluster it is how a storage or path
+    that the nodes cannot reach shows itself."""
+    if not run.outcomes or any(o.state == "complete" for o in run.outcomes):
+        return None
+    errors = sorted({o.error for o in run.outcomes if o.error})
+    detail = f"; first error: {errors[0]}" if errors else ""
+    return f"none of the {len(run.outcomes)} trials of this run completed{detail}"
+
+
+def leaderboard(run, top: int = 10) -> dict[str, Any]:
+    """The study after this run: state counts, the `top` completed trials, preset and plots."""
+    import optuna
+
+    from sodaray.tuner.study import open_storage
+
+    study = optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
+    trials = study.get_trials(deepcopy=False)
+    done = sorted(
+        (t for t in trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: -t.value
+    )
+    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in optuna.trial.TrialState}
+    return {
+        "study": run.study_name,
+        "storage": run.storage,
+        "trials": len(trials),
+        "states": {k: v for k, v in counts.items() if v},
+        "stale_failed": list(run.stale_failed),
+        "top": [
+            {"rank": rank, "trial": t.number, "value": t.value, "params": t.params}
+            for rank, t in enumerate(done[:top], start=1)
+        ],
+        "best_preset": str(run.preset_path) if run.preset_path else None,
+        "plots": [str(p) for p in run.plots],
+    }
 
 
 def print_leaderboard(run, top: int = 10) -> None:

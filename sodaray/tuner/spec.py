@@ -251,7 +251,9 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         try:
             import cmaes  # noqa: F401
         except ImportError as exc:
-            raise fail("sampler", "cmaes needs the `cmaes` package (pip install cmaes)") from exc
+            raise fail(
+                "sampler", "cmaes needs the `cmaes` package (pip install 'sodaray[cmaes]')"
+            ) from exc
     if spec.sampler == "grid":
         for p in spec.space:
             if p.type == "float" and p.step is None:

@@ -10,6 +10,7 @@ marked failed (and retried) when the study is resumed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -32,6 +33,26 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
     if url is None:
         return str(out / "study.journal")
     return url
+
+
+def check_cluster_storage(url: str, address: str | None) -> None:
+    """With `address`, trial actors may run on other nodes, where they open the storage by the
+    same URL from their own working directory: a relative journal or SQLite file would be a
+    different (empty) file there, and every trial fails. Refuse it before anything starts."""
+    if address is None:
+        return
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+    elif "://" in url:
+        return  # a database server: the same for every node
+    else:
+        path = url
+    if not Path(path).is_absolute():
+        raise ValueError(
+            f"storage {url} is a relative path, which nodes of the cluster at {address} resolve "
+            "in their own folders: give --out or --storage as an absolute path on a file system "
+            "every node mounts, or a database URL (postgresql://...)"
+        )
 
 
 def open_storage(url: str):
@@ -124,6 +145,9 @@ def open_study(spec: TuningSpec, url: str, study_name: str) -> tuple[Any, list[i
     recorded = study.user_attrs.get(SPEC_HASH_ATTR)
     if recorded is None:
         study.set_user_attr(SPEC_HASH_ATTR, key)
+        # What the study is, for optuna-dashboard and `optuna studies` (the hash is for us).
+        for name, value in study_attrs(spec).items():
+            study.set_user_attr(name, value)
     elif recorded != key:
         raise ValueError(
             f"study {study_name!r} in {url} was made by another tuning file (model, data, "
@@ -354,15 +378,17 @@ def run_tuning(
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    check_address(address)  # fail fast, before the study and the validation data
+    # Both fail fast, before the study and the validation data.
+    check_cluster_storage(storage_url(spec, Path(out) / spec.name, storage), address)
+    check_address(address)
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     if model is not None:  # a copy: the caller's spec keeps its model
         spec = dataclasses.replace(spec, model=spec.model.with_id(model))
     out = Path(out) / spec.name
-    out.mkdir(parents=True, exist_ok=True)
     url = storage_url(spec, out, storage)
+    out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name
     study, stale = open_study(spec, url, study_name)
     run = TuneRun(study_name, url, out, stale_failed=stale)
@@ -440,7 +466,9 @@ def run_tuning(
                     launched -= 1  # the retry replaces it
                 log.warning("trial %d failed (%s)", number, message)
             else:
-                write_table_atomic(result["table"], out / "trials" / f"trial-{number:05d}.parquet")
+                trial_file = out / "trials" / f"trial-{number:05d}.parquet"
+                write_table_atomic(result["table"], trial_file)
+                set_trial_attrs(study, number, result, trial_file)
                 if result["state"] == "pruned":
                     study.tell(number, state=optuna.trial.TrialState.PRUNED)
                 else:
@@ -471,6 +499,33 @@ def run_tuning(
         run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
     run.plots = save_plots(study, out / "plots")
     return run
+
+
+def study_attrs(spec: TuningSpec) -> dict[str, Any]:
+    """The study's user attributes: the model, data, algorithm, steps and fixed parameters."""
+    return {
+        "model": spec.model.id,
+        "dataset": spec.data.name,
+        "algorithm": spec.algorithm,
+        "steps": spec.steps,
+        "fixed": json.loads(json.dumps(spec.fixed, default=str)),  # JSON-safe for every storage
+    }
+
+
+def set_trial_attrs(study: Any, number: int, result: dict[str, Any], trial_file: Path) -> None:
+    """A finished trial's result file and counts, set before `tell` (a finished trial is frozen),
+    so the dashboard and `optuna trials` show what each trial did."""
+    table = result["table"]
+    exact = table.column("exact").to_pylist() if "exact" in table.column_names else []
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    attrs = {
+        "result_file": str(trial_file),
+        "exact": int(sum(bool(x) for x in exact)),
+        "total": table.num_rows,
+        "seconds": round(float(result["seconds"]), 3),
+    }
+    for name, value in attrs.items():
+        study._storage.set_trial_user_attr(trial_id, name, value)
 
 
 def wait_ready(actor: Any, timeout: float = 600.0) -> int:
