@@ -31,7 +31,7 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | seconds | float64 | wall-clock seconds in the batch |
 | final_loss | float64 | relaxed loss at the last step |
 | predicted_length | int32 | length of the recovered input |
-| length_mode | string | `fixed` (length given) or `auto` (lengths 1..N tried) |
+| length_mode | string | `fixed` (true length), `assumed` (length given) or `auto` (1..N tried) |
 | lengths_tried | list<int32> | lengths searched, in order |
 | device | string | torch device the search ran on |
 | versions | string | JSON of package versions (sodaray, torch, transformers, ...) |

@@ -81,7 +81,7 @@ class Job:
     variant: str  # algorithm label with its grid values
     params: dict[str, Any]  # the full, validated algorithm config (preset and defaults applied)
     objective: dict[str, Any]
-    length: str  # "fixed" (the true length) or "auto"
+    length: str  # "fixed" (the true length), "auto", or an assumed length ("3")
     max_length: int
     samples_per_length: int | None
     limit: int | None
@@ -125,6 +125,8 @@ class Job:
         if obj["fluency_weight"]:
             what += f"-flu{obj['fluency_weight']:g}"
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.params['seed']}"]
+        if self.length.isdigit():
+            parts.append(f"L{self.length}")
         slug = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts)).strip("-")
         return f"{slug}-{self.config_hash[:8]}"
 
@@ -144,6 +146,12 @@ class Sweep:
     shard_size: int = 100
     length: str = "fixed"
     max_length: int = 10
+    # Assumed lengths: each one a job searching every sample at that length, whatever its true
+    # length (the paper's length table; `length: [1, 2, 3]` in the file).
+    assumed_lengths: list[int] = field(default_factory=list)
+
+    def length_modes(self) -> list[str]:
+        return [str(n) for n in self.assumed_lengths] or [self.length]
 
     def jobs(self, *, limit: int | None = None, model: str | None = None) -> list[Job]:
         """The cartesian product. `model` replaces the file's models (one replica, its
@@ -152,8 +160,13 @@ class Sweep:
         if model is not None:
             models = [self.models[0].with_id(model)]
         jobs = []
-        for m, ds, (algo, variant, params, steps), obj, seed in itertools.product(
-            models, self.datasets, self._variants(), self._objectives(), self.seeds
+        for m, ds, (algo, variant, params, steps), obj, seed, length in itertools.product(
+            models,
+            self.datasets,
+            self._variants(),
+            self._objectives(),
+            self.seeds,
+            self.length_modes(),
         ):
             config = self._algorithm_config(algo, params, m, seed, steps)
             jobs.append(
@@ -165,7 +178,7 @@ class Sweep:
                     variant,
                     config,
                     obj,
-                    self.length,
+                    length,
                     self.max_length,
                     self.samples_per_length,
                     limit,
@@ -217,7 +230,7 @@ def _grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 
 # ---- loading and validation -------------------------------------------------------------------
-TOP_KEYS = {f.name for f in fields(Sweep)} - {"path"}
+TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
 MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
 BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source"}
@@ -310,6 +323,15 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         entry = _coerce_objective(entry, where, fail)
         objectives.append(entry)
 
+    assumed: list[int] = []
+    if isinstance(data.get("length"), (int, list)) and not isinstance(data["length"], bool):
+        # An int or a list of ints: assumed lengths, each its own job (a wrong length allowed).
+        assumed = data["length"] if isinstance(data["length"], list) else [data["length"]]
+        for n in assumed:
+            _check_positive(n, "length", fail)
+        if len(set(assumed)) != len(assumed):
+            raise fail("length", f"assumed lengths repeat: {assumed}")
+        data = {k: v for k, v in data.items() if k != "length"}
     scalars = {
         k: data[k]
         for k in (
@@ -330,6 +352,7 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
         datasets=datasets,
         algorithms=algorithms,
         objectives=objectives,
+        assumed_lengths=list(assumed),
         **scalars,
     )
     if "seeds" in data:
@@ -344,7 +367,9 @@ def parse_sweep(data: Any, path: Path) -> Sweep:
     if sweep.samples_per_length is not None:
         _check_positive(sweep.samples_per_length, "samples_per_length", fail)
     if sweep.length not in ("fixed", "auto"):
-        raise fail("length", f"'fixed' or 'auto', not {sweep.length!r}")
+        raise fail(
+            "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
+        )
 
     # Expand once so every algorithm parameter and objective value is checked now.
     for i, entry in enumerate(objectives):
