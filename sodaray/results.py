@@ -10,6 +10,7 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | model | string | model id or path |
 | model_name | string | the model's label (a sweep entry's `name`; default: the id's last part) |
 | model_parameters, vocab_size | int64 | model size, for scaling plots |
+| model_layers, model_width | int32, int64 | blocks and embedding width (null in older files) |
 | dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
 | sample_id | int64 | the sample's id in its dataset |
 | length | int32 | true input length (null when unknown) |
@@ -59,7 +60,9 @@ from sodaray.search.base import InversionResult
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the `space` column
+# 2: the `space` column. New nullable columns (model_layers, model_width) keep the version:
+# older files read back with them null.
+SCHEMA_VERSION = 2
 VERSION_KEY = b"sodaray.results.version"
 
 RESULT_SCHEMA = pa.schema(
@@ -72,6 +75,8 @@ RESULT_SCHEMA = pa.schema(
         ("model_name", pa.string()),
         ("model_parameters", pa.int64()),
         ("vocab_size", pa.int64()),
+        ("model_layers", pa.int32()),
+        ("model_width", pa.int64()),
         ("dataset", pa.string()),
         ("sample_id", pa.int64()),
         ("length", pa.int32()),
@@ -117,6 +122,8 @@ class RunContext:
     objective: Any  # sodaray.objectives.Objective
     model_parameters: int | None = None
     vocab_size: int | None = None
+    model_layers: int | None = None
+    model_width: int | None = None
     dataset: str = ""
     length_mode: str = "fixed"
     sweep: str = ""
@@ -133,6 +140,8 @@ class RunContext:
             objective=objective,
             model_parameters=model.num_parameters,
             vocab_size=model.vocab_size,
+            model_layers=model.num_layers,
+            model_width=model.width,
             device=str(model.device),
             **kwargs,
         )
@@ -186,6 +195,8 @@ def result_rows(
                 "model_name": context.model_name or model_label(context.model),
                 "model_parameters": context.model_parameters,
                 "vocab_size": context.vocab_size,
+                "model_layers": context.model_layers,
+                "model_width": context.model_width,
                 "dataset": context.dataset,
                 "sample_id": r.sample_id,
                 "length": None if r.true_tokens is None else len(r.true_tokens),
