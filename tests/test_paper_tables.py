@@ -16,7 +16,14 @@ from conftest import tiny_model
 import sodaray
 from sodaray import metrics
 from sodaray.report.figures import exact_by_position
-from sodaray.report.tables import prepare, table_length, table_model, table_privacy, table_tweaks
+from sodaray.report.tables import (
+    prepare,
+    table_algo,
+    table_length,
+    table_model,
+    table_privacy,
+    table_tweaks,
+)
 from sodaray.results import RESULT_SCHEMA, RunContext, read_results, result_rows
 
 
@@ -193,3 +200,24 @@ def test_ablation_rows_are_named_as_the_papers(params, label):
     )
     (tweaks,) = table_tweaks(df)
     assert {lab for lab, _ in tweaks.rows} == {label, "SODA"}
+
+
+def test_algorithms_table_reports_exact_partial_and_cosine():
+    df = pd.concat(
+        [
+            frame(true_tokens=[[1, 2]], tokens=[[1, 2]], found=[True], exact=[True]),
+            frame(
+                true_tokens=[[1, 2]],
+                tokens=[[1, 0]],
+                found=[False],
+                exact=[False],
+                algorithm=["gcg"],
+            ),
+        ],
+        ignore_index=True,
+    )
+    df["cos_sim"] = [1.0, 0.25]
+    (table,) = table_algo(df)
+    assert table.header == ["Algorithm", "Logits Exact", "Logits Partial", "Logits Cos. Sim."]
+    gcg = cells(table, "GCG")
+    assert [c.value for c in gcg] == [0.0, 0.5, 0.25]

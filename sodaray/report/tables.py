@@ -337,22 +337,26 @@ def table_algo(df: pd.DataFrame) -> list[Table]:
     if base["algorithm"].nunique() < 2:
         return []
     kinds = [k for k in ("logits", "text") if k in set(base["objective"])]
+    with_cos = _has_cos(base)
+    measures = ["Exact", "Partial"] + (["Cos. Sim."] if with_cos else [])
     table = Table(
         "algo",
-        "Exact inversion (%) by algorithm",
-        f"{settings(base)} Wilson 95% intervals.",
-        ["Algorithm"] + [("Logits" if k == "logits" else "Text") for k in kinds],
+        "Inversion by algorithm: Exact, Partial and Cos. Sim.",
+        f"{settings(base)} Exact with Wilson 95% intervals; Partial ± standard error"
+        + ("; cosine similarity ± standard error." if with_cos else COS_SKIPPED),
+        ["Algorithm"]
+        + [f"{'Logits' if k == 'logits' else 'Text'} {m}" for k in kinds for m in measures],
     )
     for prefix, rows_m in by_model(base):
         for v in ["SODA", "GCG", "Embedding search"]:
             rows = rows_m[rows_m["variant"] == v]
             if rows.empty:
                 continue
-            cells = []
+            cells: list[Cell] = []
             for k in kinds:
                 # Within an objective kind, the most common observation setting.
                 sel = dominant_observation(rows[rows["objective"] == k])
-                cells.append(Cell.rate(metrics.exact_rate(sel)) if len(sel) else EMPTY)
+                cells += _quality_cells(sel, with_cos) if len(sel) else [EMPTY] * len(measures)
             table.rows.append((prefix + v, cells))
     return [table]
 
