@@ -10,6 +10,7 @@ file and the field, before Ray starts.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -149,6 +150,20 @@ class Sweep:
     # Assumed lengths: each one a job searching every sample at that length, whatever its true
     # length (the paper's length table; `length: [1, 2, 3]` in the file).
     assumed_lengths: list[int] = field(default_factory=list)
+
+    def quick(self, steps: int | None) -> Sweep:
+        """This sweep as a quick look: named NAME-quick (its own results folder) and, with
+        `steps`, every step budget capped at it."""
+        entries = [
+            {**e, "steps": min(int(e.get("steps", self.steps)), steps)} if steps else e
+            for e in self.algorithms
+        ]
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}-quick",
+            algorithms=entries,
+            steps=min(self.steps, steps) if steps else self.steps,
+        )
 
     def length_modes(self) -> list[str]:
         return [str(n) for n in self.assumed_lengths] or [self.length]
