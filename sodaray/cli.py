@@ -348,6 +348,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         help="hf (the Hugging Face hub, default), synthetic (privacy), or a local "
         "JSONL/CSV/text file",
     )
+    b.add_argument(
+        "--vocab",
+        choices=["tokenizer", "model"],
+        default="tokenizer",
+        help="random ids over len(tokenizer) (default, as the authors) or the config's padded "
+        "vocab_size",
+    )
     b.add_argument("--out", required=True, help="output Parquet file")
     b.set_defaults(func=cmd_data_build)
 
@@ -371,6 +378,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         seed=args.seed,
         source=args.source,
         gguf_file=args.gguf_file,
+        vocab=args.vocab,
     )
     path = write_dataset(table, args.out)
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")

@@ -221,3 +221,40 @@ def test_algorithms_table_reports_exact_partial_and_cosine():
     assert table.header == ["Algorithm", "Logits Exact", "Logits Partial", "Logits Cos. Sim."]
     gcg = cells(table, "GCG")
     assert [c.value for c in gcg] == [0.0, 0.5, 0.25]
+
+
+def test_random_ids_over_the_tokenizer_by_default_padded_vocab_as_option(tmp_path):
+    import shutil
+
+    from conftest import SHARED
+    from transformers import GPT2Config
+
+    from sodaray.data import build_dataset
+
+    tokenizer = SHARED / "tokenizers" / "gpt2"
+    if not tokenizer.is_dir():
+        pytest.skip("shared tokenizer absent")
+    folder = tmp_path / "padded"
+    shutil.copytree(tokenizer, folder)
+    GPT2Config(vocab_size=50304).save_pretrained(folder)  # padded past len(tokenizer) = 50257
+
+    def top_id(vocab: str) -> int:
+        table = build_dataset(str(folder), "random", "5", 2000, 1, vocab=vocab, progress=False)
+        return max(max(t) for t in table.column("tokens").to_pylist())
+
+    assert top_id("tokenizer") < 50257
+    assert top_id("model") >= 50257  # ~9 of 10,000 draws land in the padding
+    spec = load_sweep_text(tmp_path, "random")
+    assert spec.datasets[0].build == {"dataset": "random", "lengths": "1", "vocab": "tokenizer"}
+
+
+def load_sweep_text(tmp_path, dataset: str):
+    from sodaray.runner.spec import load_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\nmodels: [{id: gpt2}]\n"
+        f"datasets: [{{name: {dataset}, build: {{dataset: {dataset}, lengths: '1'}}}}]\n"
+        "algorithms: [{name: soda}]\n"
+    )
+    return load_sweep(path)

@@ -1,6 +1,7 @@
 """Building the paper's evaluation datasets as token sequences of a model's tokenizer.
 
-- `random`: tokens drawn uniformly from [0, vocab_size) with `numpy.random.default_rng(seed)`,
+- `random`: tokens drawn uniformly from [0, len(tokenizer)) (or the config's padded
+  vocab_size with vocab="model") with `numpy.random.default_rng(seed)`,
   length by length (default 1-10, 1000 per length). The paper's convention: seed 1 is the test
   set, seed 0 the validation set that tuning uses, so tuning never sees test samples.
 - `nl-id` (TinyStories validation stories) and `nl-ood` (Reddit comments): documents are visited
@@ -276,6 +277,9 @@ def _load_source(
     return None, None, info
 
 
+VOCABS = ("tokenizer", "model")  # random ids over len(tokenizer) or the config's vocab_size
+
+
 def build_dataset(
     model: str,
     name: str,
@@ -287,14 +291,20 @@ def build_dataset(
     gguf_file: str | None = None,
     tokenizer: TokenizerInfo | None = None,
     progress: bool | None = None,
+    vocab: str = "tokenizer",
 ) -> pa.Table:
     """Build dataset `name` for `model`'s tokenizer (hub id, folder or .gguf; weights unused).
 
     `source`: None or "hf" (the hub), "synthetic" (privacy only) or a local file path.
-    `tokenizer` skips loading when already at hand. Returns the table `write_dataset` stores.
+    `tokenizer` skips loading when already at hand. `vocab` (random only): ids drawn from
+    `len(tokenizer)` ("tokenizer", the authors' choice: ids text can produce) or from the
+    config's padded `vocab_size` ("model": e.g. 151,936 vs 151,665 for Qwen, ids no text ever
+    produces). Returns the table `write_dataset` stores.
     """
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if vocab not in VOCABS:
+        raise DatasetError(f"vocab must be {' or '.join(VOCABS)}, not {vocab!r}")
     if lengths is None:
         first, last = DEFAULT_LENGTHS[name]
         lengths = list(range(first, last + 1))
@@ -319,7 +329,9 @@ def build_dataset(
     info["documents_reused"] = 0
     with _bar(total, f"building {name}", progress) as bar:
         if name == "random":
-            samples = _random_samples(vocab_size, length_list, per_length, int(seed))
+            draw = vocab_size if vocab == "model" else min(len(tok), vocab_size)
+            samples = _random_samples(draw, length_list, per_length, int(seed))
+            info["random_vocab"] = f"{vocab}: [0, {draw})"
             bar.update(total)
         elif docs is not None:
             samples, info["documents_reused"] = _nl_samples(
@@ -347,6 +359,7 @@ def build_dataset(
         "per_length": per_length,
         "seed": int(seed),
         "source": source,
+        **({"vocab": vocab} if name == "random" else {}),
     }
     return make_table(_columns(samples, name, model, tok, vocab_size), args, info)
 

@@ -248,7 +248,7 @@ def _grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
 MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
-BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source"}
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab"}
 ALGORITHM_KEYS = {"name", "label", "params", "grid", "steps"}  # steps: this entry's budget
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
@@ -504,8 +504,16 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
             raise fail(f"{where}.build", "must be a mapping")
         _known(spec.build, BUILD_KEYS, f"{where}.build", fail)
         from sodaray.data import DATASETS, parse_lengths
+        from sodaray.data.build import VOCABS
 
         kind = spec.build.get("dataset", spec.name)
+        if kind == "random":
+            # Written out so the job hash and the dataset cache key say which vocabulary the ids
+            # came from (files built before the option drew from the padded vocab_size).
+            vocab = spec.build.get("vocab", "tokenizer")
+            if vocab not in VOCABS:
+                raise fail(f"{where}.build.vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "vocab": vocab})
         if kind not in DATASETS:
             raise fail(
                 f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"
