@@ -98,6 +98,18 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
     obj.add_argument("--loss", choices=["huber", "mse"], default="huber")
     obj.add_argument("--fluency-weight", type=float, default=0.0)
+    obj.add_argument(
+        "--text-loss",
+        choices=["logprob", "prob"],
+        default="logprob",
+        help="text objective: log-prob margins (authors' code, default) or Eq. 5's prob margins",
+    )
+    obj.add_argument(
+        "--fluency-form",
+        choices=["argmax", "relaxed"],
+        default="argmax",
+        help="fluency penalty: NLL of the argmax tokens (paper, default) or relaxed cross-entropy",
+    )
     obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
     obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
     srch = p.add_argument_group("search")
@@ -199,6 +211,8 @@ def cmd_invert(args: argparse.Namespace) -> int:
             output_tokens=args.output_tokens,
             loss=args.loss,
             fluency_weight=args.fluency_weight,
+            text_loss=args.text_loss,
+            fluency_form=args.fluency_form,
             atol=args.atol,
             rtol=args.rtol,
         )

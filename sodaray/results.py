@@ -21,6 +21,8 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | output_tokens | int32 | observed output positions |
 | loss | string | `huber` or `mse` |
 | fluency_weight | float64 | fluency penalty weight (0: off) |
+| text_loss | string | text objective's form, `logprob` or `prob` (null: logits) |
+| fluency_form | string | fluency penalty's form, `argmax` or `relaxed` (null: off) |
 | seed, max_steps | int64 | the search's seed and step budget |
 | params | string | the algorithm's parameters as JSON (seed aside) |
 | true_tokens, tokens | list<int64> | true input (null when unknown) and recovered input |
@@ -60,7 +62,8 @@ from sodaray.search.base import InversionResult
 
 log = logging.getLogger(__name__)
 
-# 2: the `space` column. New nullable columns (model_layers, model_width) keep the version:
+# 2: the `space` column. New nullable columns (model_layers, model_width, text_loss,
+# fluency_form) keep the version:
 # older files read back with them null.
 SCHEMA_VERSION = 2
 VERSION_KEY = b"sodaray.results.version"
@@ -87,6 +90,8 @@ RESULT_SCHEMA = pa.schema(
         ("output_tokens", pa.int32()),
         ("loss", pa.string()),
         ("fluency_weight", pa.float64()),
+        ("text_loss", pa.string()),
+        ("fluency_form", pa.string()),
         ("seed", pa.int64()),
         ("max_steps", pa.int64()),
         ("params", pa.string()),
@@ -207,6 +212,9 @@ def result_rows(
                 "output_tokens": obj.output_tokens,
                 "loss": obj.loss,
                 "fluency_weight": float(obj.fluency_weight),
+                # Null where the option played no part (and in files from before it).
+                "text_loss": obj.text_loss if obj.kind == "text" else None,
+                "fluency_form": obj.fluency_form if obj.fluency_weight > 0 else None,
                 "seed": r.seed,
                 "max_steps": params.get("max_steps"),
                 "params": json.dumps(params, sort_keys=True, default=str),
