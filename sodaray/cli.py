@@ -369,6 +369,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         help="random ids over len(tokenizer) (default, as the authors) or the config's padded "
         "vocab_size",
     )
+    b.add_argument(
+        "--records",
+        choices=["whole", "prefix"],
+        default="whole",
+        help="privacy: records whose whole text has the length (default, as the authors) or "
+        "prefixes of longer records",
+    )
     b.add_argument("--out", required=True, help="output Parquet file")
     b.set_defaults(func=cmd_data_build)
 
@@ -393,6 +400,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         source=args.source,
         gguf_file=args.gguf_file,
         vocab=args.vocab,
+        records=args.records,
     )
     path = write_dataset(table, args.out)
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")

@@ -248,7 +248,7 @@ def _grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
 MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
-BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab"}
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
 ALGORITHM_KEYS = {"name", "label", "params", "grid", "steps"}  # steps: this entry's budget
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
@@ -514,6 +514,12 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
             if vocab not in VOCABS:
                 raise fail(f"{where}.build.vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
             spec = DatasetSpec(spec.name, spec.path, {**spec.build, "vocab": vocab})
+        if kind == "privacy":
+            # Written out, as `vocab` above: sets built before the option took prefixes.
+            records = spec.build.get("records", "whole")
+            if records not in ("whole", "prefix"):
+                raise fail(f"{where}.build.records", f"whole or prefix, not {records!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "records": records})
         if kind not in DATASETS:
             raise fail(
                 f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"
