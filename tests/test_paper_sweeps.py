@@ -146,3 +146,18 @@ def test_length_table_runs_every_assumed_length_on_every_true_length() -> None:
     assert all(lengths(j) == [1, 2, 3, 4, 5] for j in jobs)
     assert steps_by_algorithm(jobs) == {"soda": {10_000}}
     assert len({j.config_hash for j in jobs}) == 5  # each assumed length its own results
+
+
+def test_presets_say_where_paper_and_config_disagree() -> None:
+    from sodaray.presets import get_preset
+
+    config, paper = get_preset("qwen2.5-3b"), get_preset("qwen2.5-3b-paper")
+    assert config.soda["learning_rate"] == 0.03 and "0.3" in config.note
+    assert paper.soda["learning_rate"] == 0.3
+    assert {k: v for k, v in paper.soda.items() if k != "learning_rate"} == {
+        k: v for k, v in config.soda.items() if k != "learning_rate"
+    }
+    assert get_preset("pythia-1.4b-tdc").hub_id.endswith("test-phase")
+    # The models sweep runs the config's value.
+    jobs = [j for j in sweep("models").jobs() if j.model.preset == "qwen2.5-3b"]
+    assert [j.params["learning_rate"] for j in jobs] == [0.03]
