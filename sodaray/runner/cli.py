@@ -151,18 +151,20 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
     print(f"{'job':<{width}}  samples  max steps  max sample-steps  rate/s  est. time")
     totals = {"samples": 0, "sample_steps": 0, "gpu": 0.0, "cpu": 0.0}
     unknown = 0
+    unloadable: set[str] = set()  # models that failed to load: not tried again per job
     for job, cost in zip(jobs, costs, strict=True):
         key = json_key(job, cost)
         if key not in rates:
             if args.rate is not None:
                 rates[key] = args.rate
-            elif args.no_calibrate:
+            elif args.no_calibrate or job.model.label in unloadable:
                 rates[key] = "-"
             else:
                 try:
                     rates[key] = calibrate(job, cost)
                 except Exception as exc:  # a model not loadable here: say why, go on
                     print(f"  no calibration for {job.model.label}: {exc}".splitlines()[0])
+                    unloadable.add(job.model.label)
                     rates[key] = "-"
         rate = rates[key]
         totals["samples"] += cost.samples
