@@ -98,6 +98,18 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
     obj.add_argument("--loss", choices=["huber", "mse"], default="huber")
     obj.add_argument("--fluency-weight", type=float, default=0.0)
+    obj.add_argument(
+        "--text-loss",
+        choices=["logprob", "prob"],
+        default="logprob",
+        help="text objective: log-prob margins (authors' code, default) or Eq. 5's prob margins",
+    )
+    obj.add_argument(
+        "--fluency-form",
+        choices=["argmax", "relaxed"],
+        default="argmax",
+        help="fluency penalty: NLL of the argmax tokens (paper, default) or relaxed cross-entropy",
+    )
     obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
     obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
     srch = p.add_argument_group("search")
@@ -199,6 +211,8 @@ def cmd_invert(args: argparse.Namespace) -> int:
             output_tokens=args.output_tokens,
             loss=args.loss,
             fluency_weight=args.fluency_weight,
+            text_loss=args.text_loss,
+            fluency_form=args.fluency_form,
             atol=args.atol,
             rtol=args.rtol,
         )
@@ -348,6 +362,20 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         help="hf (the Hugging Face hub, default), synthetic (privacy), or a local "
         "JSONL/CSV/text file",
     )
+    b.add_argument(
+        "--vocab",
+        choices=["tokenizer", "model"],
+        default="tokenizer",
+        help="random ids over len(tokenizer) (default, as the authors) or the config's padded "
+        "vocab_size",
+    )
+    b.add_argument(
+        "--records",
+        choices=["whole", "prefix"],
+        default="whole",
+        help="privacy: records whose whole text has the length (default, as the authors) or "
+        "prefixes of longer records",
+    )
     b.add_argument("--out", required=True, help="output Parquet file")
     b.set_defaults(func=cmd_data_build)
 
@@ -371,6 +399,8 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         seed=args.seed,
         source=args.source,
         gguf_file=args.gguf_file,
+        vocab=args.vocab,
+        records=args.records,
     )
     path = write_dataset(table, args.out)
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")

@@ -135,8 +135,12 @@ def pii_partial(df: pd.DataFrame) -> Mean:
     return mean_se(scores)
 
 
-def pii_by_label(df: pd.DataFrame) -> dict[str, tuple[int, int]]:
-    """label -> (tokens recovered, tokens in total), as in the paper's appendix table."""
+NO_PII = "None"  # the row of tokens without a PII label
+
+
+def pii_by_label(df: pd.DataFrame, *, with_none: bool = False) -> dict[str, tuple[int, int]]:
+    """label -> (tokens recovered, tokens in total), as in the paper's appendix table;
+    `with_none` adds the tokens without a label under `NO_PII`."""
     right: Counter[str] = Counter()
     total: Counter[str] = Counter()
     for t, r, labels in zip(
@@ -144,9 +148,11 @@ def pii_by_label(df: pd.DataFrame) -> dict[str, tuple[int, int]]:
     ):
         hits = token_matches(t, r)
         for lab, hit in zip(labels, hits, strict=True):
-            if lab is not None:
-                total[lab] += 1
-                right[lab] += int(hit)
+            if lab is None and not with_none:
+                continue
+            key = NO_PII if lab is None else lab
+            total[key] += 1
+            right[key] += int(hit)
     return {lab: (right[lab], total[lab]) for lab in sorted(total)}
 
 
@@ -157,12 +163,24 @@ def false_discovery(df: pd.DataFrame) -> Proportion:
     return proportion(int((~found["exact"].astype(bool)).sum()), len(found))
 
 
+UNSOLVED = "unsolved"  # length-confusion column of samples no tried length solved
+
+
 def length_confusion(df: pd.DataFrame) -> pd.DataFrame:
-    """Counts of true length (rows) by predicted length (columns)."""
+    """Counts of true length (rows) by predicted length (columns). A sample never solved has
+    no predicted length: it counts under `UNSOLVED`, not at the last length tried."""
     known = df[df["length"].notna()]
-    return pd.crosstab(
-        known["length"].astype(int), known["predicted_length"].astype(int)
-    ).rename_axis(index="true length", columns="predicted length")
+    found = known["found"].fillna(False).astype(bool)
+    predicted = [
+        int(p) if f and pd.notna(p) else UNSOLVED
+        for p, f in zip(known["predicted_length"], found, strict=True)
+    ]
+    counts = pd.crosstab(
+        known["length"].astype(int).to_numpy(), pd.Series(predicted, dtype=object).to_numpy()
+    )
+    numeric = sorted(c for c in counts.columns if c != UNSOLVED)
+    columns = numeric + ([UNSOLVED] if UNSOLVED in counts.columns else [])
+    return counts[columns].rename_axis(index="true length", columns="predicted length")
 
 
 def solved_by_step(df: pd.DataFrame, steps: Sequence[int] | None = None) -> pd.Series:
@@ -190,6 +208,17 @@ def solved_by_position(df: pd.DataFrame) -> pd.Series:
             hits[i] += int(hit)
             count[i] += 1
     return pd.Series({i + 1: hits[i] / count[i] for i in sorted(count)}, name="recovered")
+
+
+def solved_by_position_by_length(df: pd.DataFrame) -> pd.DataFrame:
+    """`solved_by_position` per true input length, as the paper's figure: rows are positions
+    (1-based), columns lengths; a position past a length is NaN."""
+    known = df[df["true_tokens"].notna() & df["length"].notna()]
+    columns = {
+        int(n): solved_by_position(rows)
+        for n, rows in sorted(known.groupby(known["length"].astype(int)))
+    }
+    return pd.DataFrame(columns).rename_axis(index="position", columns="length")
 
 
 # ---- cosine similarity ----------------------------------------------------------------------

@@ -97,6 +97,21 @@ class LoadedModel:
         return None
 
     @property
+    def num_layers(self) -> int | None:
+        """Transformer blocks, from the config (the paper's models table); None if unsaid."""
+        config = getattr(self.model, "config", None)
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def width(self) -> int:
+        """The residual-stream width: the input embedding's dimension."""
+        return int(self.embedding_matrix.shape[1])
+
+    @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

@@ -23,6 +23,17 @@ from sodaray.models import LoadedModel
 
 ObjectiveKind = Literal["logits", "text"]
 LossKind = Literal["huber", "mse"]
+# Text objective: "logprob" is the authors' code, mean over output positions of
+# max log-prob - log-prob of the observed token (clamped at 1e-12); "prob" is the paper's Eq. 5,
+# the sum of probability differences. The default is the form that found more on held-out
+# validation inputs (benchmarks/RESULTS.md, issue 13).
+TextLoss = Literal["logprob", "prob"]
+TEXT_LOSSES: tuple[str, ...] = ("logprob", "prob")
+# Fluency penalty: "argmax" is the paper's Eq. 6 and the authors' code, the NLL of the relaxed
+# input's argmax tokens (gradient through the model's predictions only); "relaxed" is the
+# cross-entropy between each relaxed one-hot and the model's prediction.
+FluencyForm = Literal["argmax", "relaxed"]
+FLUENCY_FORMS: tuple[str, ...] = ("argmax", "relaxed")
 # Where observed logits are compared: as the model emits them, with each position's mean over
 # the vocabulary subtracted (TransformerLens' `center_unembed`, which the authors' code loads
 # with), or as log-probabilities (what APIs and llama.cpp show). One place defines each: see
@@ -49,6 +60,8 @@ class Objective:
     loss: LossKind = "huber"
     huber_delta: float = 1.0
     fluency_weight: float = 0.0
+    text_loss: TextLoss = "logprob"
+    fluency_form: FluencyForm = "argmax"
     atol: float | None = None
     rtol: float | None = None
 
@@ -75,6 +88,10 @@ class Objective:
             raise ValueError("huber_delta must be positive")
         if self.fluency_weight < 0:
             raise ValueError("fluency_weight must be non-negative")
+        if self.text_loss not in TEXT_LOSSES:
+            raise ValueError(f"text_loss must be logprob or prob, not {self.text_loss!r}")
+        if self.fluency_form not in FLUENCY_FORMS:
+            raise ValueError(f"fluency_form must be argmax or relaxed, not {self.fluency_form!r}")
 
 
 @dataclass
@@ -459,23 +476,37 @@ def objective_loss(
         pred = predicted_in_space(model, h_obs, batch.observed_indices, objective.space)
         per_entry = _elementwise_loss(objective, pred, batch.observed_values)
         loss = per_entry.flatten(1).mean(1)
-    else:
+    elif objective.text_loss == "prob":
         # Eq. 5: sum over positions of max_a p(a) - p(y_i), teacher-forced on y.
         probs = model.unembed(h_obs).float().softmax(-1)
         p_true = probs.gather(-1, batch.continuation[..., None]).squeeze(-1)
         loss = (probs.amax(-1) - p_true).sum(1)
+    else:
+        # The authors' form: log-probabilities keep a gradient where p(y_i) is tiny, which the
+        # probability difference flattens; the clamp keeps the loss positive once matched.
+        logp = model.unembed(h_obs).float().log_softmax(-1)
+        lp_true = logp.gather(-1, batch.continuation[..., None]).squeeze(-1)
+        loss = (logp.amax(-1) - lp_true).clamp_min(1e-12).mean(1)
     if objective.fluency_weight > 0:
-        loss = loss + objective.fluency_weight * fluency_penalty(model, hidden, n, input_probs)
+        penalty = fluency_penalty(model, hidden, n, input_probs, form=objective.fluency_form)
+        loss = loss + objective.fluency_weight * penalty
     return loss
 
 
 def fluency_penalty(
-    model: LoadedModel, hidden: Tensor, n: int, input_probs: Tensor | None
+    model: LoadedModel,
+    hidden: Tensor,
+    n: int,
+    input_probs: Tensor | None,
+    *,
+    form: str = "argmax",
 ) -> Tensor:
     """Eq. 6: mean negative log-likelihood of the candidate's own tokens, (B,).
 
-    Relaxed: the cross-entropy between each relaxed one-hot and the model's prediction for that
-    position. The first input token is scored only when a prefix (e.g. BOS) precedes it.
+    `argmax` (the paper's): the NLL of each relaxed one-hot's most likely token, the gradient
+    flowing through the model's predictions only. `relaxed`: the cross-entropy between each
+    relaxed one-hot and the model's prediction for that position. The first input token is
+    scored only when a prefix (e.g. BOS) precedes it.
     """
     if input_probs is None:
         raise ValueError("the fluency penalty needs the relaxed input")
@@ -486,7 +517,11 @@ def fluency_penalty(
     # Positions p+first-1 .. p+n-2 predict input tokens first .. n-1.
     logits = model.unembed(hidden[:, p + first - 1 : p + n - 1]).float()
     logp = logits.log_softmax(-1)
-    nll = -(input_probs[:, first:].float() * logp).sum(-1)
+    if form == "argmax":
+        tokens = input_probs[:, first:].argmax(-1, keepdim=True)
+        nll = -logp.gather(-1, tokens).squeeze(-1)
+    else:
+        nll = -(input_probs[:, first:].float() * logp).sum(-1)
     return nll.mean(1)
 
 

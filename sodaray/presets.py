@@ -1,7 +1,13 @@
 """The paper's SODA hyperparameters per model, with each model's hub id.
 
 Values are those of the authors' released configs (AdrSkapars/inversion_optimisation,
-`inv_configs.py`), which accompany the paper's appendix. A preset YAML (as written by
+`inv_configs.py`), which accompany the paper's appendix. Where the paper and the config
+disagree, a preset follows the config, the values the authors' runs were launched with, and says
+so in its `note`: Qwen-2.5-3B's learning rate is 0.3 in the paper's appendix and 0.03 in the
+config (0.3 is ten times every other model's rate, most likely a typo; `qwen2.5-3b-paper` has
+it for anyone who wants the printed value); the Pythia-1.4B model is named only `pythia-1.4b`
+in the config, and the preset uses the TDC-2023 trojan base model's test-phase release (the
+paper's TDC setting; the dev-phase release is another checkpoint). A preset YAML (as written by
 `sodaray tune`) can be loaded with `load_preset_file`.
 """
 
@@ -43,12 +49,24 @@ PRESETS: dict[str, Preset] = {
         Preset("gpt2-small", "openai-community/gpt2", _soda(0.02, 0.98, 0.93, 0.997)),
         Preset("gpt2-xl", "openai-community/gpt2-xl", _soda(0.03, 0.96, 0.93, 0.995)),
         Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", _soda(0.03, 0.98, 0.9, 0.995)),
-        Preset("qwen2.5-3b", "Qwen/Qwen2.5-3B", _soda(0.03, 0.97, 0.9, 0.995, tau=0.07)),
+        Preset(
+            "qwen2.5-3b",
+            "Qwen/Qwen2.5-3B",
+            _soda(0.03, 0.97, 0.9, 0.995, tau=0.07),
+            note="learning rate 0.03 from the authors' config; the paper's appendix prints 0.3",
+        ),
+        Preset(
+            "qwen2.5-3b-paper",
+            "Qwen/Qwen2.5-3B",
+            _soda(0.3, 0.97, 0.9, 0.995, tau=0.07),
+            note="the paper appendix's learning rate 0.3 (the authors' config has 0.03)",
+        ),
         Preset(
             "pythia-1.4b-tdc",
             "TDC2023/trojan-base-pythia-1.4b-test-phase",
             _soda(0.025, 0.98, 0.9, 0.995, t1=75),
-            note="the TDC-2023 trojan detection base model (Pythia-1.4B architecture)",
+            note="the TDC-2023 trojan detection base model (Pythia-1.4B architecture), "
+            "test-phase release; the authors' config names only pythia-1.4b",
         ),
     ]
 }

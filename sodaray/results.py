@@ -10,6 +10,7 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | model | string | model id or path |
 | model_name | string | the model's label (a sweep entry's `name`; default: the id's last part) |
 | model_parameters, vocab_size | int64 | model size, for scaling plots |
+| model_layers, model_width | int32, int64 | blocks and embedding width (null in older files) |
 | dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
 | sample_id | int64 | the sample's id in its dataset |
 | length | int32 | true input length (null when unknown) |
@@ -20,6 +21,8 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | output_tokens | int32 | observed output positions |
 | loss | string | `huber` or `mse` |
 | fluency_weight | float64 | fluency penalty weight (0: off) |
+| text_loss | string | text objective's form, `logprob` or `prob` (null: logits) |
+| fluency_form | string | fluency penalty's form, `argmax` or `relaxed` (null: off) |
 | seed, max_steps | int64 | the search's seed and step budget |
 | params | string | the algorithm's parameters as JSON (seed aside) |
 | true_tokens, tokens | list<int64> | true input (null when unknown) and recovered input |
@@ -31,7 +34,7 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | seconds | float64 | wall-clock seconds in the batch |
 | final_loss | float64 | relaxed loss at the last step |
 | predicted_length | int32 | length of the recovered input |
-| length_mode | string | `fixed` (length given) or `auto` (lengths 1..N tried) |
+| length_mode | string | `fixed` (true length), `assumed` (length given) or `auto` (1..N tried) |
 | lengths_tried | list<int32> | lengths searched, in order |
 | device | string | torch device the search ran on |
 | versions | string | JSON of package versions (sodaray, torch, transformers, ...) |
@@ -59,7 +62,10 @@ from sodaray.search.base import InversionResult
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: the `space` column
+# 2: the `space` column. New nullable columns (model_layers, model_width, text_loss,
+# fluency_form) keep the version:
+# older files read back with them null.
+SCHEMA_VERSION = 2
 VERSION_KEY = b"sodaray.results.version"
 
 RESULT_SCHEMA = pa.schema(
@@ -72,6 +78,8 @@ RESULT_SCHEMA = pa.schema(
         ("model_name", pa.string()),
         ("model_parameters", pa.int64()),
         ("vocab_size", pa.int64()),
+        ("model_layers", pa.int32()),
+        ("model_width", pa.int64()),
         ("dataset", pa.string()),
         ("sample_id", pa.int64()),
         ("length", pa.int32()),
@@ -82,6 +90,8 @@ RESULT_SCHEMA = pa.schema(
         ("output_tokens", pa.int32()),
         ("loss", pa.string()),
         ("fluency_weight", pa.float64()),
+        ("text_loss", pa.string()),
+        ("fluency_form", pa.string()),
         ("seed", pa.int64()),
         ("max_steps", pa.int64()),
         ("params", pa.string()),
@@ -117,6 +127,8 @@ class RunContext:
     objective: Any  # sodaray.objectives.Objective
     model_parameters: int | None = None
     vocab_size: int | None = None
+    model_layers: int | None = None
+    model_width: int | None = None
     dataset: str = ""
     length_mode: str = "fixed"
     sweep: str = ""
@@ -133,6 +145,8 @@ class RunContext:
             objective=objective,
             model_parameters=model.num_parameters,
             vocab_size=model.vocab_size,
+            model_layers=model.num_layers,
+            model_width=model.width,
             device=str(model.device),
             **kwargs,
         )
@@ -186,6 +200,8 @@ def result_rows(
                 "model_name": context.model_name or model_label(context.model),
                 "model_parameters": context.model_parameters,
                 "vocab_size": context.vocab_size,
+                "model_layers": context.model_layers,
+                "model_width": context.model_width,
                 "dataset": context.dataset,
                 "sample_id": r.sample_id,
                 "length": None if r.true_tokens is None else len(r.true_tokens),
@@ -196,6 +212,9 @@ def result_rows(
                 "output_tokens": obj.output_tokens,
                 "loss": obj.loss,
                 "fluency_weight": float(obj.fluency_weight),
+                # Null where the option played no part (and in files from before it).
+                "text_loss": obj.text_loss if obj.kind == "text" else None,
+                "fluency_form": obj.fluency_form if obj.fluency_weight > 0 else None,
                 "seed": r.seed,
                 "max_steps": params.get("max_steps"),
                 "params": json.dumps(params, sort_keys=True, default=str),

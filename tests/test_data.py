@@ -241,12 +241,40 @@ def test_privacy_from_ai4privacy_jsonl(tmp_path, gpt2_tok):
     ]
     src = tmp_path / "pii.jsonl"
     src.write_text("\n".join(lines) + "\n")
-    table = build_dataset(str(GPT2), "privacy", "4,12", 3, source=str(src), tokenizer=gpt2_tok)
+    table = build_dataset(
+        str(GPT2), "privacy", "4,12", 3, source=str(src), tokenizer=gpt2_tok, records="prefix"
+    )
     ids, labels = label_tokens(gpt2_tok.tokenizer, text, [Span(**_span(m)) for m in mask[:4]])
     for r in table.to_pylist():
         assert r["tokens"] == ids[: r["length"]] and r["pii_labels"] == labels[: r["length"]]
     assert sorted(table.column("document_id").to_pylist()) == list(range(6))
     assert "SOMETHINGELSE" not in str(table.column("pii_labels").to_pylist())
+
+
+def test_privacy_whole_records_of_each_length_first_in_order(tmp_path, gpt2_tok):
+    """The authors' set: records whose whole text has the length, the first of each length in
+    source order; longer records are not cut to a prefix."""
+    texts = [
+        "Call Anna now.",  # short
+        "Write to Anna Smith at anna@example.org today, thanks a lot for it.",
+        "Call Bob now.",
+        "Call Eve now.",
+        "Call Tom now.",
+    ]
+    lines = []
+    for text in texts:
+        start = text.index(text.split()[1])
+        mask = [{"label": "GIVENNAME", "start": start, "end": start + len(text.split()[1])}]
+        lines.append(json.dumps({"source_text": text, "privacy_mask": mask}))
+    src = tmp_path / "pii.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    n = len(gpt2_tok.tokenizer(texts[0])["input_ids"])
+    table = build_dataset(str(GPT2), "privacy", str(n), 2, source=str(src), tokenizer=gpt2_tok)
+    rows = table.to_pylist()
+    assert [r["document_id"] for r in rows] == [0, 2]  # the first two whole records of length n
+    assert [gpt2_tok.tokenizer.decode(r["tokens"]) for r in rows] == texts[0:1] + texts[2:3]
+    assert rows[0]["pii_labels"].count("GIVENNAME") >= 1 and None in rows[0]["pii_labels"]
+    assert dataset_metadata(table)["args"]["records"] == "whole"
 
 
 def _span(m: dict) -> dict:
@@ -291,7 +319,7 @@ def test_hub_rows_streamed_in_order(monkeypatch, gpt2_tok):
         {"source_text": text, "privacy_mask": pii, "language": lang} for lang in ("de", "en", "en")
     ]
     monkeypatch.setattr(sources, "_open_hub", lambda hub: iter(records))
-    table = build_dataset(str(GPT2), "privacy", "5", 2, tokenizer=gpt2_tok)
+    table = build_dataset(str(GPT2), "privacy", "5", 2, tokenizer=gpt2_tok, records="prefix")
     assert sorted(table.column("document_id").to_pylist()) == [1, 2]  # English rows only
     assert "TELEPHONENUM" in table.column("pii_labels").to_pylist()[0]
 

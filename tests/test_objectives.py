@@ -107,14 +107,20 @@ def test_top_k_match_needs_same_top_set(tiny_llama):
     assert not matched[differs].any()
 
 
-def test_text_loss_formula(tiny_llama):
-    objective = sodaray.Objective(kind="text", output_tokens=2)
+@pytest.mark.parametrize("form", ["prob", "logprob"])
+def test_text_loss_formula(tiny_llama, form):
+    objective = sodaray.Objective(kind="text", output_tokens=2, text_loss=form)
     targets = sodaray.make_targets(tiny_llama, [[1, 2]], objective=objective)
     y = targets.continuation[0]
     cand = [[4, 4]]
     seq = torch.tensor([cand[0] + [int(y[0])]])
-    probs = tiny_llama.token_logits(seq)[0, -2:].softmax(-1)
-    expected = (probs.max(-1).values - probs[torch.arange(2), y]).sum()
+    logits = tiny_llama.token_logits(seq)[0, -2:]
+    if form == "prob":  # the paper's Eq. 5: summed probability margins
+        probs = logits.softmax(-1)
+        expected = (probs.max(-1).values - probs[torch.arange(2), y]).sum()
+    else:  # the authors' code: mean log-probability margins, clamped at 1e-12
+        logp = logits.log_softmax(-1)
+        expected = (logp.max(-1).values - logp[torch.arange(2), y]).clamp_min(1e-12).mean()
     torch.testing.assert_close(
         one_hot_loss(tiny_llama, targets, cand)[0], expected, rtol=1e-4, atol=1e-6
     )
@@ -130,6 +136,24 @@ def test_fluency_penalty_is_mean_nll_of_own_tokens(tiny_llama):
     torch.testing.assert_close(
         one_hot_loss(tiny_llama, targets, cand)[0], base[0] + 0.5 * nll, rtol=1e-4, atol=1e-6
     )
+
+
+def test_fluency_forms_on_a_relaxed_input(tiny_llama):
+    """argmax (the paper's): NLL of each relaxed one-hot's argmax token, no gradient into the
+    relaxed weights except through the model; relaxed: the cross-entropy with the weights."""
+    from sodaray.objectives import fluency_penalty
+
+    torch.manual_seed(0)
+    probs = torch.randn(1, 3, tiny_llama.vocab_size).softmax(-1).requires_grad_(True)
+    hidden = tiny_llama.hidden(probs @ tiny_llama.embedding_matrix)
+    logp = tiny_llama.unembed(hidden[:, :2]).float().log_softmax(-1)
+    top = probs[0, 1:].argmax(-1)
+    argmax = fluency_penalty(tiny_llama, hidden, 3, probs, form="argmax")
+    relaxed = fluency_penalty(tiny_llama, hidden, 3, probs, form="relaxed")
+    torch.testing.assert_close(argmax[0], -logp[0, torch.arange(2), top].mean())
+    torch.testing.assert_close(relaxed[0], -(probs[0, 1:] * logp[0]).sum(-1).mean())
+    assert not torch.isclose(argmax, relaxed).any()
+    assert sodaray.Objective().fluency_form == "argmax"  # the paper's form by default
 
 
 def test_continuation_is_greedy(tiny_llama):

@@ -26,7 +26,10 @@ def run(model, tokens, config, objective=None, *, dataset="random", length=None,
     targets = sodaray.make_targets(model, tokens, objective=objective)
     results = sodaray.invert(model, targets, config, length=length, max_length=2)
     context = RunContext.for_model(
-        model, objective, dataset=dataset, length_mode="auto" if length == "auto" else "fixed"
+        model,
+        objective,
+        dataset=dataset,
+        length_mode="auto" if length == "auto" else "fixed" if length is None else "assumed",
     )
     texts = [model.decode(t) for t in tokens]
     return result_rows(results, context, true_texts=texts, pii_labels=pii)
@@ -83,6 +86,8 @@ def test_report_over_a_real_run_makes_every_table(tmp_path, capsys):
         "algo/embedding.parquet": run(stories, one, sodaray.EmbeddingConfig(max_steps=40)),
         "algo/gcg.parquet": run(stories, one, sodaray.GcgConfig(max_steps=3, num_candidates=32)),
         "length/auto.parquet": run(stories, one[:2] + two[:1], soda, length="auto"),
+        "length/assumed1.parquet": run(stories, one[:2] + two[:1], soda, length=1),
+        "length/assumed2.parquet": run(stories, one[:2] + two[:1], soda, length=2),
         "privacy/pii.parquet": run(
             stories,
             [[172, 40, 5], [6, 7, 8]],
@@ -107,6 +112,7 @@ def test_report_over_a_real_run_makes_every_table(tmp_path, capsys):
         "privacy",
         "privacy_labels",
         "length",
+        "length_auto",
     ):
         for ext in ("md", "tex", "csv"):
             assert (out / f"{name}.{ext}").is_file(), (name, ext, printed)

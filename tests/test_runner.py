@@ -100,3 +100,27 @@ def test_interrupted_sweep_resumes_only_missing_shards(tmp_path, local_ray):
     rerun = run_sweep(sweep, tmp_path / "out")
     assert len(rerun.done) == 8 - finished and rerun.shards_skipped == finished
     assert rows_by_job(tmp_path / "out") == expected_rows(sweep)
+
+
+def test_assumed_lengths_run_every_sample_at_each_length(tmp_path, local_ray):
+    """The paper's length table: each assumed length is its own job over every true length, a
+    wrong length included, and the report shows the share found per (true, assumed) pair."""
+    sweep = load_sweep(
+        write_sweep(
+            tmp_path,
+            models=[{"id": str(STORIES), "num_cpus": 1}],
+            algorithms=[{"name": "soda"}],
+            length=[1, 2],
+            shard_size=8,
+        )
+    )
+    run = run_sweep(sweep, tmp_path / "out")
+    assert run.jobs == 2 and not run.failed
+    rows = read_results(tmp_path / "out").to_pylist()
+    pairs = sorted((r["length"], r["predicted_length"], r["length_mode"]) for r in rows)
+    assert pairs == sorted((t, a, "assumed") for t in (1, 2) for a in (1, 2) for _ in range(4))
+    # A wrong length is never an exact recovery.
+    assert not any(r["exact"] for r in rows if r["length"] != r["predicted_length"])
+    assert main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
+    length_md = (tmp_path / "report" / "length.md").read_text()
+    assert "assumed 1" in length_md and "assumed 2" in length_md

@@ -1,6 +1,7 @@
 """Building the paper's evaluation datasets as token sequences of a model's tokenizer.
 
-- `random`: tokens drawn uniformly from [0, vocab_size) with `numpy.random.default_rng(seed)`,
+- `random`: tokens drawn uniformly from [0, len(tokenizer)) (or the config's padded
+  vocab_size with vocab="model") with `numpy.random.default_rng(seed)`,
   length by length (default 1-10, 1000 per length). The paper's convention: seed 1 is the test
   set, seed 0 the validation set that tuning uses, so tuning never sees test samples.
 - `nl-id` (TinyStories validation stories) and `nl-ood` (Reddit comments): documents are visited
@@ -10,9 +11,12 @@
   such a sentence is passed over and stays unused; no document serves two samples while unused
   ones remain, and when a source runs out documents are reused, with a warning and the count in
   the metadata (`documents_reused`).
-- `privacy`: the first L tokens of ai4privacy records (hub or local JSONL), chosen as above and
-  holding at least one PII token, or synthetic Faker text (`pii.SyntheticPii`) with
-  `--source synthetic` or when the hub cannot be reached. Default lengths 15-24, 500 per length.
+- `privacy`: ai4privacy records (English rows of the hub's train split, or a local JSONL copy)
+  whose whole text is L tokens, the first 500 of each length in source order, as the authors
+  built it (the paper's PII totals describe whole records); `records="prefix"` takes instead
+  the first L tokens of records chosen as above and holding at least one PII token. Synthetic
+  Faker text (`pii.SyntheticPii`) with `--source synthetic` or when the hub cannot be reached
+  (labelled in the metadata and the report). Default lengths 15-24, 500 per length.
 
 Lengths are built in increasing order; samples are numbered in that order.
 """
@@ -220,6 +224,26 @@ def _record_samples(
     return samples, reused
 
 
+def _whole_record_samples(
+    tok: Any, records: list[dict[str, Any]], lengths: list[int], per_length: int, bar
+) -> tuple[list[Sample], dict[int, int]]:
+    """The authors' privacy set: records whose whole text is one of `lengths` tokens, the first
+    `per_length` of each length in source order (the paper's PII totals count whole records).
+    Returns the samples and, per length, how many records were missing."""
+    wanted = set(lengths)
+    got: dict[int, list[Sample]] = {n: [] for n in lengths}
+    for record in records:
+        if all(len(got[n]) >= per_length for n in lengths):
+            break
+        ids, labels = record_tokens(tok, record)
+        n = len(ids)
+        if n in wanted and len(got[n]) < per_length:
+            got[n].append((n, int(record["id"]), ids, labels))
+            bar.update()
+    short = {n: per_length - len(got[n]) for n in lengths if len(got[n]) < per_length}
+    return [s for n in lengths for s in got[n]], short
+
+
 def _synthetic_samples(
     tok: Any, lengths: list[int], per_length: int, seed: int, bar
 ) -> list[Sample]:
@@ -276,6 +300,10 @@ def _load_source(
     return None, None, info
 
 
+RECORDS = ("whole", "prefix")  # privacy samples: whole records or prefixes of longer ones
+VOCABS = ("tokenizer", "model")  # random ids over len(tokenizer) or the config's vocab_size
+
+
 def build_dataset(
     model: str,
     name: str,
@@ -287,14 +315,25 @@ def build_dataset(
     gguf_file: str | None = None,
     tokenizer: TokenizerInfo | None = None,
     progress: bool | None = None,
+    vocab: str = "tokenizer",
+    records: str = "whole",
 ) -> pa.Table:
     """Build dataset `name` for `model`'s tokenizer (hub id, folder or .gguf; weights unused).
 
     `source`: None or "hf" (the hub), "synthetic" (privacy only) or a local file path.
-    `tokenizer` skips loading when already at hand. Returns the table `write_dataset` stores.
+    `tokenizer` skips loading when already at hand. `vocab` (random only): ids drawn from
+    `len(tokenizer)` ("tokenizer", the authors' choice: ids text can produce) or from the
+    config's padded `vocab_size` ("model": e.g. 151,936 vs 151,665 for Qwen, ids no text ever
+    produces). `records` (privacy from the hub or a file): "whole", records whose whole text
+    has the length (the authors' set), or "prefix", the first tokens of longer records.
+    Returns the table `write_dataset` stores.
     """
     if name not in DATASETS:
         raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if vocab not in VOCABS:
+        raise DatasetError(f"vocab must be {' or '.join(VOCABS)}, not {vocab!r}")
+    if records not in RECORDS:
+        raise DatasetError(f"records must be {' or '.join(RECORDS)}, not {records!r}")
     if lengths is None:
         first, last = DEFAULT_LENGTHS[name]
         lengths = list(range(first, last + 1))
@@ -312,23 +351,38 @@ def build_dataset(
 
     check_memory(dataset_bytes(length_list, per_length), f"{total} samples (rows)")
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.
-    docs, records, info = _load_source(name, source, total)
+    docs, pii_records, info = _load_source(name, source, total)
     info_tok = tokenizer or load_tokenizer(model, gguf_file=gguf_file)
     tok, vocab_size = info_tok.tokenizer, info_tok.vocab_size
     rng = np.random.default_rng(int(seed))
     info["documents_reused"] = 0
     with _bar(total, f"building {name}", progress) as bar:
         if name == "random":
-            samples = _random_samples(vocab_size, length_list, per_length, int(seed))
+            draw = vocab_size if vocab == "model" else min(len(tok), vocab_size)
+            samples = _random_samples(draw, length_list, per_length, int(seed))
+            info["random_vocab"] = f"{vocab}: [0, {draw})"
             bar.update(total)
         elif docs is not None:
             samples, info["documents_reused"] = _nl_samples(
                 tok, docs, length_list, per_length, rng, bar
             )
-        elif records is not None:
+        elif pii_records is not None and records == "whole":
+            samples, short = _whole_record_samples(tok, pii_records, length_list, per_length, bar)
+            if not samples:
+                raise DatasetError(f"{source}: no record is {length_list} tokens long as a whole")
+            info["records"] = "whole records of each length, first in source order"
+            if short:
+                info["records_missing"] = {str(n): k for n, k in short.items()}
+                log.warning(
+                    "%s has too few whole records of some lengths (missing per length: %s)",
+                    source,
+                    short,
+                )
+        elif pii_records is not None:
             samples, info["documents_reused"] = _record_samples(
-                tok, records, length_list, per_length, rng, bar
+                tok, pii_records, length_list, per_length, rng, bar
             )
+            info["records"] = "prefixes of records"
         else:
             samples = _synthetic_samples(tok, length_list, per_length, int(seed), bar)
     if info["documents_reused"]:
@@ -347,6 +401,8 @@ def build_dataset(
         "per_length": per_length,
         "seed": int(seed),
         "source": source,
+        **({"vocab": vocab} if name == "random" else {}),
+        **({"records": records} if pii_records is not None else {}),
     }
     return make_table(_columns(samples, name, model, tok, vocab_size), args, info)
 

@@ -48,18 +48,25 @@ def exact_vs_steps(df: pd.DataFrame, path: Path) -> Path | None:
 
 
 def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
+    """Tokens recovered by position, one group of bars per input length (as the paper's)."""
     base = standard_rows(df[df["variant"] == "SODA"])
-    base = base[base["true_tokens"].notna()]
+    base = base[base["true_tokens"].notna() & base["length"].notna()]
     if base.empty:
         return None
-    curve = metrics.solved_by_position(base)
+    table = metrics.solved_by_position_by_length(base)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.bar(curve.index, 100 * curve.to_numpy())
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    lengths = list(table.columns)
+    width = 0.8 / len(lengths)
+    for j, n in enumerate(lengths):
+        curve = table[n].dropna()
+        offsets = [i + (j - (len(lengths) - 1) / 2) * width for i in curve.index]
+        ax.bar(offsets, 100 * curve.to_numpy(), width=width, label=f"n={n}")
     ax.set_xlabel("token position")
     ax.set_ylabel("recovered (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Tokens recovered by position")
+    ax.set_title("Tokens recovered by position, by input length")
+    ax.legend(fontsize="small", ncol=2)
     return _save(fig, path)
 
 

@@ -80,6 +80,8 @@ def variant_label(algorithm: str, params: str | None) -> str:
     if algorithm != "soda":
         return {"embedding": "Embedding search", "gcg": "GCG"}.get(algorithm, algorithm)
     values = json.loads(params) if params else {}
+    if all(key in values and bool(values[key]) != d for key, (d, _) in SODA_SWITCHES.items()):
+        return "Adam"  # every SODA change undone: the paper's plain-Adam row
     diffs = [
         label
         for key, (default, label) in SODA_SWITCHES.items()
@@ -187,14 +189,26 @@ def table_model(df: pd.DataFrame) -> list[Table]:
     table = Table(
         "model",
         "Exact inversion (%) by input length",
-        f"SODA, {_describe_objective(base)} position(s). {settings(base)} Wilson 95% intervals.",
-        ["Model"] + [f"n={n}" for n in lengths] + ["All"],
+        f"SODA, {_describe_objective(base)} position(s). {settings(base)} Wilson 95% intervals; "
+        "layers, width and vocabulary from each model's config (blank in files from before "
+        "these columns).",
+        ["Model", "Layers", "Width", "Vocab"] + [f"n={n}" for n in lengths] + ["All"],
     )
     for model in models:
         rows = base[base["model_name"] == model]
+        shape = [_size_cell(rows, c) for c in ("model_layers", "model_width", "vocab_size")]
         cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
-        table.rows.append((model, cells + [Cell.rate(metrics.exact_rate(rows))]))
+        table.rows.append((model, shape + cells + [Cell.rate(metrics.exact_rate(rows))]))
     return [table]
+
+
+def _size_cell(rows: pd.DataFrame, column: str) -> Cell:
+    """A model's size fact (one value per model), blank when the rows do not carry it."""
+    values = rows[column].dropna() if column in rows else pd.Series([], dtype=float)
+    if values.empty:
+        return EMPTY
+    value = int(values.iloc[0])
+    return Cell(f"{value:,}", float(value))
 
 
 def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
@@ -323,22 +337,26 @@ def table_algo(df: pd.DataFrame) -> list[Table]:
     if base["algorithm"].nunique() < 2:
         return []
     kinds = [k for k in ("logits", "text") if k in set(base["objective"])]
+    with_cos = _has_cos(base)
+    measures = ["Exact", "Partial"] + (["Cos. Sim."] if with_cos else [])
     table = Table(
         "algo",
-        "Exact inversion (%) by algorithm",
-        f"{settings(base)} Wilson 95% intervals.",
-        ["Algorithm"] + [("Logits" if k == "logits" else "Text") for k in kinds],
+        "Inversion by algorithm: Exact, Partial and Cos. Sim.",
+        f"{settings(base)} Exact with Wilson 95% intervals; Partial ± standard error"
+        + ("; cosine similarity ± standard error." if with_cos else COS_SKIPPED),
+        ["Algorithm"]
+        + [f"{'Logits' if k == 'logits' else 'Text'} {m}" for k in kinds for m in measures],
     )
     for prefix, rows_m in by_model(base):
         for v in ["SODA", "GCG", "Embedding search"]:
             rows = rows_m[rows_m["variant"] == v]
             if rows.empty:
                 continue
-            cells = []
+            cells: list[Cell] = []
             for k in kinds:
                 # Within an objective kind, the most common observation setting.
                 sel = dominant_observation(rows[rows["objective"] == k])
-                cells.append(Cell.rate(metrics.exact_rate(sel)) if len(sel) else EMPTY)
+                cells += _quality_cells(sel, with_cos) if len(sel) else [EMPTY] * len(measures)
             table.rows.append((prefix + v, cells))
     return [table]
 
@@ -360,36 +378,74 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
     for (model, variant), rows in base.groupby(["model_name", "variant"], sort=True):
         cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
         main.rows.append((f"{model} / {variant}", cells))
+    # One column per algorithm (and model, when several), as the paper's: pooling them would
+    # count every token once per algorithm. Tokens without a PII label are the None row.
+    groups = list(base.groupby(["model_name", "variant"], sort=True))
+    several_models = base["model_name"].nunique() > 1
+    names = [f"{m} / {v}" if several_models else str(v) for (m, v), _ in groups]
+    counts = [metrics.pii_by_label(rows, with_none=True) for _, rows in groups]
+    labels = sorted({lab for c in counts for lab in c if lab != metrics.NO_PII}) + [metrics.NO_PII]
     by_label = Table(
         "privacy_labels",
-        "PII tokens recovered by label",
-        f"{settings(base)} Wilson 95% intervals.",
-        ["Label", "Recovered", "Total", "Recovered (%)"],
+        "PII tokens recovered (%) by label",
+        f"{settings(base)} Share of the label's tokens recovered in place, with Wilson 95% "
+        "intervals; None: tokens without personal information.",
+        ["Label", "Tokens"] + names,
     )
-    for label, (k, n) in metrics.pii_by_label(base).items():
-        by_label.rows.append(
-            (label, [Cell.count(k), Cell.count(n), Cell.rate(metrics.proportion(k, n))])
-        )
+    for label in labels:
+        totals = {c.get(label, (0, 0))[1] for c in counts}
+        cells = [Cell.count(max(totals))]
+        for c in counts:
+            k, n = c.get(label, (0, 0))
+            cells.append(Cell.rate(metrics.proportion(k, n)) if n else EMPTY)
+        by_label.rows.append((label, cells))
     return [main, by_label]
 
 
 def table_length(df: pd.DataFrame) -> list[Table]:
-    """Predicted vs true length, for searches with an unknown length."""
-    base = df[(df["length_mode"] == "auto") & df["length"].notna()]
-    if base.empty:
-        return []
-    counts = metrics.length_confusion(base)
-    table = Table(
-        "length",
-        "Predicted vs true input length",
-        f"Length searched shortest first; counts of samples. {settings(base)}",
-        ["True length"] + [f"pred {c}" for c in counts.columns] + ["Correct"],
-    )
-    for n, row in counts.iterrows():
-        right = int(row.get(n, 0)) if n in counts.columns else 0
-        cells = [Cell.count(int(v)) for v in row.to_numpy()]
-        table.rows.append((str(n), cells + [Cell.rate(metrics.proportion(right, int(row.sum())))]))
-    return [table]
+    """The paper's length table: every assumed length searched on every true length, the share
+    of samples found per (true, assumed) pair; and for `length: auto` searches, predicted vs
+    true length, where a sample never solved has no predicted length."""
+    tables = []
+    assumed = df[(df["length_mode"] == "assumed") & df["length"].notna()]
+    if not assumed.empty:
+        tried = sorted(int(n) for n in assumed["predicted_length"].dropna().unique())
+        table = Table(
+            "length",
+            "Found (%) by true and assumed input length",
+            "Each assumed length searched on every sample independently; found: the output "
+            f"reproduced. {settings(assumed)} Wilson 95% intervals.",
+            ["True length"] + [f"assumed {n}" for n in tried],
+        )
+        for true in sorted(int(n) for n in assumed["length"].unique()):
+            rows = assumed[assumed["length"] == true]
+            cells = []
+            for n in tried:
+                sel = rows[rows["predicted_length"] == n]
+                k = int(sel["found"].astype(bool).sum())
+                cells.append(Cell.rate(metrics.proportion(k, len(sel))) if len(sel) else EMPTY)
+            table.rows.append((str(true), cells))
+        tables.append(table)
+    auto = df[(df["length_mode"] == "auto") & df["length"].notna()]
+    if not auto.empty:
+        counts = metrics.length_confusion(auto)
+        predicted = [c for c in counts.columns if c != metrics.UNSOLVED]
+        table = Table(
+            "length_auto",
+            "Predicted vs true input length (length auto)",
+            "Lengths searched shortest first, the first that reproduces the output is the "
+            f"prediction; counts of samples, '{metrics.UNSOLVED}': never solved. "
+            f"{settings(auto)}",
+            ["True length"] + [f"pred {c}" for c in predicted] + [metrics.UNSOLVED] + ["Correct"],
+        )
+        for n, row in counts.iterrows():
+            right = int(row.get(n, 0)) if n in predicted else 0
+            cells = [Cell.count(int(row.get(c, 0))) for c in [*predicted, metrics.UNSOLVED]]
+            table.rows.append(
+                (str(n), cells + [Cell.rate(metrics.proportion(right, int(row.sum())))])
+            )
+        tables.append(table)
+    return tables
 
 
 def table_jobs(df: pd.DataFrame) -> list[Table]:
@@ -428,7 +484,7 @@ TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
     "tweaks": (table_tweaks, "needs at least two SODA variants or SODA and embedding search"),
     "algo": (table_algo, "needs rows from at least two algorithms"),
     "privacy": (table_privacy, "needs rows on the privacy dataset"),
-    "length": (table_length, "needs rows searched with length auto"),
+    "length": (table_length, "needs rows searched at assumed lengths or with length auto"),
     "jobs": (table_jobs, "needs rows from sweeps or tuning trials"),
 }
 

@@ -22,8 +22,28 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--address", help="Ray cluster address: auto, or HOST:PORT, or ray://...")
     run.add_argument("--limit", type=int, help="cap the samples per job (a quick look)")
     run.add_argument("--model", help="run the sweep's jobs on this model (hub id, folder, .gguf)")
+    run.add_argument(
+        "--steps", type=int, help="cap every step budget (a quick look: results in NAME-quick)"
+    )
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
     run.set_defaults(func=cmd_sweep_run)
+    plan = cmds.add_parser(
+        "plan",
+        help="jobs, samples, the most sample-steps and the time a sweep can take",
+        description="Before anything runs: every job's samples, step budget and most "
+        "sample-steps (searches stop found samples early, so this is an upper bound), and "
+        "device-hours at a rate (sample-steps per second per device) given with --rate or "
+        "measured by a short calibration on this machine.",
+    )
+    plan.add_argument("sweep", help="sweep YAML file")
+    plan.add_argument("--rate", type=float, help="sample-steps per second (skips calibration)")
+    plan.add_argument(
+        "--no-calibrate", action="store_true", help="no rate: counts only, no time estimate"
+    )
+    plan.add_argument("--limit", type=int, help="as `sweep run --limit`")
+    plan.add_argument("--steps", type=int, help="as `sweep run --steps`")
+    plan.add_argument("--model", help="as `sweep run --model`")
+    plan.set_defaults(func=cmd_sweep_plan)
     status = cmds.add_parser("status", help="done / pending / failed shards per job")
     status.add_argument("out", help="results folder (or one sweep's folder in it)")
     status.add_argument("--json", action="store_true", help="one JSON object per job")
@@ -33,11 +53,10 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be at least 1, not {args.limit}")
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
     sweep = load_sweep(args.sweep, model=args.model)  # validated before Ray starts
+    sweep = _quick(sweep, args.steps, args.limit)
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
@@ -104,6 +123,91 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"{failure.error}"
         )
     return 1 if run.failed else 0
+
+
+def _quick(sweep, steps: int | None, limit: int | None):
+    """A quick look (`--steps` / `--limit`) as its own sweep, NAME-quick, so its results,
+    status and report never mix with the full run's."""
+    if steps is not None and steps < 1:
+        raise ValueError(f"--steps must be at least 1, not {steps}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, not {limit}")
+    if steps is None and limit is None:
+        return sweep
+    return sweep.quick(steps)
+
+
+def cmd_sweep_plan(args: argparse.Namespace) -> int:
+    from sodaray.runner import load_sweep
+    from sodaray.runner.plan import calibrate, format_duration, job_cost
+
+    if args.rate is not None and not args.rate > 0:
+        raise ValueError(f"--rate must be a positive number, not {args.rate}")
+    sweep = _quick(load_sweep(args.sweep, model=args.model), args.steps, args.limit)
+    jobs = sweep.jobs(limit=args.limit, model=args.model)
+    costs = [job_cost(job) for job in jobs]
+    rates: dict[str, float | str] = {}
+    width = max(len(c.job) for c in costs)
+    print(f"sweep {sweep.name}: {len(jobs)} jobs")
+    print(f"{'job':<{width}}  samples  max steps  max sample-steps  rate/s  est. time")
+    totals = {"samples": 0, "sample_steps": 0, "gpu": 0.0, "cpu": 0.0}
+    unknown = 0
+    unloadable: set[str] = set()  # models that failed to load: not tried again per job
+    for job, cost in zip(jobs, costs, strict=True):
+        key = json_key(job, cost)
+        if key not in rates:
+            if args.rate is not None:
+                rates[key] = args.rate
+            elif args.no_calibrate or job.model.label in unloadable:
+                rates[key] = "-"
+            else:
+                try:
+                    rates[key] = calibrate(job, cost)
+                except Exception as exc:  # a model not loadable here: say why, go on
+                    print(f"  no calibration for {job.model.label}: {exc}".splitlines()[0])
+                    unloadable.add(job.model.label)
+                    rates[key] = "-"
+        rate = rates[key]
+        totals["samples"] += cost.samples
+        totals["sample_steps"] += cost.sample_steps
+        if isinstance(rate, float):
+            seconds = cost.sample_steps / rate
+            totals["gpu" if cost.num_gpus > 0 else "cpu"] += seconds / 3600
+            est, shown = format_duration(seconds), f"{rate:,.0f}"
+        else:
+            unknown += 1
+            est, shown = "-", "-"
+        print(
+            f"{cost.job:<{width}}  {cost.samples:>7,}  {cost.max_steps:>9,}  "
+            f"{cost.sample_steps:>16,}  {shown:>6}  {est}"
+        )
+    print(f"total: {totals['samples']:,} samples, at most {totals['sample_steps']:,} sample-steps")
+    if totals["gpu"]:
+        print(f"estimate: {totals['gpu']:,.1f} GPU-hours (one device per job at a time)")
+    if totals["cpu"]:
+        print(f"estimate: {totals['cpu']:,.2f} CPU-hours (num_gpus 0 jobs)")
+    if unknown:
+        print(f"{unknown} jobs without a rate: pass --rate SAMPLE_STEPS_PER_SECOND")
+    return 0
+
+
+def json_key(job, cost) -> str:
+    """Jobs that cost the same per sample-step share one calibration."""
+    import json
+
+    obj = job.objective
+    return json.dumps(
+        [
+            job.model.identity(),
+            job.algorithm,
+            obj["kind"],
+            obj["output_tokens"],
+            bool(obj["fluency_weight"]),
+            cost.batch_size,
+            sorted(cost.samples_by_length),
+        ],
+        default=str,
+    )
 
 
 def cmd_sweep_status(args: argparse.Namespace) -> int:

@@ -273,6 +273,8 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
             build.get("source"),
             gguf_file=model.gguf_file,
             progress=False,
+            vocab=build.get("vocab", "tokenizer"),
+            records=build.get("records", "whole"),
         )
         write_dataset(table, path)
     return read_dataset(path)

@@ -10,6 +10,7 @@ file and the field, before Ray starts.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -81,7 +82,7 @@ class Job:
     variant: str  # algorithm label with its grid values
     params: dict[str, Any]  # the full, validated algorithm config (preset and defaults applied)
     objective: dict[str, Any]
-    length: str  # "fixed" (the true length) or "auto"
+    length: str  # "fixed" (the true length), "auto", or an assumed length ("3")
     max_length: int
     samples_per_length: int | None
     limit: int | None
@@ -125,6 +126,8 @@ class Job:
         if obj["fluency_weight"]:
             what += f"-flu{obj['fluency_weight']:g}"
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.params['seed']}"]
+        if self.length.isdigit():
+            parts.append(f"L{self.length}")
         slug = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts)).strip("-")
         return f"{slug}-{self.config_hash[:8]}"
 
@@ -144,6 +147,26 @@ class Sweep:
     shard_size: int = 100
     length: str = "fixed"
     max_length: int = 10
+    # Assumed lengths: each one a job searching every sample at that length, whatever its true
+    # length (the paper's length table; `length: [1, 2, 3]` in the file).
+    assumed_lengths: list[int] = field(default_factory=list)
+
+    def quick(self, steps: int | None) -> Sweep:
+        """This sweep as a quick look: named NAME-quick (its own results folder) and, with
+        `steps`, every step budget capped at it."""
+        entries = [
+            {**e, "steps": min(int(e.get("steps", self.steps)), steps)} if steps else e
+            for e in self.algorithms
+        ]
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}-quick",
+            algorithms=entries,
+            steps=min(self.steps, steps) if steps else self.steps,
+        )
+
+    def length_modes(self) -> list[str]:
+        return [str(n) for n in self.assumed_lengths] or [self.length]
 
     def jobs(self, *, limit: int | None = None, model: str | None = None) -> list[Job]:
         """The cartesian product. `model` replaces the file's models (one replica, its
@@ -152,8 +175,13 @@ class Sweep:
         if model is not None:
             models = [self.models[0].with_id(model)]
         jobs = []
-        for m, ds, (algo, variant, params, steps), obj, seed in itertools.product(
-            models, self.datasets, self._variants(), self._objectives(), self.seeds
+        for m, ds, (algo, variant, params, steps), obj, seed, length in itertools.product(
+            models,
+            self.datasets,
+            self._variants(),
+            self._objectives(),
+            self.seeds,
+            self.length_modes(),
         ):
             config = self._algorithm_config(algo, params, m, seed, steps)
             jobs.append(
@@ -165,7 +193,7 @@ class Sweep:
                     variant,
                     config,
                     obj,
-                    self.length,
+                    length,
                     self.max_length,
                     self.samples_per_length,
                     limit,
@@ -217,10 +245,10 @@ def _grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 
 # ---- loading and validation -------------------------------------------------------------------
-TOP_KEYS = {f.name for f in fields(Sweep)} - {"path"}
+TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
 MODEL_KEYS = {f.name for f in fields(ModelSpec)}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
-BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source"}
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
 ALGORITHM_KEYS = {"name", "label", "params", "grid", "steps"}  # steps: this entry's budget
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
@@ -315,6 +343,15 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         entry = _coerce_objective(entry, where, fail)
         objectives.append(entry)
 
+    assumed: list[int] = []
+    if isinstance(data.get("length"), (int, list)) and not isinstance(data["length"], bool):
+        # An int or a list of ints: assumed lengths, each its own job (a wrong length allowed).
+        assumed = data["length"] if isinstance(data["length"], list) else [data["length"]]
+        for n in assumed:
+            _check_positive(n, "length", fail)
+        if len(set(assumed)) != len(assumed):
+            raise fail("length", f"assumed lengths repeat: {assumed}")
+        data = {k: v for k, v in data.items() if k != "length"}
     scalars = {
         k: data[k]
         for k in (
@@ -335,6 +372,7 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         datasets=datasets,
         algorithms=algorithms,
         objectives=objectives,
+        assumed_lengths=list(assumed),
         **scalars,
     )
     if "seeds" in data:
@@ -349,7 +387,9 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     if sweep.samples_per_length is not None:
         _check_positive(sweep.samples_per_length, "samples_per_length", fail)
     if sweep.length not in ("fixed", "auto"):
-        raise fail("length", f"'fixed' or 'auto', not {sweep.length!r}")
+        raise fail(
+            "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
+        )
 
     # Expand once so every algorithm parameter and objective value is checked now.
     for i, entry in enumerate(objectives):
@@ -469,8 +509,22 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
             raise fail(f"{where}.build", "must be a mapping")
         _known(spec.build, BUILD_KEYS, f"{where}.build", fail)
         from sodaray.data import DATASETS, parse_lengths
+        from sodaray.data.build import VOCABS
 
         kind = spec.build.get("dataset", spec.name)
+        if kind == "random":
+            # Written out so the job hash and the dataset cache key say which vocabulary the ids
+            # came from (files built before the option drew from the padded vocab_size).
+            vocab = spec.build.get("vocab", "tokenizer")
+            if vocab not in VOCABS:
+                raise fail(f"{where}.build.vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "vocab": vocab})
+        if kind == "privacy":
+            # Written out, as `vocab` above: sets built before the option took prefixes.
+            records = spec.build.get("records", "whole")
+            if records not in ("whole", "prefix"):
+                raise fail(f"{where}.build.records", f"whole or prefix, not {records!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "records": records})
         if kind not in DATASETS:
             raise fail(
                 f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"

@@ -60,18 +60,19 @@ class InversionWorker:
         targets.sample_ids = list(rows["sample_id"])
         config = make_config(task["algorithm"], task["params"])
         auto = task["length"] == "auto"
+        assumed = str(task["length"]).isdigit()  # an assumed length, right or wrong
         results = invert(
             self.model,
             targets,
             config,
-            length="auto" if auto else None,
+            length="auto" if auto else int(task["length"]) if assumed else None,
             max_length=task["max_length"],
         )
         context = RunContext.for_model(
             self.model,
             objective,
             dataset=task["dataset"],
-            length_mode="auto" if auto else "fixed",
+            length_mode="auto" if auto else "assumed" if assumed else "fixed",
             sweep=task["sweep"],
             job=task["job"],
             config_hash=task["config_hash"],

@@ -1,0 +1,69 @@
+"""`sodaray sweep plan`: counts for every shipped sweep, the runner's own sample selection, a
+real calibration on stories260K, and quick looks in their own results folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import STORIES
+
+from sodaray.cli import main
+from sodaray.runner.execute import select_rows
+from sodaray.runner.plan import calibrate, job_cost, select_counts
+from sodaray.runner.spec import load_sweep
+
+SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+@pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_plan_works_on_every_shipped_sweep(path, capsys):
+    assert main(["sweep", "plan", str(path), "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    jobs = load_sweep(path).jobs()
+    assert f"{len(jobs)} jobs" in out
+    total = sum(job_cost(j).sample_steps for j in jobs)
+    assert f"at most {total:,} sample-steps" in out
+
+
+def test_models_table_is_shown_as_the_long_job_it_is(capsys):
+    assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--rate", "5000"]) == 0
+    out = capsys.readouterr().out
+    # 5 models x 10 lengths x 1,000 inputs x 100,000 steps
+    assert "at most 5,000,000,000 sample-steps" in out
+    assert "277.8 GPU-hours" in out  # 5e9 / 5000 per second / 3600
+
+
+@pytest.mark.parametrize(("per_length", "limit"), [(None, None), (3, None), (None, 5), (2, 4)])
+def test_counts_match_the_runners_selection(per_length, limit):
+    lengths = [1] * 4 + [2] * 3 + [3] * 1
+    table = pa.table({"sample_id": list(range(len(lengths))), "length": lengths})
+    rows = select_rows(table, per_length, limit)
+    expected: dict[int, int] = {}
+    for n in rows["length"]:
+        expected[n] = expected.get(n, 0) + 1
+    counts = select_counts({1: 4, 2: 3, 3: 1}, per_length, limit)
+    assert {n: k for n, k in counts.items() if k} == expected
+
+
+def test_quick_look_has_its_own_name_and_capped_budget():
+    sweep = load_sweep(SWEEPS / "algorithms.yaml").quick(50)
+    assert sweep.name == "algorithms-quick"
+    jobs = sweep.jobs(limit=3)
+    assert {j.params["max_steps"] for j in jobs} == {50}  # GCG's 700 capped too
+    assert all(j.sweep == "algorithms-quick" for j in jobs)
+    assert all(job_cost(j).samples == 3 for j in jobs)
+
+
+def test_bad_rate_is_a_one_line_error(capsys):
+    assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--rate", "0"]) == 2
+    assert "--rate" in capsys.readouterr().err
+
+
+def test_calibration_measures_a_rate_on_stories260k():
+    if not STORIES.is_dir():
+        pytest.skip("stories260K not present")
+    job = load_sweep(SWEEPS / "quickstart.yaml").quick(20).jobs(limit=3)[0]
+    rate = calibrate(job, job_cost(job), steps=5)
+    assert 0 < rate < float("inf")
