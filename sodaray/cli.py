@@ -390,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_parser(sub)
     _add_data(sub)
+    from sodaray.inverter.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

@@ -51,7 +51,7 @@ class TrainConfig:
 
 def _exact_rate(net, enc: torch.Tensor, inputs: list[list[int]], meta: InverterMeta) -> float:
     pred = generate(net, enc, max(len(x) for x in inputs), meta)
-    return sum(p[: len(x)] == x for p, x in zip(pred, inputs)) / len(inputs)
+    return sum(p[: len(x)] == x for p, x in zip(pred, inputs, strict=True)) / len(inputs)
 
 
 @torch.no_grad()
