@@ -9,6 +9,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from sodaray.inverter.run import InverterConfig, _NoBatch, run_inverter
 from sodaray.models import LoadedModel
 from sodaray.objectives import TargetSet
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig
@@ -24,6 +25,7 @@ ALGORITHMS: dict[str, tuple[type[SearchConfig], Callable[..., BatchSearch]]] = {
     "soda": (SodaConfig, SodaBatch),
     "gcg": (GcgConfig, GcgBatch),
     "embedding": (EmbeddingConfig, EmbeddingBatch),
+    "inverter": (InverterConfig, _NoBatch),  # one forward pass, dispatched before the pool
 }
 
 
@@ -76,6 +78,10 @@ def invert(
         plan = [[length] * n_targets]
     else:
         raise ValueError(f"length must be a positive integer or 'auto', not {length!r}")
+
+    if algo == "inverter":  # a learned model, not a step-wise search: its first guess stands
+        by_row = plan[0] if length != "auto" else [max_length] * n_targets
+        return run_inverter(model, targets, config, by_row, on_result)  # type: ignore[arg-type]
 
     from sodaray.validation import check_context, check_state_memory
 

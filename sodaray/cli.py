@@ -113,7 +113,11 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
     obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
     srch = p.add_argument_group("search")
-    srch.add_argument("--algorithm", default="soda", help="soda (default), gcg or embedding")
+    srch.add_argument(
+        "--algorithm",
+        default="soda",
+        help="soda (default), gcg, embedding or inverter (--param checkpoint=PATH)",
+    )
     srch.add_argument(
         "--length",
         type=_parse_length,
@@ -423,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_parser(sub)
     _add_data(sub)
+    from sodaray.inverter.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

@@ -1,0 +1,102 @@
+"""The inverter behind `sodaray.invert`: one forward pass per target, checked with the same
+hard-match test as the searches, reported in the same result schema."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import BatchTargets, TargetSet, hard_match
+from sodaray.search.base import InversionResult, SearchConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InverterConfig(SearchConfig):
+    """`checkpoint`: a folder written by `sodaray train-inverter` (its best/ or last/)."""
+
+    checkpoint: str = ""
+
+    algorithm = "inverter"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.checkpoint:
+            raise ValueError("the inverter needs checkpoint=PATH (from sodaray train-inverter)")
+
+
+class _NoBatch:
+    """The inverter is not a step-wise search; `invert` dispatches it before the pool."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the inverter runs through run_inverter, not the search pool")
+
+
+def run_inverter(
+    model: LoadedModel,
+    targets: TargetSet,
+    config: InverterConfig,
+    lengths: list[int],
+    on_result: Callable[[InversionResult], None] | None = None,
+) -> list[InversionResult]:
+    from sodaray.inverter.model import load_inverter
+    from sodaray.inverter.train import generate
+
+    net, meta = load_inverter(config.checkpoint)
+    if meta.llm_vocab_size != model.vocab_size:
+        raise ValueError(
+            f"the inverter was trained for a vocabulary of {meta.llm_vocab_size}, "
+            f"the model has {model.vocab_size}"
+        )
+    cont = targets.continuation
+    m = min(meta.output_tokens, cont.shape[1])
+    if m < meta.output_tokens:
+        log.warning(
+            "targets observe %d tokens, the inverter was trained on %d", m, meta.output_tokens
+        )
+    params = {k: v for k, v in config.to_dict().items() if k != "seed"}
+    params["init"] = meta.init
+    params["shape"] = meta.shape
+    results: list[InversionResult | None] = [None] * len(targets)
+    by_length: dict[int, list[int]] = {}
+    for row, n in enumerate(lengths):
+        by_length.setdefault(n, []).append(row)
+    for n, rows in sorted(by_length.items()):
+        for start in range(0, len(rows), config.max_batch_size):
+            chunk = rows[start : start + config.max_batch_size]
+            t0 = time.perf_counter()
+            enc = cont[chunk, :m]
+            pred = generate(net, enc, n, meta)
+            toks = torch.tensor(pred, dtype=torch.long, device=model.device)
+            batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device)
+            found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
+            per = (time.perf_counter() - t0) / len(chunk)
+            for j, row in enumerate(chunk):
+                true = targets.true_tokens[row] if targets.true_tokens is not None else None
+                res = InversionResult(
+                    sample_id=targets.sample_ids[row],
+                    tokens=pred[j],
+                    text=model.decode(pred[j]),
+                    found=bool(found[j]),
+                    exact=None if true is None else pred[j] == list(true),
+                    steps=1,
+                    seconds=per,
+                    final_loss=float("nan"),
+                    length=n,
+                    algorithm="inverter",
+                    seed=config.seed,
+                    true_tokens=None if true is None else list(true),
+                    lengths_tried=[n],
+                    params=params,
+                )
+                results[row] = res
+                if on_result is not None:
+                    on_result(res)
+    return [r for r in results if r is not None]
