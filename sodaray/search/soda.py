@@ -97,6 +97,21 @@ class SodaConfig(SearchConfig):
         return cls(**params)
 
 
+_REINIT_STREAM = 0x50DA  # separates SODA's reinitialisation draws from any other keyed stream
+
+
+def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -> Tensor:
+    """Standard normal draws that depend only on (seed, sample id, draw number).
+
+    Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
+    Sample ids are hashed into the key as unsigned 64-bit words (negative ids wrap).
+    """
+    key = [int(seed) % 2**64, int(sample_id) % 2**64, int(draw) % 2**64, _REINIT_STREAM]
+    state = np.random.SeedSequence(key).generate_state(2, dtype=np.uint32)
+    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randn(shape, generator=gen)
+
+
 @contextlib.contextmanager
 def _tf32(enabled: bool):
     """TF32 CUDA matmuls inside the block only (never for the hard-max check)."""
@@ -180,6 +195,8 @@ class SodaBatch(BatchState):
         self.v = torch.zeros_like(self.z)
         # Steps since the moments were last zeroed (for the optional bias correction).
         self.moment_age = np.zeros(slots, dtype=np.int64)
+        # The target row each slot holds: its sample id keys the slot's reinitialisations.
+        self.slot_rows = np.zeros(slots, dtype=np.int64)
         self.workspace = Workspace()
 
     # ---- pool protocol --------------------------------------------------------------------------
@@ -187,13 +204,17 @@ class SodaBatch(BatchState):
         self.z[slots] = 0.0
         self.m[slots] = 0.0
         self.v[slots] = 0.0
-        self.moment_age[slots.cpu().numpy()] = 0
+        host_slots = slots.cpu().numpy()
+        self.moment_age[host_slots] = 0
+        self.slot_rows[host_slots] = rows
         self.add_targets(slots, rows)
 
     def keep(self, slots: Tensor) -> None:
         self.z, self.m, self.v = self.z[slots], self.m[slots], self.v[slots]
         self.keep_targets(slots)
-        self.moment_age = self.moment_age[slots.cpu().numpy()]
+        host_slots = slots.cpu().numpy()
+        self.moment_age = self.moment_age[host_slots]
+        self.slot_rows = self.slot_rows[host_slots]
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         grad, loss = self.gradient()
@@ -265,6 +286,18 @@ class SodaBatch(BatchState):
             self.moment_age[zero_moments] = 0
         redraw = np.flatnonzero(reinit)
         if len(redraw):
-            shape = (len(redraw), self.n, self.z.shape[-1])
-            fresh = torch.randn(shape, generator=self.generator, device=self.z.device)
+            # Keyed by (seed, sample id, draw number), not by the order a shared generator is
+            # consumed in, so a sample follows the same trajectory whatever its batch
+            # neighbours, its slot, or the actor a retried shard lands on.
+            fresh = torch.stack(
+                [
+                    keyed_normal(
+                        (self.n, self.z.shape[-1]),
+                        c.seed,
+                        self.targets.sample_ids[int(self.slot_rows[slot])],
+                        int(steps_after[slot]) // c.reinit_period,
+                    )
+                    for slot in redraw
+                ]
+            ).to(self.z.device)
             self.z[torch.as_tensor(redraw, device=self.z.device)] = fresh * c.reinit_std
