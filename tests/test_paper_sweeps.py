@@ -120,7 +120,7 @@ def test_ablation_rows_leave_one_out() -> None:
 
 def test_algorithms_text_observes_25_tokens_and_gcg_has_equal_time_budget() -> None:
     jobs = sweep("algorithms").jobs()
-    assert {j.algorithm for j in jobs} == {"soda", "gcg", "embedding"}
+    assert {j.algorithm for j in jobs} == {"soda", "gcg", "embedding", "inverter"}
     texts = {j.objective["output_tokens"] for j in jobs if j.objective["kind"] == "text"}
     assert texts == {25}
     gcg = [j for j in jobs if j.algorithm == "gcg"]
