@@ -6,8 +6,9 @@ The public names are imported on first use (PEP 562), so that `sodaray --help`,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.api import ALGORITHMS, invert, make_config
@@ -89,16 +90,4 @@ _SUBMODULES = frozenset(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"sodaray.{name}")
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sodaray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("sodaray", globals(), _LAZY, _SUBMODULES)

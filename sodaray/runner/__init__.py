@@ -6,8 +6,9 @@ which must not pull in torch and Ray through `execute`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.runner.execute import (
@@ -56,14 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sodaray.runner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("sodaray.runner", globals(), _LAZY)

@@ -6,8 +6,9 @@ which must not pull in torch through the tuning file's checks.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning
@@ -36,14 +37,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sodaray.tuner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("sodaray.tuner", globals(), _LAZY)
