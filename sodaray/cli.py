@@ -158,16 +158,11 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
 
 def _algorithm_config(args: argparse.Namespace):
     from sodaray.api import make_config
-    from sodaray.presets import get_preset, load_preset_file
+    from sodaray.presets import preset_params
 
-    params: dict[str, Any] = {}
-    if args.preset:
-        if args.algorithm != "soda":
-            raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
-        params.update(get_preset(args.preset).soda)
-    if args.preset_file:
-        params.update(load_preset_file(args.preset_file))
-    params.update(dict(args.param))
+    if (args.preset or args.preset_file) and args.algorithm != "soda":
+        raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
+    params = {**preset_params(args.algorithm, args.preset, args.preset_file), **dict(args.param)}
     if args.max_steps is not None:
         params["max_steps"] = args.max_steps
     if args.max_batch_size is not None:

@@ -94,3 +94,17 @@ def load_preset_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ValueError(f"{path}: 'soda' must be a mapping of parameters")
     return dict(params)
+
+
+def preset_params(
+    algorithm: str, preset: str | None = None, preset_file: str | Path | None = None
+) -> dict[str, Any]:
+    """The parameters a preset name and/or preset file give `algorithm` (the file's win).
+    Presets hold SODA's knobs only, so other algorithms get none: a sweep may pair one model
+    entry's preset with GCG rows, which keep their own defaults."""
+    if algorithm != "soda":
+        return {}
+    params = dict(get_preset(preset).soda) if preset else {}
+    if preset_file:
+        params.update(load_preset_file(preset_file))
+    return params

@@ -365,9 +365,9 @@ def test_numbers_are_floats_in_yaml_and_param(text, value):
     )
     sweep_ = parse_sweep(data, Path("s.yaml"))
     (job,) = sweep_.jobs()
-    assert job.params["learning_rate"] == value
-    assert job.objective["fluency_weight"] == value
-    assert isinstance(job.params["learning_rate"], float)
+    assert job.search.learning_rate == value
+    assert job.objective.fluency_weight == value
+    assert isinstance(job.search.learning_rate, float)
 
 
 def test_tuning_ranges_accept_exponent_floats(tmp_path):
@@ -489,7 +489,7 @@ def test_resources_the_cluster_lacks(monkeypatch, caplog, address):
 
     import ray
 
-    from sodaray.runner.execute import check_resources
+    from sodaray.experiment.cluster import check_resources
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})

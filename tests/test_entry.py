@@ -78,7 +78,7 @@ def test_refused_connection_names_the_missing_token():
     # Ray's own exception and message for a client without the cluster's token (Ray >= 2.52).
     import ray
 
-    from sodaray.runner.execute import ADDRESS_HINT, TOKEN_HINT, connect_hint
+    from sodaray.experiment.cluster import ADDRESS_HINT, TOKEN_HINT, connect_hint
 
     refused = ray.exceptions.AuthenticationError(
         "Token authentication is enabled but no authentication token was found"

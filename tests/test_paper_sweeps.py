@@ -31,7 +31,7 @@ def lengths(job: Job) -> list[int]:
 def steps_by_algorithm(jobs: list[Job]) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for job in jobs:
-        out.setdefault(job.algorithm, set()).add(job.params["max_steps"])
+        out.setdefault(job.algorithm, set()).add(job.search.max_steps)
     return out
 
 
@@ -64,9 +64,9 @@ def test_models_table_runs_100k_steps_on_lengths_1_to_10() -> None:
     }
     assert all(lengths(j) == list(range(1, 11)) for j in jobs)
     assert all(j.dataset.build and j.dataset.build["per_length"] == 1000 for j in jobs)
-    assert {
-        (j.objective["kind"], j.objective["top_k"], j.objective["output_tokens"]) for j in jobs
-    } == {("logits", None, 1)}
+    assert {(j.objective.kind, j.objective.top_k, j.objective.output_tokens) for j in jobs} == {
+        ("logits", None, 1)
+    }
 
 
 def test_tradeoff_grid_is_the_papers() -> None:
@@ -75,19 +75,17 @@ def test_tradeoff_grid_is_the_papers() -> None:
     assert all(max(lengths(j)) <= 3 for j in jobs)
     outputs = [1, 2, 3, 5, 10, 25, 50, 100]
     logits = {
-        (j.objective["top_k"], j.objective["output_tokens"])
-        for j in jobs
-        if j.objective["kind"] == "logits"
+        (j.objective.top_k, j.objective.output_tokens) for j in jobs if j.objective.kind == "logits"
     }
     assert logits == {(k, m) for k in [1, 2, 3, 5, 10, 25, 50, 100, None] for m in outputs}
-    text = sorted(j.objective["output_tokens"] for j in jobs if j.objective["kind"] == "text")
+    text = sorted(j.objective.output_tokens for j in jobs if j.objective.kind == "text")
     assert text == outputs
-    assert all(j.objective["fluency_weight"] == 0 for j in jobs)
+    assert all(j.objective.fluency_weight == 0 for j in jobs)
 
 
 def test_fluency_weight_is_9e_3_with_and_without() -> None:
     jobs = sweep("fluency").jobs()
-    weights = Counter(j.objective["fluency_weight"] for j in jobs)
+    weights = Counter(j.objective.fluency_weight for j in jobs)
     assert set(weights) == {0.0, 9e-3}
     assert weights[0.0] == weights[9e-3] == 3  # random, nl-ood, nl-id each way
     assert {j.dataset.name for j in jobs} == {"random", "nl-ood", "nl-id"}
@@ -98,7 +96,11 @@ def test_ablation_rows_leave_one_out() -> None:
     jobs = sweep("ablation").jobs()
     switches = ("use_decay", "bias_correction", "use_resets", "use_reinit")
     soda = {"use_decay": True, "bias_correction": False, "use_resets": True, "use_reinit": True}
-    rows = {j.variant: {k: j.params[k] for k in switches} for j in jobs if j.algorithm == "soda"}
+    rows = {
+        j.variant: {k: getattr(j.search, k) for k in switches}
+        for j in jobs
+        if j.algorithm == "soda"
+    }
     diffs = sorted(
         tuple(sorted(k for k in switches if values[k] != soda[k])) for values in rows.values()
     )
@@ -121,12 +123,12 @@ def test_ablation_rows_leave_one_out() -> None:
 def test_algorithms_text_observes_25_tokens_and_gcg_has_equal_time_budget() -> None:
     jobs = sweep("algorithms").jobs()
     assert {j.algorithm for j in jobs} == {"soda", "gcg", "embedding", "inverter"}
-    texts = {j.objective["output_tokens"] for j in jobs if j.objective["kind"] == "text"}
+    texts = {j.objective.output_tokens for j in jobs if j.objective.kind == "text"}
     assert texts == {25}
     gcg = [j for j in jobs if j.algorithm == "gcg"]
     assert gcg
     assert all(
-        (j.params["top_k"], j.params["num_candidates"], j.params["max_steps"]) == (128, 700, 700)
+        (j.search.top_k, j.search.num_candidates, j.search.max_steps) == (128, 700, 700)
         for j in gcg
     )
 
@@ -160,4 +162,4 @@ def test_presets_say_where_paper_and_config_disagree() -> None:
     assert get_preset("pythia-1.4b-tdc").hub_id.endswith("test-phase")
     # The models sweep runs the config's value.
     jobs = [j for j in sweep("models").jobs() if j.model.preset == "qwen2.5-3b"]
-    assert [j.params["learning_rate"] for j in jobs] == [0.03]
+    assert [j.search.learning_rate for j in jobs] == [0.03]

@@ -18,6 +18,7 @@ import yaml
 from conftest import STORIES
 
 from sodaray.cli import main
+from sodaray.experiment.spec import ModelSpec
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 from sodaray.runner.execute import (
@@ -52,11 +53,11 @@ BUILD = {"name": "random", "build": {"dataset": "random", "lengths": "1", "per_l
 
 def finish_all(plans) -> None:
     """Compute every pending shard in this process (no Ray) and write it as the driver does."""
-    worker = InversionWorker({"id": str(STORIES)}, 1)
+    worker = InversionWorker(ModelSpec(str(STORIES)), 1)
     for plan in plans:
         for i in plan.pending:
             out = worker.run_shard(shard_task(plan, i))
-            write_table_atomic(out["table"], shard_path(plan.folder, i))
+            write_table_atomic(out.table, shard_path(plan.folder, i))
 
 
 def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 from conftest import STORIES
 
 from sodaray.cli import main
-from sodaray.runner.execute import select_rows
+from sodaray.experiment.data import select_rows
 from sodaray.runner.plan import calibrate, job_cost, select_counts
 from sodaray.runner.spec import load_sweep
 
@@ -51,7 +51,7 @@ def test_quick_look_has_its_own_name_and_capped_budget():
     sweep = load_sweep(SWEEPS / "algorithms.yaml").quick(50)
     assert sweep.name == "algorithms-quick"
     jobs = sweep.jobs(limit=3)
-    assert {j.params["max_steps"] for j in jobs} == {50}  # GCG's 700 capped too
+    assert {j.search.max_steps for j in jobs} == {50}  # GCG's 700 capped too
     assert all(j.sweep == "algorithms-quick" for j in jobs)
     assert all(job_cost(j).samples == 3 for j in jobs)
 

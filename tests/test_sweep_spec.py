@@ -85,7 +85,7 @@ def test_algorithm_entry_steps_override_the_sweep_budget(tmp_path):
         algorithms=[{"name": "soda"}, {"name": "gcg", "steps": 7, "params": {"top_k": 4}}],
     )
     jobs = load_sweep(path).jobs()
-    assert sorted((j.algorithm, j.params["max_steps"]) for j in jobs) == [("gcg", 7), ("soda", 20)]
+    assert sorted((j.algorithm, j.search.max_steps) for j in jobs) == [("gcg", 7), ("soda", 20)]
     assert jobs[0].config_hash != jobs[1].config_hash
     bad = write_sweep(tmp_path, algorithms=[{"name": "soda", "steps": 0}])
     with pytest.raises(ValueError, match=r"algorithms\[0\]\.steps"):

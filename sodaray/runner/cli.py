@@ -200,9 +200,9 @@ def json_key(job, cost) -> str:
         [
             job.model.identity(),
             job.algorithm,
-            obj["kind"],
-            obj["output_tokens"],
-            bool(obj["fluency_weight"]),
+            obj.kind,
+            obj.output_tokens,
+            bool(obj.fluency_weight),
             cost.batch_size,
             sorted(cost.samples_by_length),
         ],

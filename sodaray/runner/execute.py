@@ -31,9 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sodaray.experiment.cluster import check_address, check_resources, start_ray
+from sodaray.experiment.data import dataset_table, select_rows
 from sodaray.results import write_table_atomic
-from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep
-from sodaray.runner.worker import InversionWorker
+from sodaray.runner.spec import Job, Sweep
+from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask
 
 log = logging.getLogger(__name__)
 
@@ -222,64 +224,6 @@ class JobPlan:
     corrupt: list[str] = field(default_factory=list)
 
 
-def select_rows(
-    table: pa.Table, samples_per_length: int | None, limit: int | None
-) -> dict[str, list[Any]]:
-    """The job's samples: the first `samples_per_length` of each length (dataset order), then
-    at most `limit` in all, taken evenly across lengths so a quick look covers every length."""
-    cols = [
-        c
-        for c in ("sample_id", "length", "tokens", "text", "pii_labels")
-        if c in table.column_names
-    ]
-    records = table.select(cols).to_pylist()
-    records.sort(key=lambda r: r["sample_id"])
-    rank: dict[int, int] = {}
-    ranked = []
-    for r in records:
-        k = rank.get(r["length"], 0)
-        rank[r["length"]] = k + 1
-        if samples_per_length is None or k < samples_per_length:
-            ranked.append((k, r))
-    if limit is not None:
-        ranked.sort(key=lambda kr: (kr[0], kr[1]["length"]))
-        ranked = ranked[:limit]
-    chosen = sorted((r for _, r in ranked), key=lambda r: r["sample_id"])
-    return {c: [r[c] for r in chosen] for c in cols}
-
-
-def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
-    """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
-    under `root/datasets/`)."""
-    from sodaray.data import read_dataset
-
-    if spec.path is not None:
-        return read_dataset(spec.path)
-    from sodaray.results import config_hash
-
-    build = dict(spec.build or {})
-    key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
-    path = root / "datasets" / f"{model.label}-{spec.name}-{key[:8]}.parquet"
-    if not path.exists():
-        from sodaray.data import build_dataset, write_dataset
-
-        log.info("building dataset %s for %s", spec.name, model.label)
-        table = build_dataset(
-            model.id,
-            build.get("dataset", spec.name),
-            build.get("lengths"),
-            build.get("per_length"),
-            build.get("seed", 1),
-            build.get("source"),
-            gguf_file=model.gguf_file,
-            progress=False,
-            vocab=build.get("vocab", "tokenizer"),
-            records=build.get("records", "whole"),
-        )
-        write_dataset(table, path)
-    return read_dataset(path)
-
-
 def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
     job another live driver holds comes back with no pending shards and `locked_by` set."""
@@ -331,117 +275,24 @@ def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
     return index * size, min((index + 1) * size, len(plan.rows["sample_id"]))
 
 
-def shard_task(plan: JobPlan, index: int) -> dict[str, Any]:
+def shard_task(plan: JobPlan, index: int) -> ShardTask:
     job = plan.job
     lo, hi = shard_bounds(plan, index)
-    return {
-        "sweep": job.sweep,
-        "job": job.name,
-        "config_hash": job.config_hash,
-        "dataset": job.dataset.name,
-        "model_name": job.model.label,
-        "algorithm": job.algorithm,
-        "params": job.params,
-        "objective": job.objective,
-        "length": job.length,
-        "max_length": job.max_length,
-        "rows": {c: v[lo:hi] for c, v in plan.rows.items()},
-    }
+    return ShardTask(
+        sweep=job.sweep,
+        job=job.name,
+        config_hash=job.config_hash,
+        dataset=job.dataset.name,
+        model_name=job.model.label,
+        search=job.search,
+        objective=job.objective,
+        length=job.length,
+        max_length=job.max_length,
+        rows={c: v[lo:hi] for c, v in plan.rows.items()},
+    )
 
 
 # ---- running on Ray -----------------------------------------------------------------------------
-ADDRESS_HINT = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
-
-
-def check_address(address: str | None, timeout: float = 5.0) -> None:
-    """A HOST:PORT or ray://HOST:PORT address must accept a connection within `timeout`
-    seconds: Ray itself retries for half a minute, printing as it goes."""
-    if not address or address in ("auto", "local"):
-        return
-    scheme, sep, rest = address.partition("://")
-    if sep and scheme not in ("ray", "rays"):
-        raise ValueError(f"--address {address}: use auto, HOST:PORT or ray://HOST:PORT")
-    target = rest if sep else address
-    host, _, port = target.rstrip("/").rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"cannot reach a Ray cluster at {address} ({exc}); {ADDRESS_HINT}"
-        ) from exc
-
-
-def init_ray(address: str | None) -> None:
-    """Start Ray locally (no address) or join a cluster, with a one-line error when the cluster
-    cannot be reached (Ray itself would wait minutes on a wrong HOST:PORT)."""
-    import ray
-
-    check_address(address)
-    try:
-        ray.init(
-            address=address,
-            include_dashboard=False,
-            log_to_driver=False,
-            # Ray's own start-up lines only when our caller logs at INFO (`-v`)
-            logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
-        )
-    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"cannot connect to a Ray cluster at {address}: {first}; {connect_hint(exc)}"
-        ) from exc
-
-
-TOKEN_HINT = (
-    "the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
-    "RAY_AUTH_TOKEN_PATH) to the head's token, which `ray get-auth-token` prints on the head"
-)
-
-
-def connect_hint(exc: BaseException) -> str:
-    """What to do about a refused connection: a cluster with Ray's token authentication refuses
-    a client without its token, and "start one" would send the user the wrong way."""
-    import ray
-
-    text = str(exc).lower()
-    if isinstance(exc, ray.exceptions.AuthenticationError) or "token" in text or "auth" in text:
-        return TOKEN_HINT
-    return ADDRESS_HINT
-
-
-def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:
-    """Each actor's request (label, num_cpus, num_gpus) against what the Ray cluster has. On the
-    local machine a request that can never fit is an error (Ray would wait forever); on a
-    cluster the autoscaler may still add nodes, so it is a warning saying so."""
-    import ray
-
-    if ray.is_initialized():
-        total = ray.cluster_resources()
-    else:  # the local machine, before Ray starts: what Ray would detect
-        import torch
-
-        total = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-    for label, cpus, gpus in requests:
-        short = [
-            f"{need:g} {name} per replica but the {'cluster' if address else 'machine'} has "
-            f"{total.get(key, 0):g}"
-            for name, key, need in (("GPU", "GPU", gpus), ("CPU", "CPU", cpus))
-            if need > total.get(key, 0)
-        ]
-        if not short:
-            continue
-        if address is None:
-            raise ValueError(
-                f"{label} asks for {short[0]}; lower its num_gpus/num_cpus, or give --address "
-                "for a cluster that has them"
-            )
-        log.warning(
-            "%s asks for %s; waiting for the autoscaler to add such nodes (Ctrl-C to stop)",
-            label,
-            short[0],
-        )
-
-
 def run_sweep(
     sweep: Sweep,
     out: str | Path,
@@ -499,11 +350,7 @@ def _run_plans(
         run.seconds = time.perf_counter() - started
         return run
 
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        init_ray(address)
-    if address is not None or not own_ray:  # a cluster: the autoscaler may add nodes
-        check_resources(requests, address or "the running Ray")
+    own_ray = start_ray(requests, address)
     # One queue and one group of actors per distinct model.
     queues: dict[str, deque[tuple[JobPlan, int]]] = {}
     specs = {}
@@ -525,9 +372,8 @@ def _run_plans(
             max_restarts=-1,
             max_task_retries=max_attempts,
         )
-        model_args = {**spec.identity(), "trust_remote_code": spec.trust_remote_code}
         actors[key] = [
-            remote.options(**options).remote(model_args, spec.num_cpus)
+            remote.options(**options).remote(spec, spec.num_cpus)
             for _ in range(min(spec.replicas, len(q)))
         ]
     in_flight: dict[Any, tuple[str, Any, JobPlan, int, float]] = {}
@@ -573,17 +419,17 @@ def _run_plans(
                     )
                 submit(key, actor)
                 continue
-            table: pa.Table = out_["table"]
-            write_table_atomic(table, shard_path(plan.folder, index))
+            output: ShardOutput = out_
+            write_table_atomic(output.table, shard_path(plan.folder, index))
             error_path(plan.folder, index).unlink(missing_ok=True)
             done = ShardDone(
                 plan.job.name,
                 index,
-                len(table),
-                *found_exact(table),
-                out_["seconds"],
-                out_["pid"],
-                time.perf_counter() - submitted - out_["seconds"],
+                len(output.table),
+                *found_exact(output.table),
+                output.seconds,
+                output.pid,
+                time.perf_counter() - submitted - output.seconds,
             )
             run.done.append(done)
             submit(key, actor)

@@ -87,9 +87,9 @@ def job_cost(job: Job) -> JobCost:
         algorithm=job.algorithm,
         num_gpus=job.model.num_gpus,
         samples_by_length=counts,
-        max_steps=int(job.params["max_steps"]),
+        max_steps=job.search.max_steps,
         lengths_per_sample=job.max_length if job.length == "auto" else 1,
-        batch_size=int(job.params.get("max_batch_size") or max(counts.values(), default=1)),
+        batch_size=job.search.max_batch_size or max(counts.values(), default=1),
     )
 
 
@@ -97,11 +97,13 @@ def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
     """Sample-steps per second for `job` on this machine: a short search of random inputs at
     the job's middle length, batched as the job batches (its batch size or its samples per
     length, whichever is smaller). Loads the model, so hub models need the hub or a cache."""
+    from dataclasses import replace
+
     import torch
 
-    from sodaray.api import invert, make_config
+    from sodaray.api import invert
     from sodaray.models import load_model
-    from sodaray.objectives import Objective, make_targets
+    from sodaray.objectives import make_targets
 
     model = load_model(
         job.model.id,
@@ -115,18 +117,16 @@ def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
     batch = max(1, min(cost.batch_size, max(cost.samples_by_length.values())))
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.vocab_size, (batch, length), generator=generator).tolist()
-    targets = make_targets(model, tokens, objective=Objective(**job.objective))
-    params = {**job.params, "max_steps": 2}
+    targets = make_targets(model, tokens, objective=job.objective)
     threads = torch.get_num_threads()
     if job.model.num_gpus == 0:
         # Ray gives a CPU actor num_cpus threads (OMP_NUM_THREADS); measuring with all cores
         # instead overstates one actor on an idle machine and collapses on a busy one.
         torch.set_num_threads(max(1, int(job.model.num_cpus)))
     try:
-        invert(model, targets, make_config(job.algorithm, params))  # warm-up: first-call costs
-        params["max_steps"] = steps
+        invert(model, targets, replace(job.search, max_steps=2))  # warm-up: first-call costs
         start = time.perf_counter()
-        results = invert(model, targets, make_config(job.algorithm, params))
+        results = invert(model, targets, replace(job.search, max_steps=steps))
         seconds = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)

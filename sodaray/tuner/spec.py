@@ -8,28 +8,31 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sodaray.api import ALGORITHMS, make_config
-from sodaray.objectives import Objective
-from sodaray.runner.spec import (
+from sodaray.api import ALGORITHMS
+from sodaray.experiment.spec import (
     DatasetSpec,
     ModelSpec,
-    SweepError,
-    check_dataset,
-    check_model,
+    TuningError,
+    algorithm_config,
     check_name,
     coerce_scalars,
+    failer,
+    known_fields,
+    parse_dataset,
+    parse_model,
+    parse_objective,
     read_config_file,
 )
-from sodaray.validation import coerce_fields, make_objective
+from sodaray.objectives import Objective
+from sodaray.presets import preset_params
+from sodaray.search.base import SearchConfig
+
+__all__ = ["ParamSpace", "TuningError", "TuningSpec", "load_tuning", "parse_tuning"]
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("median", "hyperband", "none")
 METRICS = ("exact", "exact_per_second", "exact_then_loss")
 PARAM_TYPES = ("float", "int", "categorical")
-
-
-class TuningError(ValueError):
-    """An invalid tuning file: the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -85,20 +88,22 @@ class TuningSpec:
     # A preset (name or YAML file) whose values open a new study as its first trial.
     start_from: str | None = None
 
-    def config(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The algorithm's full config for a trial's sampled `params` (objective ones aside)."""
+    def config(self, params: dict[str, Any]) -> SearchConfig:
+        """The algorithm's full config for a trial's sampled `params` (objective ones aside):
+        the model's preset, then `fixed`, then the sampled values."""
         algo = {k: v for k, v in params.items() if not k.startswith(OBJECTIVE_PREFIX)}
-        merged = {**self.fixed, **algo, "max_steps": self.steps, "seed": self.seed}
-        return make_config(self.algorithm, merged).to_dict()
+        return algorithm_config(
+            self.algorithm, {**self.fixed, **algo}, self.model, seed=self.seed, steps=self.steps
+        )
 
-    def objective_for(self, params: dict[str, Any]) -> dict[str, Any]:
+    def objective_for(self, params: dict[str, Any]) -> Objective:
         """The objective with a trial's `objective.*` parameters applied."""
         over = {
             k.removeprefix(OBJECTIVE_PREFIX): v
             for k, v in params.items()
             if k.startswith(OBJECTIVE_PREFIX)
         }
-        return {**self.objective, **over}
+        return Objective(**{**self.objective, **over})
 
     def distributions(self) -> dict[str, Any]:
         return {p.name: p.distribution() for p in self.space}
@@ -107,12 +112,12 @@ class TuningSpec:
         """`start_from`'s values for the parameters in the space (those inside its ranges)."""
         if self.start_from is None:
             return {}
-        from sodaray.presets import PRESETS, get_preset, load_preset_file
+        from sodaray.presets import PRESETS
 
-        if self.start_from in PRESETS:
-            values = get_preset(self.start_from).soda
-        else:
-            values = load_preset_file(self.start_from)
+        named = self.start_from in PRESETS
+        values = preset_params(
+            "soda", self.start_from if named else None, None if named else self.start_from
+        )
         out = {}
         for p in self.space:
             v = values.get(p.name)
@@ -145,63 +150,22 @@ def load_tuning(path: str | Path) -> TuningSpec:
 
 
 def parse_tuning(data: Any, path: Path) -> TuningSpec:
-    def fail(where: str, message: str) -> TuningError:
-        return TuningError(f"{path}: {where}: {message}")
-
+    fail = failer(path, TuningError)
     if not isinstance(data, dict):
         raise TuningError(f"{path}: a tuning file is a mapping of fields")
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise fail(unknown[0], f"unknown field (known: {', '.join(sorted(TOP_KEYS))})")
+    known_fields(data, TOP_KEYS, "", fail)
     for required in ("name", "model", "data", "space"):
         if required not in data:
             raise fail(required, "required field missing")
     name = check_name(data, fail)
-
-    def sweep_check(check, spec, where):
-        try:
-            return check(spec, where, lambda w, m: SweepError(f"{path}: {w}: {m}"))
-        except SweepError as exc:
-            raise TuningError(str(exc)) from exc
-
-    model_entry = data["model"]
-    if isinstance(model_entry, str):
-        model_entry = {"id": model_entry}
-    if not isinstance(model_entry, dict) or "id" not in model_entry:
-        raise fail("model", "a mapping with an `id` (hub id, folder or .gguf)")
-    bad = sorted(set(model_entry) - {f.name for f in fields(ModelSpec)})
-    if bad:
-        raise fail(f"model.{bad[0]}", "unknown field")
-    try:
-        model = ModelSpec(**coerce_fields(ModelSpec, model_entry))  # num_gpus: .nan refused
-    except (TypeError, ValueError) as exc:
-        raise fail("model", str(exc)) from exc
-    sweep_check(check_model, model, "model")
-
-    data_entry = data["data"]
-    if not isinstance(data_entry, dict):
-        raise fail("data", "a mapping: `path` to a built dataset, or `build` (a spec)")
-    bad = sorted(set(data_entry) - {"name", "path", "build"})
-    if bad:
-        raise fail(f"data.{bad[0]}", "unknown field (known: name, path, build)")
-    data_spec = DatasetSpec(
-        name=data_entry.get("name", "validation"),
-        path=data_entry.get("path"),
-        build=data_entry.get("build"),
-    )
-    sweep_check(check_dataset, data_spec, "data")
-
+    model = parse_model(data["model"], "model", fail)
+    data_spec = parse_dataset(data["data"], "data", fail, default_name="validation")
     algorithm = data.get("algorithm", "soda")
     if algorithm not in ALGORITHMS:
         raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {', '.join(ALGORITHMS)})")
-    objective = data.get("objective") or {"kind": "logits"}
-    try:
-        if not isinstance(objective, dict):
-            raise ValueError("a mapping of objective fields")
-        objective = coerce_fields(Objective, objective)  # YAML numbers by field type
-        make_objective(objective)
-    except (TypeError, ValueError) as exc:
-        raise fail("objective", str(exc)) from exc
+    objective = parse_objective(data.get("objective") or {"kind": "logits"}, "objective", fail)
+    if "grid" in objective:
+        raise fail("objective.grid", "a study searches `space`; objective grids are for sweeps")
 
     space_entry = data["space"]
     if not isinstance(space_entry, dict) or not space_entry:
@@ -279,7 +243,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
                 )
             for value in samples:
                 try:
-                    Objective(**spec.objective_for({p.name: value}))
+                    spec.objective_for({p.name: value})
                 except (TypeError, ValueError) as exc:
                     raise fail(f"space.{p.name}", str(exc)) from exc
             continue

@@ -21,7 +21,11 @@ from typing import Any
 
 import yaml
 
+from sodaray.experiment.cluster import check_address, start_ray
+from sodaray.experiment.data import dataset_table, select_rows
+from sodaray.objectives import Objective
 from sodaray.results import write_table_atomic
+from sodaray.search.base import SearchConfig
 from sodaray.tuner.spec import TuningSpec
 
 log = logging.getLogger(__name__)
@@ -110,8 +114,11 @@ def spec_hash(spec: TuningSpec) -> str:
     steps, metric, checkpoints and seed (not trials, sampler, pruner or storage)."""
     from sodaray.results import config_hash
 
+    preset = {"preset": [spec.model.preset, spec.model.preset_file]}
     return config_hash(
         {
+            # Named only when given, so files without a preset keep their studies' hashes.
+            **(preset if spec.model.preset or spec.model.preset_file else {}),
             "model": spec.model.identity(),
             "data": dataclasses.asdict(spec.data),
             "algorithm": spec.algorithm,
@@ -200,15 +207,16 @@ def make_pruner(spec: TuningSpec):
 class TrialWorker:
     """One model replica and the validation targets, both built once and reused by every trial."""
 
-    def __init__(self, spec: dict[str, Any], rows: dict[str, list[Any]], num_cpus: float) -> None:
-        from sodaray.objectives import Objective, make_targets
-        from sodaray.runner.worker import InversionWorker
+    def __init__(
+        self, spec: TuningSpec, study_name: str, storage: str, rows: dict[str, list[Any]]
+    ) -> None:
+        from sodaray.experiment.replica import load_replica
+        from sodaray.objectives import make_targets
 
-        self.spec = spec
-        self.inner = InversionWorker(spec["model"], num_cpus)
+        self.spec, self.study_name, self.storage = spec, study_name, storage
+        self.model = load_replica(spec.model, spec.model.num_cpus)
         self.rows = rows
-        self.objective = Objective(**spec["objective"])
-        self.targets = make_targets(self.inner.model, rows["tokens"], objective=self.objective)
+        self.targets = make_targets(self.model, rows["tokens"], objective=spec.objective_for({}))
         self.targets.sample_ids = list(rows["sample_id"])
         self._study = None
 
@@ -222,25 +230,22 @@ class TrialWorker:
 
         if self._study is None:
             self._study = optuna.load_study(
-                study_name=self.spec["study_name"], storage=open_storage(self.spec["storage"])
+                study_name=self.study_name, storage=open_storage(self.storage)
             )
         return self._study
 
-    def run_trial(
-        self, number: int, config: dict[str, Any], objective: dict[str, Any]
-    ) -> dict[str, Any]:
+    def run_trial(self, number: int, config: SearchConfig, objective: Objective) -> TrialResult:
         import optuna
 
-        from sodaray.api import invert, make_config
-        from sodaray.objectives import Objective
+        from sodaray.api import invert
         from sodaray.results import RunContext, result_rows
 
         study = self.study()
         trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
         trial = optuna.trial.Trial(study, trial_id)
         total = len(self.targets)
-        checkpoints = self.spec["checkpoints"]
-        steps = config["max_steps"]
+        checkpoints = self.spec.checkpoints
+        steps = config.max_steps
         lengths = sorted(set(len(t) for t in self.rows["tokens"]))
         finished: list[Any] = []
         reported: set[int] = set()
@@ -261,14 +266,13 @@ class TrialWorker:
                     raise optuna.TrialPruned(f"pruned at length {length}, step {step}")
 
         # Tunable objective knobs change the loss only, so the built targets are reused.
-        trial_objective = Objective(**objective)
-        targets = dataclasses.replace(self.targets, objective=trial_objective)
+        targets = dataclasses.replace(self.targets, objective=objective)
         state, error = "complete", None
         try:
             invert(
-                self.inner.model,
+                self.model,
                 targets,
-                make_config(self.spec["algorithm"], config),
+                config,
                 on_result=finished.append,
                 on_step=on_step,
             )
@@ -277,18 +281,18 @@ class TrialWorker:
         seconds = time.perf_counter() - start
         exact = sum(bool(r.exact) for r in finished)
         value = trial_value(
-            self.spec["metric"], exact, total, seconds, [r.final_loss for r in finished]
+            self.spec.metric, exact, total, seconds, [r.final_loss for r in finished]
         )
         index = {sid: i for i, sid in enumerate(self.rows["sample_id"])}
         picked = [index[r.sample_id] for r in finished]
         context = RunContext.for_model(
-            self.inner.model,
-            trial_objective,
-            dataset=self.spec["dataset"],
-            sweep=f"tune:{self.spec['name']}",
+            self.model,
+            objective,
+            dataset=self.spec.data.name,
+            sweep=f"tune:{self.spec.name}",
             job=f"trial-{number:05d}",
         )
-        context.model = self.inner.model_id
+        context.model = self.spec.model.id
         texts = self.rows.get("text")
         labels = self.rows.get("pii_labels")
         table = result_rows(
@@ -297,15 +301,18 @@ class TrialWorker:
             true_texts=None if texts is None else [texts[i] for i in picked],
             pii_labels=None if labels is None else [labels[i] for i in picked],
         )
-        return {
-            "state": state,
-            "value": value,
-            "exact": exact,
-            "total": total,
-            "seconds": seconds,
-            "table": table,
-            "note": error,
-        }
+        return TrialResult(state, value, exact, total, seconds, table, error)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    state: str  # "complete" or "pruned"
+    value: float
+    exact: int
+    total: int
+    seconds: float
+    table: Any  # the trial's result rows (a pyarrow Table)
+    note: str | None
 
 
 def trial_value(metric: str, exact: int, total: int, seconds: float, losses: list[float]) -> float:
@@ -368,14 +375,6 @@ def run_tuning(
     import optuna
     import ray
 
-    from sodaray.runner.execute import (
-        check_address,
-        check_resources,
-        dataset_table,
-        init_ray,
-        select_rows,
-    )
-
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     # Both fail fast, before the study and the validation data.
@@ -395,33 +394,16 @@ def run_tuning(
 
     # The validation rows (built once per model into OUT/<name>/datasets/).
     rows = select_rows(dataset_table(spec.model, spec.data, out), None, None)
-    worker_spec = {
-        "name": spec.name,
-        "model": {**spec.model.identity(), "trust_remote_code": spec.model.trust_remote_code},
-        "objective": spec.objective,
-        "algorithm": spec.algorithm,
-        "metric": spec.metric,
-        "checkpoints": spec.checkpoints,
-        "study_name": study_name,
-        "storage": url,
-        "dataset": spec.data.name,
-    }
     distributions = spec.distributions()
-    own_ray = not ray.is_initialized()
     requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
-    if own_ray and address is None:
-        check_resources(requests, None)  # before Ray starts: it would wait forever
-    if own_ray:
-        init_ray(address)
-    if address is not None or not own_ray:
-        check_resources(requests, address or "the running Ray")
+    own_ray = start_ray(requests, address)
     remote = ray.remote(TrialWorker).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
         max_restarts=-1,
         max_task_retries=0,  # a dead worker's trial is failed and re-enqueued by the driver
     )
-    actors = [remote.remote(worker_spec, rows, spec.model.num_cpus) for _ in range(workers)]
+    actors = [remote.remote(spec, study_name, url, rows) for _ in range(workers)]
     attempts: dict[str, int] = {}
     in_flight: dict[Any, tuple[int, Any, dict[str, Any], float]] = {}
     launched = 0
@@ -467,19 +449,19 @@ def run_tuning(
                 log.warning("trial %d failed (%s)", number, message)
             else:
                 trial_file = out / "trials" / f"trial-{number:05d}.parquet"
-                write_table_atomic(result["table"], trial_file)
+                write_table_atomic(result.table, trial_file)
                 set_trial_attrs(study, number, result, trial_file)
-                if result["state"] == "pruned":
+                if result.state == "pruned":
                     study.tell(number, state=optuna.trial.TrialState.PRUNED)
                 else:
-                    study.tell(number, result["value"])
+                    study.tell(number, result.value)
                 outcome = TrialOutcome(
                     number,
-                    result["state"],
-                    result["value"],
+                    result.state,
+                    result.value,
                     params,
-                    result["seconds"],
-                    result["note"],
+                    result.seconds,
+                    result.note,
                 )
             run.outcomes.append(outcome)
             if on_trial is not None:
@@ -512,17 +494,17 @@ def study_attrs(spec: TuningSpec) -> dict[str, Any]:
     }
 
 
-def set_trial_attrs(study: Any, number: int, result: dict[str, Any], trial_file: Path) -> None:
+def set_trial_attrs(study: Any, number: int, result: TrialResult, trial_file: Path) -> None:
     """A finished trial's result file and counts, set before `tell` (a finished trial is frozen),
     so the dashboard and `optuna trials` show what each trial did."""
-    table = result["table"]
+    table = result.table
     exact = table.column("exact").to_pylist() if "exact" in table.column_names else []
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     attrs = {
         "result_file": str(trial_file),
         "exact": int(sum(bool(x) for x in exact)),
         "total": table.num_rows,
-        "seconds": round(float(result["seconds"]), 3),
+        "seconds": round(float(result.seconds), 3),
     }
     for name, value in attrs.items():
         study._storage.set_trial_user_attr(trial_id, name, value)
@@ -547,8 +529,10 @@ def wait_ready(actor: Any, timeout: float = 600.0) -> int:
 def write_preset(spec: TuningSpec, best, path: Path) -> Path:
     """The best parameters as a preset YAML (`sodaray invert --preset-file`, sweeps'
     `preset_file:`)."""
-    params = {k: v for k, v in spec.fixed.items() if k not in ("max_batch_size", "max_seconds")}
-    params.update(best.params)
+    # The trial's whole config (the model's preset, `fixed`, the sampled values), so the file
+    # reproduces the trial on its own; budget and batching stay the caller's.
+    budget = ("max_steps", "seed", "max_batch_size", "max_seconds")
+    params = {k: v for k, v in spec.config(best.params).to_dict().items() if k not in budget}
     doc = {
         "soda" if spec.algorithm == "soda" else "params": params,
         "note": (
@@ -557,6 +541,9 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
         ),
         "model": spec.model.id,
     }
+    objective = {k: v for k, v in best.params.items() if k.startswith("objective.")}
+    if objective:  # not SODA parameters: kept apart so the file loads as a preset
+        doc["objective"] = {k.removeprefix("objective."): v for k, v in objective.items()}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

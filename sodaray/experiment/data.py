@@ -1,0 +1,72 @@
+"""A dataset entry's rows: its file, or built once per model from its spec, then the samples a
+job or a study uses."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sodaray.experiment.spec import DatasetSpec, ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def select_rows(
+    table: pa.Table, samples_per_length: int | None, limit: int | None
+) -> dict[str, list[Any]]:
+    """The job's samples: the first `samples_per_length` of each length (dataset order), then
+    at most `limit` in all, taken evenly across lengths so a quick look covers every length."""
+    cols = [
+        c
+        for c in ("sample_id", "length", "tokens", "text", "pii_labels")
+        if c in table.column_names
+    ]
+    records = table.select(cols).to_pylist()
+    records.sort(key=lambda r: r["sample_id"])
+    rank: dict[int, int] = {}
+    ranked = []
+    for r in records:
+        k = rank.get(r["length"], 0)
+        rank[r["length"]] = k + 1
+        if samples_per_length is None or k < samples_per_length:
+            ranked.append((k, r))
+    if limit is not None:
+        ranked.sort(key=lambda kr: (kr[0], kr[1]["length"]))
+        ranked = ranked[:limit]
+    chosen = sorted((r for _, r in ranked), key=lambda r: r["sample_id"])
+    return {c: [r[c] for r in chosen] for c in cols}
+
+
+def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
+    """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
+    under `root/datasets/`)."""
+    from sodaray.data import read_dataset
+
+    if spec.path is not None:
+        return read_dataset(spec.path)
+    from sodaray.results import config_hash
+
+    build = dict(spec.build or {})
+    key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
+    path = root / "datasets" / f"{model.label}-{spec.name}-{key[:8]}.parquet"
+    if not path.exists():
+        from sodaray.data import build_dataset, write_dataset
+
+        log.info("building dataset %s for %s", spec.name, model.label)
+        table = build_dataset(
+            model.id,
+            build.get("dataset", spec.name),
+            build.get("lengths"),
+            build.get("per_length"),
+            build.get("seed", 1),
+            build.get("source"),
+            gguf_file=model.gguf_file,
+            progress=False,
+            vocab=build.get("vocab", "tokenizer"),
+            records=build.get("records", "whole"),
+        )
+        write_dataset(table, path)
+    return read_dataset(path)

@@ -1,0 +1,302 @@
+"""Entries shared by sweep and tuning files, parsed once into dataclasses.
+
+A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and the one
+place a model's preset meets an algorithm entry's parameters (`algorithm_config`). Every check
+raises through a `fail(where, message)` the caller makes with `failer`, so an error is one line
+naming the file and the field, whichever file kind it came from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sodaray.api import make_config
+from sodaray.objectives import Objective
+from sodaray.presets import PRESETS, load_preset_file, preset_params
+from sodaray.search.base import SearchConfig
+from sodaray.validation import coerce_fields, make_objective, yaml_load
+
+Fail = Callable[[str, str], ValueError]
+
+
+class SpecError(ValueError):
+    """An invalid experiment file: the message names the file and the field."""
+
+
+class SweepError(SpecError):
+    """An invalid sweep file."""
+
+
+class TuningError(SpecError):
+    """An invalid tuning file."""
+
+
+def failer(path: Path, error: type[SpecError]) -> Fail:
+    """`fail(where, message)`: the one-line error for a field of the file at `path`."""
+    return lambda where, message: error(f"{path}: {where}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str  # hub id, local folder, or .gguf file
+    name: str = ""  # label in job names and results (default: the id's last part)
+    preset: str | None = None  # paper preset for SODA's parameters on this model
+    preset_file: str | None = None  # or a preset YAML (e.g. from `sodaray tune`)
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    bos: bool | None = None
+    trust_remote_code: bool = False
+    # Resources one replica needs (Ray places actors by them); fractional GPUs share a device.
+    num_gpus: float = 0.0
+    num_cpus: float = 1.0
+    replicas: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
+
+    def with_id(self, model: str) -> ModelSpec:
+        """Another model (`--model`) on this entry's resources and dtype; presets dropped."""
+        return ModelSpec(
+            id=model,
+            num_gpus=self.num_gpus,
+            num_cpus=self.num_cpus,
+            replicas=self.replicas,
+            dtype=self.dtype,
+        )
+
+    def identity(self) -> dict[str, Any]:
+        """What decides results (resources do not)."""
+        return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str  # label in results: random, nl-id, nl-ood, privacy, or your own
+    path: str | None = None  # a built dataset Parquet file
+    build: dict[str, Any] | None = (
+        None  # or a build spec: dataset, lengths, per_length, seed, source
+    )
+
+
+MODEL_KEYS = {f.name for f in fields(ModelSpec)}
+DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
+OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
+
+
+def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tuple[Any, Path]:
+    """A YAML config file's data (safe_load), with one-line errors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such {kind} file")
+    try:
+        data = yaml_load(path.read_text(encoding="utf-8"))  # YAML 1.2 numbers: 1e-3 a float
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    return data, path
+
+
+def check_name(data: dict[str, Any], fail) -> str:
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
+    return name
+
+
+def coerce_scalars(cls: type, values: dict[str, Any], fail) -> dict[str, Any]:
+    """Top-level fields by `cls`'s field types, each error naming its field."""
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = coerce_fields(cls, {key: value})[key]
+        except ValueError as exc:
+            raise fail(key, str(exc).removeprefix(f"{key} ")) from exc
+    return out
+
+
+def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:
+    """Objective fields (and their grid values) as the field types say; NaN refused."""
+    try:
+        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
+        if entry.get("grid"):
+            out["grid"] = {
+                k: [coerce_fields(Objective, {k: v})[k] for v in values]
+                for k, values in entry["grid"].items()
+            }
+    except ValueError as exc:
+        raise fail(where, str(exc)) from exc
+    return out
+
+
+def algorithm_config(
+    algorithm: str, params: dict[str, Any], model: ModelSpec, *, seed: int, steps: int
+) -> SearchConfig:
+    """The one place presets are applied: the model entry's preset (SODA's knobs), then the
+    entry's own parameters, then the file's step budget and seed; validated."""
+    merged = {**preset_params(algorithm, model.preset, model.preset_file), **params}
+    return make_config(algorithm, {**merged, "max_steps": steps, "seed": seed})
+
+
+def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) -> ModelSpec:
+    """A model entry (a mapping, or a bare id); `model` (`--model`) replaces its id first."""
+    if isinstance(entry, str):
+        entry = {"id": entry}
+    if not isinstance(entry, dict):
+        raise fail(where, "a mapping with an `id` (hub id, folder or .gguf)")
+    known_fields(entry, MODEL_KEYS, where, fail)
+    if "id" not in entry:
+        raise fail(f"{where}.id", "required field missing")
+    try:
+        spec = ModelSpec(**coerce_fields(ModelSpec, entry))  # num_gpus: .nan refused
+    except (TypeError, ValueError) as exc:
+        raise fail(where, str(exc)) from exc
+    if model is not None:
+        spec = spec.with_id(model)
+        where = f"--model (for {where})"
+    check_model(spec, where, fail)
+    return spec
+
+
+def parse_dataset(entry: Any, where: str, fail: Fail, default_name: str = "") -> DatasetSpec:
+    if not isinstance(entry, dict):
+        raise fail(where, "a mapping: `path` to a built dataset, or `build` (a spec)")
+    known_fields(entry, DATASET_KEYS, where, fail)
+    return check_dataset(DatasetSpec(**{"name": default_name, **entry}), where, fail)
+
+
+def parse_objective(entry: Any, where: str, fail: Fail) -> dict[str, Any]:
+    """An objective mapping (with an optional `grid` of values), coerced by field type; every
+    combination it expands to is checked."""
+    if not isinstance(entry, dict):
+        raise fail(where, "a mapping of objective fields")
+    known_fields(entry, OBJECTIVE_KEYS, where, fail)
+    check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+    entry = _coerce_objective(entry, where, fail)
+    for objective in expand_objective(entry):
+        try:
+            make_objective(objective)  # with finite, non-negative tolerances
+        except (TypeError, ValueError) as exc:
+            raise fail(where, str(exc)) from exc
+    return entry
+
+
+def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    base = {k: v for k, v in entry.items() if k != "grid"}
+    return [{**base, **values} for values in grid(entry.get("grid") or {})]
+
+
+def grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
+    entries = data[key]
+    if not isinstance(entries, list) or not entries:
+        raise fail(key, "a non-empty list")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise fail(f"{key}[{i}]", "must be a mapping")
+    return entries
+
+
+def known_fields(entry: dict, known: set[str], where: str, fail) -> None:
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise fail(f"{prefix}{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+
+
+def check_grid(grid: dict, where: str, fail) -> None:
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise fail(f"{where}.{key}", "a grid entry is a non-empty list of values")
+
+
+def check_positive(value: Any, where: str, fail) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise fail(where, f"a positive integer, not {value!r}")
+
+
+def check_model(spec: ModelSpec, where: str, fail) -> None:
+    looks_local = spec.id.startswith(("/", "./", "../", "~")) or spec.id.endswith(".gguf")
+    if looks_local and not Path(spec.id).expanduser().exists():
+        raise fail(f"{where}.id", f"no such model folder or file: {spec.id}")
+    if spec.preset is not None and spec.preset not in PRESETS:
+        raise fail(
+            f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
+        )
+    if spec.preset is not None and spec.preset_file is not None:
+        raise fail(where, "give `preset` or `preset_file`, not both")
+    if spec.preset_file is not None:
+        try:
+            load_preset_file(spec.preset_file)
+        except (OSError, ValueError) as exc:
+            raise fail(f"{where}.preset_file", str(exc)) from exc
+    if spec.dtype not in ("float32", "bfloat16"):
+        raise fail(f"{where}.dtype", f"float32 or bfloat16, not {spec.dtype!r}")
+    if not isinstance(spec.num_gpus, (int, float)) or spec.num_gpus < 0:
+        raise fail(f"{where}.num_gpus", f"a non-negative number, not {spec.num_gpus!r}")
+    if not isinstance(spec.num_cpus, (int, float)) or spec.num_cpus <= 0:
+        raise fail(f"{where}.num_cpus", f"a positive number, not {spec.num_cpus!r}")
+    check_positive(spec.replicas, f"{where}.replicas", fail)
+
+
+def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
+    if not spec.name:
+        raise fail(f"{where}.name", "required field missing")
+    if (spec.path is None) == (spec.build is None):
+        raise fail(where, "give exactly one of `path` (a built dataset) or `build` (a spec)")
+    if spec.path is not None and not Path(spec.path).expanduser().is_file():
+        raise fail(
+            f"{where}.path",
+            f"no such dataset file: {spec.path} "
+            "(build it with `sodaray data build`, or give a `build` spec)",
+        )
+    if spec.build is not None:
+        if not isinstance(spec.build, dict):
+            raise fail(f"{where}.build", "must be a mapping")
+        known_fields(spec.build, BUILD_KEYS, f"{where}.build", fail)
+        from sodaray.data import DATASETS, parse_lengths
+        from sodaray.data.build import VOCABS
+
+        kind = spec.build.get("dataset", spec.name)
+        if kind == "random":
+            # Written out so the job hash and the dataset cache key say which vocabulary the ids
+            # came from (files built before the option drew from the padded vocab_size).
+            vocab = spec.build.get("vocab", "tokenizer")
+            if vocab not in VOCABS:
+                raise fail(f"{where}.build.vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "vocab": vocab})
+        if kind == "privacy":
+            # Written out, as `vocab` above: sets built before the option took prefixes.
+            records = spec.build.get("records", "whole")
+            if records not in ("whole", "prefix"):
+                raise fail(f"{where}.build.records", f"whole or prefix, not {records!r}")
+            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "records": records})
+        if kind not in DATASETS:
+            raise fail(
+                f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"
+            )
+        if "lengths" in spec.build:
+            try:
+                parse_lengths(str(spec.build["lengths"]))
+            except ValueError as exc:
+                raise fail(f"{where}.build.lengths", str(exc)) from exc
+        for key in ("per_length", "seed"):
+            value = spec.build.get(key, 1)
+            if not isinstance(value, int) or value < (1 if key == "per_length" else 0):
+                raise fail(
+                    f"{where}.build.{key}",
+                    f"a {'positive' if key == 'per_length' else 'non-negative'} integer, "
+                    f"not {value!r}",
+                )
+    return spec

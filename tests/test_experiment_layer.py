@@ -1,0 +1,103 @@
+"""The layer the runner and the tuner share: one preset rule, typed jobs, sibling packages."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import STORIES
+
+from sodaray.objectives import Objective
+from sodaray.runner import load_sweep
+from sodaray.search.gcg import GcgConfig
+from sodaray.search.soda import SodaConfig
+from sodaray.tuner import load_tuning
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sodaray"
+pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+
+DATA = {"build": {"dataset": "random", "lengths": "1", "per_length": 2}}
+
+
+def imported_modules(folder: Path) -> set[str]:
+    names: set[str] = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize(("package", "sibling"), [("runner", "tuner"), ("tuner", "runner")])
+def test_runner_and_tuner_are_siblings(package, sibling):
+    imported = imported_modules(PACKAGE / package)
+    assert not [m for m in imported if m.startswith(f"sodaray.{sibling}")]
+    assert any(m.startswith("sodaray.experiment") for m in imported)
+
+
+def test_experiment_layer_imports_neither():
+    imported = imported_modules(PACKAGE / "experiment")
+    assert not [m for m in imported if m.startswith(("sodaray.runner", "sodaray.tuner"))]
+
+
+def write(tmp_path: Path, name: str, doc: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_model_preset_means_the_same_in_a_sweep_and_a_tuning_file(tmp_path):
+    """gpt2-small's decay is 0.98 (the default 0.9): a tuning file's trials used to ignore it."""
+    model = {"id": str(STORIES), "preset": "gpt2-small"}
+    sweep = load_sweep(
+        write(
+            tmp_path,
+            "s.yaml",
+            {
+                "name": "s",
+                "models": [model],
+                "datasets": [{"name": "random", **DATA}],
+                "algorithms": [{"name": "soda"}, {"name": "gcg"}],
+            },
+        )
+    )
+    tuning = load_tuning(
+        write(
+            tmp_path,
+            "t.yaml",
+            {
+                "name": "t",
+                "model": model,
+                "data": DATA,
+                "space": {"learning_rate": {"low": 0.01, "high": 0.1}},
+            },
+        )
+    )
+    soda, gcg = sweep.jobs()
+    trial = tuning.config({"learning_rate": 0.05})
+    assert isinstance(soda.search, SodaConfig) and isinstance(trial, SodaConfig)
+    assert soda.search.decay == trial.decay == 0.98
+    assert trial.learning_rate == 0.05  # the sampled value over the preset's 0.02
+    assert soda.search.learning_rate == 0.02
+    assert isinstance(gcg.search, GcgConfig)  # presets hold SODA's knobs; GCG keeps its own
+    assert isinstance(soda.objective, Objective)
+    assert soda.config()["params"] == soda.search.to_dict()  # hashed as the actor receives it
+
+
+def test_a_tuning_file_error_names_its_file_and_field(tmp_path):
+    path = write(
+        tmp_path,
+        "t.yaml",
+        {
+            "name": "t",
+            "model": {"id": str(STORIES), "preset": "no-such"},
+            "data": DATA,
+            "space": {"learning_rate": {"low": 0.01, "high": 0.1}},
+        },
+    )
+    with pytest.raises(ValueError, match=r"t\.yaml: model\.preset: unknown preset 'no-such'"):
+        load_tuning(path)
