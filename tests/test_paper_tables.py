@@ -223,6 +223,25 @@ def test_algorithms_table_reports_exact_partial_and_cosine():
     assert [c.value for c in gcg] == [0.0, 0.5, 0.25]
 
 
+def test_every_algorithm_has_its_row_in_the_algorithms_table():
+    """The inverter and an algorithm this version does not know both get rows, after SODA,
+    GCG and embedding search in registry order (the table once listed three by name)."""
+    rows = [
+        frame(
+            true_tokens=[[1, 2]],
+            tokens=[[1, 2] if algo == "soda" else [1, 0]],
+            found=[algo == "soda"],
+            exact=[algo == "soda"],
+            algorithm=[algo],
+        )
+        for algo in ("newalgo", "inverter", "embedding", "gcg", "soda")
+    ]
+    (table,) = table_algo(pd.concat(rows, ignore_index=True))
+    labels = [label for label, _ in table.rows]
+    assert labels == ["SODA", "GCG", "Embedding search", "T5 inverter", "newalgo"]
+    assert [c.value for c in cells(table, "T5 inverter")][:2] == [0.0, 0.5]
+
+
 def test_random_ids_over_the_tokenizer_by_default_padded_vocab_as_option(tmp_path):
     import shutil
 

@@ -25,6 +25,7 @@ class InverterConfig(SearchConfig):
     checkpoint: str = ""
 
     algorithm = "inverter"
+    display_name = "T5 inverter"
 
     def validate(self) -> None:
         super().validate()

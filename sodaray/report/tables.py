@@ -17,13 +17,6 @@ from sodaray.metrics import Mean, Proportion
 from sodaray.results import model_label
 
 DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]
-# SODA's own switch values; a row differing from them is an ablation variant.
-SODA_SWITCHES = {
-    "bias_correction": (False, "+ bias correction"),
-    "use_decay": (True, "− decay"),
-    "use_resets": (True, "− resets"),
-    "use_reinit": (True, "− re-init"),
-}
 
 
 @dataclass
@@ -76,18 +69,22 @@ def objective_label(kind: str, top_k: float | None) -> str:
 
 
 def variant_label(algorithm: str, params: str | None) -> str:
-    """Ablation row name: `SODA`, or SODA with the switches that differ from it."""
-    if algorithm != "soda":
-        return {"embedding": "Embedding search", "gcg": "GCG"}.get(algorithm, algorithm)
-    values = json.loads(params) if params else {}
-    if all(key in values and bool(values[key]) != d for key, (d, _) in SODA_SWITCHES.items()):
-        return "Adam"  # every SODA change undone: the paper's plain-Adam row
-    diffs = [
-        label
-        for key, (default, label) in SODA_SWITCHES.items()
-        if key in values and bool(values[key]) != default
-    ]
-    return "SODA " + ", ".join(diffs) if diffs else "SODA"
+    """A row's name, as its algorithm names it (an unknown algorithm: its own name)."""
+    from sodaray.api import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        return algorithm
+    return ALGORITHMS[algorithm][0].variant_label(json.loads(params) if params else {})
+
+
+def main_variants(df: pd.DataFrame) -> list[str]:
+    """Each algorithm's unmodified row name, registry order first, then algorithms this
+    version does not know (so no result row silently leaves a comparison table)."""
+    from sodaray.api import ALGORITHMS
+
+    known = [config.variant_label({}) for config, _ in ALGORITHMS.values()]
+    other = sorted(set(df["algorithm"]) - set(ALGORITHMS))
+    return [v for v in known + other if v in set(df["variant"])]
 
 
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -333,7 +330,8 @@ def table_tweaks(df: pd.DataFrame) -> list[Table]:
 def table_algo(df: pd.DataFrame) -> list[Table]:
     """Algorithm comparison, logits vs text (paper Table "algo")."""
     base = main_dataset(fixed_length(df[~df["fluency"]]))
-    base = base[base["variant"].isin(["SODA", "GCG", "Embedding search"])]
+    variants = main_variants(base)
+    base = base[base["variant"].isin(variants)]
     if base["algorithm"].nunique() < 2:
         return []
     kinds = [k for k in ("logits", "text") if k in set(base["objective"])]
@@ -348,7 +346,7 @@ def table_algo(df: pd.DataFrame) -> list[Table]:
         + [f"{'Logits' if k == 'logits' else 'Text'} {m}" for k in kinds for m in measures],
     )
     for prefix, rows_m in by_model(base):
-        for v in ["SODA", "GCG", "Embedding search"]:
+        for v in variants:
             rows = rows_m[rows_m["variant"] == v]
             if rows.empty:
                 continue

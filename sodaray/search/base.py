@@ -27,6 +27,13 @@ class SearchConfig:
     max_seconds: float | None = None
 
     algorithm = "base"  # class attribute, overridden by each algorithm
+    display_name = "base"  # its name in reports
+
+    @classmethod
+    def variant_label(cls, params: dict[str, Any]) -> str:
+        """A result row's name in reports, from its recorded parameters (an algorithm with
+        named variants, as SODA's ablations, overrides this)."""
+        return cls.display_name
 
     def __post_init__(self) -> None:
         self.validate()

@@ -33,6 +33,7 @@ class EmbeddingConfig(SearchConfig):
     vocab_chunk: int = 8192
 
     algorithm = "embedding"
+    display_name = "Embedding search"
 
     def validate(self) -> None:
         super().validate()

@@ -37,6 +37,7 @@ class GcgConfig(SearchConfig):
     exclude_tokens: list[int] = field(default_factory=list)
 
     algorithm = "gcg"
+    display_name = "GCG"
 
     def validate(self) -> None:
         super().validate()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -65,6 +66,27 @@ class SodaConfig(SearchConfig):
     loss_reduction: str = "sum"
 
     algorithm = "soda"
+    display_name = "SODA"
+    # The ablation switches: SODA's value and the label of a row that changes it.
+    SWITCHES: ClassVar[dict[str, tuple[bool, str]]] = {
+        "bias_correction": (False, "+ bias correction"),
+        "use_decay": (True, "− decay"),
+        "use_resets": (True, "− resets"),
+        "use_reinit": (True, "− re-init"),
+    }
+
+    @classmethod
+    def variant_label(cls, params: dict[str, Any]) -> str:
+        """`SODA`, SODA with the switches that differ from it, or `Adam` when all do (the
+        paper's plain-Adam row)."""
+        diffs = [
+            label
+            for key, (default, label) in cls.SWITCHES.items()
+            if key in params and bool(params[key]) != default
+        ]
+        if len(diffs) == len(cls.SWITCHES):
+            return "Adam"
+        return "SODA " + ", ".join(diffs) if diffs else "SODA"
 
     def validate(self) -> None:
         super().validate()

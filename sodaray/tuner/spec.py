@@ -15,6 +15,7 @@ from sodaray.experiment.spec import (
     TuningError,
     algorithm_config,
     check_name,
+    check_positive,
     coerce_scalars,
     failer,
     known_fields,
@@ -172,25 +173,8 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         raise fail("space", "a non-empty mapping of parameter name to its range")
     space = [_param(name_, entry, f"space.{name_}", fail) for name_, entry in space_entry.items()]
 
-    scalars = {
-        k: data[k]
-        for k in (
-            "steps",
-            "trials",
-            "metric",
-            "sampler",
-            "pruner",
-            "checkpoints",
-            "seed",
-            "storage",
-            "study_name",
-            "description",
-            "start_from",
-            "fixed",
-        )
-        if k in data
-    }
-    scalars = coerce_scalars(TuningSpec, scalars, fail)  # steps: 1e3 is 1000
+    parsed = ("name", "model", "data", "algorithm", "objective", "space")
+    scalars = {k: v for k, v in data.items() if k not in parsed}
     spec = TuningSpec(
         name=name,
         path=path,
@@ -199,18 +183,13 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         algorithm=algorithm,
         objective=objective,
         space=space,
-        **scalars,
+        **coerce_scalars(TuningSpec, scalars, fail),  # steps: 1e3 is 1000
     )
     for key in ("steps", "trials", "checkpoints"):
-        value = getattr(spec, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise fail(key, f"a positive integer, not {value!r}")
-    if spec.metric not in METRICS:
-        raise fail("metric", f"{spec.metric!r} is not one of {', '.join(METRICS)}")
-    if spec.sampler not in SAMPLERS:
-        raise fail("sampler", f"{spec.sampler!r} is not one of {', '.join(SAMPLERS)}")
-    if spec.pruner not in PRUNERS:
-        raise fail("pruner", f"{spec.pruner!r} is not one of {', '.join(PRUNERS)}")
+        check_positive(getattr(spec, key), key, fail)
+    for key, choices in (("metric", METRICS), ("sampler", SAMPLERS), ("pruner", PRUNERS)):
+        if getattr(spec, key) not in choices:
+            raise fail(key, f"{getattr(spec, key)!r} is not one of {', '.join(choices)}")
     if spec.sampler == "cmaes":
         try:
             import cmaes  # noqa: F401
