@@ -15,7 +15,7 @@ from sodaray.search.gcg import GcgBatch
 @pytest.mark.parametrize(
     "config",
     [
-        sodaray.GcgConfig(max_steps=30, num_candidates=64, top_k=16),
+        sodaray.GcgConfig(max_steps=30, num_candidates=64, tokens_per_position=16),
         sodaray.EmbeddingConfig(max_steps=400),
     ],
     ids=["gcg", "embedding"],
@@ -35,7 +35,7 @@ def test_baselines_recover_length_one_inputs(config):
 def test_gcg_candidates_stay_in_vocabulary_and_avoid_filtered_tokens():
     model = tiny_model("llama")
     excluded = list(range(0, 64, 2))  # every even token
-    cfg = sodaray.GcgConfig(num_candidates=200, top_k=64, exclude_tokens=excluded)
+    cfg = sodaray.GcgConfig(num_candidates=200, tokens_per_position=64, exclude_tokens=excluded)
     targets = sodaray.make_targets(model, [[1, 3, 5], [7, 9, 11]])
     batch = GcgBatch(model, targets, 3, cfg, 2, torch.Generator().manual_seed(0))
     batch.add(torch.arange(2), np.arange(2))

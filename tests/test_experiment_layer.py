@@ -101,3 +101,30 @@ def test_a_tuning_file_error_names_its_file_and_field(tmp_path):
     )
     with pytest.raises(ValueError, match=r"t\.yaml: model\.preset: unknown preset 'no-such'"):
         load_tuning(path)
+
+
+def test_gcg_top_k_is_refused_with_its_new_name(tmp_path):
+    """GCG's candidate count no longer shares `top_k` with the objective's observed logits."""
+    path = write(
+        tmp_path,
+        "s.yaml",
+        {
+            "name": "s",
+            "models": [{"id": str(STORIES)}],
+            "datasets": [{"name": "random", **DATA}],
+            "algorithms": [{"name": "gcg", "params": {"top_k": 16}}],
+        },
+    )
+    with pytest.raises(ValueError, match=r"algorithms\[0\]: gcg parameter 'top_k' is now "):
+        load_sweep(path)
+    (job,) = load_sweep(
+        write(
+            tmp_path,
+            "t.yaml",
+            {
+                **yaml.safe_load(path.read_text()),
+                "algorithms": [{"name": "gcg", "params": {"tokens_per_position": 16}}],
+            },
+        )
+    ).jobs()
+    assert job.search.tokens_per_position == 16

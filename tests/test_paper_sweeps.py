@@ -128,7 +128,8 @@ def test_algorithms_text_observes_25_tokens_and_gcg_has_equal_time_budget() -> N
     gcg = [j for j in jobs if j.algorithm == "gcg"]
     assert gcg
     assert all(
-        (j.search.top_k, j.search.num_candidates, j.search.max_steps) == (128, 700, 700)
+        (j.search.tokens_per_position, j.search.num_candidates, j.search.max_steps)
+        == (128, 700, 700)
         for j in gcg
     )
 

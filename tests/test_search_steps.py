@@ -81,7 +81,7 @@ def test_embedding_search_is_adam_per_target_and_a_refill_starts_afresh():
 
 def test_gcg_swaps_in_tokens_from_the_gradients_top_k():
     model = tiny_model("llama")
-    cfg = sodaray.GcgConfig(num_candidates=100, top_k=4)
+    cfg = sodaray.GcgConfig(num_candidates=100, tokens_per_position=4)
     targets = sodaray.make_targets(model, [[1, 3, 5], [7, 9, 11]])
     batch = GcgBatch(model, targets, 3, cfg, 2, torch.Generator().manual_seed(0))
     batch.add(torch.arange(2), np.arange(2))

@@ -82,7 +82,10 @@ def test_status_of_missing_folder_is_one_line(tmp_path, capsys):
 def test_algorithm_entry_steps_override_the_sweep_budget(tmp_path):
     path = write_sweep(
         tmp_path,
-        algorithms=[{"name": "soda"}, {"name": "gcg", "steps": 7, "params": {"top_k": 4}}],
+        algorithms=[
+            {"name": "soda"},
+            {"name": "gcg", "steps": 7, "params": {"tokens_per_position": 4}},
+        ],
     )
     jobs = load_sweep(path).jobs()
     assert sorted((j.algorithm, j.search.max_steps) for j in jobs) == [("gcg", 7), ("soda", 20)]

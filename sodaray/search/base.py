@@ -4,7 +4,7 @@ the batch-state protocol the refilling pool drives."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,8 @@ class SearchConfig:
     max_seconds: float | None = None
 
     algorithm = "base"  # class attribute, overridden by each algorithm
+    # Old parameter names -> new: refused with a message naming the new one.
+    RENAMED: ClassVar[dict[str, str]] = {}
     display_name = "base"  # its name in reports
 
     @classmethod
@@ -59,6 +61,10 @@ class SearchConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> SearchConfig:
         """Build from a mapping (YAML), naming the unknown field on error."""
+        for old in sorted(set(data) & set(cls.RENAMED)):
+            raise ValueError(
+                f"{source}: {cls.algorithm} parameter {old!r} is now {cls.RENAMED[old]!r}"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,7 +31,9 @@ class GcgConfig(SearchConfig):
     """GCG's knobs, defaulting to the paper's: top-k 128, 700 candidates, 700 steps."""
 
     max_steps: int = 700
-    top_k: int = 128
+    # Each position's best replacement tokens by gradient (the paper's top-k; named apart from
+    # the objective's `top_k`, the number of observed logits).
+    tokens_per_position: int = 128
     num_candidates: int = 700
     # Candidate sequences scored per forward; halves on out-of-memory instead of crashing.
     eval_batch_size: int = 4096
@@ -38,11 +41,14 @@ class GcgConfig(SearchConfig):
 
     algorithm = "gcg"
     display_name = "GCG"
+    RENAMED: ClassVar[dict[str, str]] = {"top_k": "tokens_per_position"}
 
     def validate(self) -> None:
         super().validate()
-        if self.top_k < 1 or self.num_candidates < 1 or self.eval_batch_size < 1:
-            raise ValueError("top_k, num_candidates and eval_batch_size must be at least 1")
+        if min(self.tokens_per_position, self.num_candidates, self.eval_batch_size) < 1:
+            raise ValueError(
+                "tokens_per_position, num_candidates and eval_batch_size must be at least 1"
+            )
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -131,7 +137,7 @@ class GcgBatch(BatchState):
     def sample_candidates(self, grad: Tensor) -> Tensor:
         """(B, C, n): each candidate swaps one uniform position for one of its top-k tokens."""
         B, n, _ = grad.shape
-        k = min(self.cfg.top_k, len(self.allowed_ids))
+        k = min(self.cfg.tokens_per_position, len(self.allowed_ids))
         masked = grad.float().masked_fill(~self.allowed, float("inf"))
         top = (-masked).topk(k, dim=-1).indices  # (B, n, k): most negative gradient first
         C = self.cfg.num_candidates
