@@ -67,7 +67,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         table[algo] = {}
         for n in range(lo, hi + 1):
-            rows = [r for r in results if r.length == n]
+            rows = [r for r in results if r.predicted_length == n]
             exact = sum(bool(r.exact) for r in rows) / len(rows)
             found = sum(r.found for r in rows) / len(rows)
             steps = np.mean([r.steps for r in rows])

@@ -36,7 +36,7 @@ def main() -> None:
         exact = sum(bool(r.exact) for r in res)
         found = sum(r.found for r in res)
         partial = sum(
-            sum(p == t for p, t in zip(r.tokens, r.true_tokens, strict=True)) / r.length
+            sum(p == t for p, t in zip(r.tokens, r.true_tokens, strict=True)) / r.predicted_length
             for r in res
         ) / len(res)
         print(

@@ -146,7 +146,7 @@ class _Collector:
                 steps=int(steps[j]) + (prev.steps if prev else 0),
                 seconds=float(seconds[j]) + (prev.seconds if prev else 0.0),
                 final_loss=float(loss[j]),
-                length=n,
+                predicted_length=n,
                 algorithm=self.config.algorithm,
                 seed=self.config.seed,
                 true_tokens=None if true is None else list(true),

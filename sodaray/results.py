@@ -228,7 +228,7 @@ def result_rows(
                 "steps": r.steps,
                 "seconds": r.seconds,
                 "final_loss": r.final_loss,
-                "predicted_length": r.length,
+                "predicted_length": r.predicted_length,
                 "length_mode": context.length_mode,
                 "lengths_tried": r.lengths_tried,
                 "device": context.device,

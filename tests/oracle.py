@@ -52,8 +52,9 @@ def misreports(
         label = f"target {row} ({r.tokens})"
         if r.sample_id != targets.sample_ids[row]:
             problems.append(f"{label}: sample_id {r.sample_id} is not {targets.sample_ids[row]}")
-        if len(r.tokens) != r.length or (r.lengths_tried and r.lengths_tried[-1] != r.length):
-            problems.append(f"{label}: length {r.length}, tried {r.lengths_tried}")
+        n = r.predicted_length
+        if len(r.tokens) != n or (r.lengths_tried and r.lengths_tried[-1] != n):
+            problems.append(f"{label}: length {r.predicted_length}, tried {r.lengths_tried}")
         if reproduces(model, targets, row, r.tokens) != r.found:
             problems.append(f"{label}: reported found={r.found}, the referee disagrees")
         if targets.true_tokens is not None:

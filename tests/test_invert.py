@@ -20,7 +20,7 @@ def test_recovers_length_one_inputs_of_tiny_models(kind):
     assert [r.sample_id for r in results] == list(range(8))
     assert sum(r.exact for r in results) >= 6
     for r in results:
-        assert r.algorithm == "soda" and r.length == 1 and r.true_tokens is not None
+        assert r.algorithm == "soda" and r.predicted_length == 1 and r.true_tokens is not None
         assert r.found == (r.steps < 400) or r.steps == 400
     # found answers reproduce the observation, unfound ones do not (an independent re-run)
     assert misreports(model, targets, results) == []
@@ -89,7 +89,7 @@ def test_mixed_lengths_are_grouped():
     results = sodaray.invert(
         model, sodaray.make_targets(model, tokens), sodaray.SodaConfig(max_steps=200)
     )
-    assert [r.length for r in results] == [1, 2, 1, 2]
+    assert [r.predicted_length for r in results] == [1, 2, 1, 2]
     assert [r.true_tokens for r in results] == tokens
 
 
@@ -100,9 +100,9 @@ def test_auto_length_reports_first_matching_length():
         model, targets, sodaray.SodaConfig(max_steps=200), length="auto", max_length=3
     )
     for r in results:
-        assert r.found and r.lengths_tried[-1] == r.length
-        assert r.lengths_tried == list(range(1, r.length + 1))
-    assert results[0].length == 1 and results[0].exact
+        assert r.found and r.lengths_tried[-1] == r.predicted_length
+        assert r.lengths_tried == list(range(1, r.predicted_length + 1))
+    assert results[0].predicted_length == 1 and results[0].exact
 
 
 def test_unknown_length_needs_length_argument(tiny_llama):

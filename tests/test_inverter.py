@@ -42,10 +42,10 @@ def test_train_resume_and_invert(tiny_llama, tmp_path):
     targets = sodaray.make_targets(tiny_llama, tokens)
     config = make_config("inverter", {"checkpoint": str(out / "best")})
     results = sodaray.invert(tiny_llama, targets, config)
-    assert [r.length for r in results] == [2, 1, 2]
+    assert [r.predicted_length for r in results] == [2, 1, 2]
     assert all(isinstance(r, InversionResult) for r in results)
     assert {f.name for f in fields(InversionResult)} == set(results[0].to_dict())
-    assert all(r.algorithm == "inverter" and len(r.tokens) == r.length for r in results)
+    assert all(r.algorithm == "inverter" and len(r.tokens) == r.predicted_length for r in results)
     assert all(0 <= t < tiny_llama.vocab_size for r in results for t in r.tokens)
     assert results[0].params["init"].startswith("random")
 

@@ -19,7 +19,7 @@ REACHABLE = [[5], [18], [33], [50]]
 
 ALGORITHMS = {
     "soda": sodaray.SodaConfig(max_steps=150),
-    "gcg": sodaray.GcgConfig(max_steps=12, num_candidates=64, top_k=16),
+    "gcg": sodaray.GcgConfig(max_steps=12, num_candidates=64, tokens_per_position=16),
     "embedding": sodaray.EmbeddingConfig(max_steps=150),
 }
 OBJECTIVES = {

@@ -90,7 +90,7 @@ def run_inverter(
                     steps=1,
                     seconds=per,
                     final_loss=float("nan"),
-                    length=n,
+                    predicted_length=n,
                     algorithm="inverter",
                     seed=config.seed,
                     true_tokens=None if true is None else list(true),

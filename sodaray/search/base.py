@@ -92,7 +92,7 @@ class InversionResult:
     steps: int
     seconds: float
     final_loss: float
-    length: int
+    predicted_length: int  # the length searched at (the true one is len(true_tokens))
     algorithm: str
     seed: int
     true_tokens: list[int] | None = None
