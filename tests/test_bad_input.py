@@ -27,14 +27,14 @@ models: [{{id: "{model}", num_cpus: 1{resources}}}]
 datasets: [{{name: random, build: {{dataset: random, lengths: "1", per_length: 2}}}}]
 algorithms: [{{name: soda, params: {params}}}]
 objectives: [{objective}]
-steps: 5
+max_steps: 5
 """
 
 TUNE = """name: badtune
 model: {{id: "{model}"}}
 data: {{build: {{dataset: random, lengths: "1", per_length: 2, seed: 0}}}}
 space: {space}
-steps: 5
+max_steps: 5
 trials: 1
 """
 
@@ -509,5 +509,5 @@ def test_integral_numbers_in_integer_fields(tmp_path):
     from sodaray.validation import yaml_load
 
     text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")
-    sweep_ = parse_sweep(yaml_load(text.replace("steps: 5", "steps: 1e2")), Path("s.yaml"))
-    assert sweep_.steps == 100 and isinstance(sweep_.steps, int)
+    sweep_ = parse_sweep(yaml_load(text.replace("max_steps: 5", "max_steps: 1e2")), Path("s.yaml"))
+    assert sweep_.max_steps == 100 and isinstance(sweep_.max_steps, int)

@@ -128,3 +128,12 @@ def test_gcg_top_k_is_refused_with_its_new_name(tmp_path):
         )
     ).jobs()
     assert job.search.tokens_per_position == 16
+
+
+def test_the_old_step_flag_names_the_new_one(capsys):
+    from sodaray.cli import main
+
+    sweep = str(PACKAGE.parent / "sweeps" / "quickstart.yaml")
+    assert main(["sweep", "plan", sweep, "--steps", "5", "--rate", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--steps is now --max-steps" in err

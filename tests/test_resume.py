@@ -40,7 +40,7 @@ def write_sweep(tmp_path: Path, dataset: dict) -> Path:
         "models": [{"id": str(STORIES), "num_cpus": 1}],
         "datasets": [dataset],
         "algorithms": [{"name": "soda"}],
-        "steps": 5,
+        "max_steps": 5,
         "shard_size": 2,
     }
     path = tmp_path / "sweep.yaml"

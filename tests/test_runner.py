@@ -26,7 +26,7 @@ def write_sweep(tmp_path: Path, **overrides) -> Path:
         ],
         "algorithms": [{"name": "soda", "grid": {"temperature": [0.05, 0.1]}}],
         "objectives": [{"kind": "logits"}],
-        "steps": 20,
+        "max_steps": 20,
         "shard_size": 2,
     }
     spec.update(overrides)

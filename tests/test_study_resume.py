@@ -22,7 +22,7 @@ def spec_for(tmp_path: Path, **overrides):
         "model": {"id": str(STORIES)},
         "data": {"build": {"dataset": "random", "lengths": "1", "per_length": 2, "seed": 0}},
         "space": {"learning_rate": {"type": "float", "low": 0.01, "high": 0.5}},
-        "steps": 5,
+        "max_steps": 5,
         "sampler": "random",
     }
     spec.update(overrides)
@@ -60,7 +60,7 @@ def test_another_tuning_file_on_the_same_study_is_refused(tmp_path):
     run_trials(study, spec_for(tmp_path).distributions(), 1)
     open_study(spec_for(tmp_path, trials=50, sampler="tpe"), url, "s")  # same trials: fine
     for changed in (
-        {"steps": 6},
+        {"max_steps": 6},
         {"metric": "exact_per_second"},
         {"space": {"decay": {"type": "float", "low": 0.5, "high": 1.0}}},
     ):

@@ -25,7 +25,8 @@ BAD_SWEEPS = [
         "algorithms[0]: unknown soda parameter 'lr'",
     ),
     ({"algorithms": [{"name": "soda", "params": {"decay": 2.0}}]}, "algorithms[0]: decay"),
-    ({"steps": 0}, "steps: a positive integer"),
+    ({"max_steps": 0}, "max_steps: a positive integer"),
+    ({"steps": 10}, "steps: renamed: use `max_steps`"),
     ({"objectives": [{"kind": "logits", "top_k": 0}]}, "objectives[0]: top_k"),
     (
         {"datasets": [{"name": "random", "path": "missing.parquet"}]},
@@ -84,19 +85,19 @@ def test_algorithm_entry_steps_override_the_sweep_budget(tmp_path):
         tmp_path,
         algorithms=[
             {"name": "soda"},
-            {"name": "gcg", "steps": 7, "params": {"tokens_per_position": 4}},
+            {"name": "gcg", "max_steps": 7, "params": {"tokens_per_position": 4}},
         ],
     )
     jobs = load_sweep(path).jobs()
     assert sorted((j.algorithm, j.search.max_steps) for j in jobs) == [("gcg", 7), ("soda", 20)]
     assert jobs[0].config_hash != jobs[1].config_hash
-    bad = write_sweep(tmp_path, algorithms=[{"name": "soda", "steps": 0}])
-    with pytest.raises(ValueError, match=r"algorithms\[0\]\.steps"):
+    bad = write_sweep(tmp_path, algorithms=[{"name": "soda", "max_steps": 0}])
+    with pytest.raises(ValueError, match=r"algorithms\[0\]\.max_steps"):
         load_sweep(bad)
 
 
 def test_unreachable_cluster_is_one_line(tmp_path, capsys):
-    path = write_sweep(tmp_path, steps=1)
+    path = write_sweep(tmp_path, max_steps=1)
     code = main(
         ["sweep", "run", str(path), "--out", str(tmp_path / "out"), "--address", "127.0.0.1:9"]
     )

@@ -33,7 +33,7 @@ def write_tuning(tmp_path: Path, **overrides) -> Path:
             "learning_rate": {"type": "float", "low": 0.03, "high": 0.3, "log": True},
             "reset_period": {"type": "int", "low": 20, "high": 60, "step": 20},
         },
-        "steps": 40,
+        "max_steps": 40,
         "trials": 2,
         "checkpoints": 2,
     }
@@ -57,7 +57,7 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     # Solved fraction reported at each checkpoint of each length (2 lengths x 2 checkpoints).
     assert all(len(t.intermediate_values) == 4 for t in study.trials)
     # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
-    assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["steps"] == 40
+    assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["max_steps"] == 40
     assert study.user_attrs["fixed"] == {"max_batch_size": 16}
     for t in study.trials:
         assert Path(t.user_attrs["result_file"]).is_file()
@@ -83,7 +83,7 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
 
 
 def test_killed_worker_trial_is_failed_and_retried(tmp_path, local_ray):
-    spec = load_tuning(write_tuning(tmp_path, steps=400))
+    spec = load_tuning(write_tuning(tmp_path, max_steps=400))
     killed: list[int] = []
 
     def kill_first(number: int, pid: int) -> None:

@@ -208,10 +208,18 @@ def entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
     return entries
 
 
+# Keys of older files -> their names now (one name per thing: the step budget is max_steps in
+# files, configs and on the command line).
+RENAMED_KEYS = {"steps": "max_steps"}
+
+
 def known_fields(entry: dict, known: set[str], where: str, fail) -> None:
+    prefix = f"{where}." if where else ""
+    for old, new in RENAMED_KEYS.items():
+        if old in entry and new in known:
+            raise fail(f"{prefix}{old}", f"renamed: use `{new}`")
     unknown = sorted(set(entry) - known)
     if unknown:
-        prefix = f"{where}." if where else ""
         raise fail(f"{prefix}{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
 
 

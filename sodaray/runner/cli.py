@@ -23,8 +23,11 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--limit", type=int, help="cap the samples per job (a quick look)")
     run.add_argument("--model", help="run the sweep's jobs on this model (hub id, folder, .gguf)")
     run.add_argument(
-        "--steps", type=int, help="cap every step budget (a quick look: results in NAME-quick)"
+        "--max-steps",
+        type=int,
+        help="cap every step budget (a quick look: results in NAME-quick)",
     )
+    run.add_argument("--steps", type=int, help=argparse.SUPPRESS)  # renamed: refused by name
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
@@ -41,7 +44,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         "--no-calibrate", action="store_true", help="no rate: counts only, no time estimate"
     )
     plan.add_argument("--limit", type=int, help="as `sweep run --limit`")
-    plan.add_argument("--steps", type=int, help="as `sweep run --steps`")
+    plan.add_argument("--max-steps", type=int, help="as `sweep run --max-steps`")
+    plan.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     plan.add_argument("--model", help="as `sweep run --model`")
     plan.set_defaults(func=cmd_sweep_plan)
     status = cmds.add_parser("status", help="done / pending / failed shards per job")
@@ -56,7 +60,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
     sweep = load_sweep(args.sweep, model=args.model)  # validated before Ray starts
-    sweep = _quick(sweep, args.steps, args.limit)
+    sweep = _quick(sweep, args, args.limit)
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
@@ -125,11 +129,14 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     return 1 if run.failed else 0
 
 
-def _quick(sweep, steps: int | None, limit: int | None):
-    """A quick look (`--steps` / `--limit`) as its own sweep, NAME-quick, so its results,
+def _quick(sweep, args: argparse.Namespace, limit: int | None):
+    """A quick look (`--max-steps` / `--limit`) as its own sweep, NAME-quick, so its results,
     status and report never mix with the full run's."""
+    if args.steps is not None:
+        raise ValueError("--steps is now --max-steps (the step budget has one name)")
+    steps = args.max_steps
     if steps is not None and steps < 1:
-        raise ValueError(f"--steps must be at least 1, not {steps}")
+        raise ValueError(f"--max-steps must be at least 1, not {steps}")
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, not {limit}")
     if steps is None and limit is None:
@@ -143,7 +150,7 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
 
     if args.rate is not None and not args.rate > 0:
         raise ValueError(f"--rate must be a positive number, not {args.rate}")
-    sweep = _quick(load_sweep(args.sweep, model=args.model), args.steps, args.limit)
+    sweep = _quick(load_sweep(args.sweep, model=args.model), args, args.limit)
     jobs = sweep.jobs(limit=args.limit, model=args.model)
     costs = [job_cost(job) for job in jobs]
     rates: dict[str, float | str] = {}

@@ -111,7 +111,7 @@ class Sweep:
     datasets: list[DatasetSpec] = field(default_factory=list)
     algorithms: list[dict[str, Any]] = field(default_factory=list)
     objectives: list[dict[str, Any]] = field(default_factory=list)
-    steps: int = 2000
+    max_steps: int = 2000  # the step budget of every algorithm entry without its own
     seeds: list[int] = field(default_factory=lambda: [0])
     samples_per_length: int | None = None
     shard_size: int = 100
@@ -121,18 +121,16 @@ class Sweep:
     # length (the paper's length table; `length: [1, 2, 3]` in the file).
     assumed_lengths: list[int] = field(default_factory=list)
 
-    def quick(self, steps: int | None) -> Sweep:
+    def quick(self, max_steps: int | None) -> Sweep:
         """This sweep as a quick look: named NAME-quick (its own results folder) and, with
-        `steps`, every step budget capped at it."""
+        `max_steps`, every step budget capped at it."""
+        cap = max_steps or self.max_steps
         entries = [
-            {**e, "steps": min(int(e.get("steps", self.steps)), steps)} if steps else e
+            {**e, "max_steps": min(int(e.get("max_steps", self.max_steps)), cap)}
             for e in self.algorithms
         ]
         return dataclasses.replace(
-            self,
-            name=f"{self.name}-quick",
-            algorithms=entries,
-            steps=min(self.steps, steps) if steps else self.steps,
+            self, name=f"{self.name}-quick", algorithms=entries, max_steps=min(self.max_steps, cap)
         )
 
     def length_modes(self) -> list[str]:
@@ -181,7 +179,7 @@ class Sweep:
                 if values:
                     label += "-" + "-".join(f"{k}={_short(v)}" for k, v in values.items())
                 params = {**(entry.get("params") or {}), **values}
-                out.append((entry["name"], label, params, entry.get("steps", self.steps)))
+                out.append((entry["name"], label, params, entry.get("max_steps", self.max_steps)))
         return out
 
     def _objectives(self) -> list[Objective]:
@@ -194,7 +192,7 @@ def _short(value: Any) -> str:
 
 # ---- loading and validation -------------------------------------------------------------------
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
-ALGORITHM_KEYS = {"name", "label", "params", "grid", "steps"}  # steps: this entry's budget
+ALGORITHM_KEYS = {"name", "label", "params", "grid", "max_steps"}  # max_steps: its own budget
 
 
 def load_sweep(path: str | Path, model: str | None = None) -> Sweep:
@@ -238,7 +236,8 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         if len(set(assumed)) != len(assumed):
             raise fail("length", f"assumed lengths repeat: {assumed}")
         data = {k: v for k, v in data.items() if k != "length"}
-    scalars = ("description", "steps", "samples_per_length", "shard_size", "length", "max_length")
+    scalars = ("description", "max_steps", "samples_per_length", "shard_size", "length")
+    scalars += ("max_length",)
     sweep = Sweep(
         name=name,
         path=path,
@@ -255,7 +254,7 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
             raise fail("seeds", "a list of integers")
         sweep.seeds = seeds
-    for key in ("steps", "shard_size", "max_length"):
+    for key in ("max_steps", "shard_size", "max_length"):
         check_positive(getattr(sweep, key), key, fail)
     if sweep.samples_per_length is not None:
         check_positive(sweep.samples_per_length, "samples_per_length", fail)
@@ -273,7 +272,7 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
                         {**(entry.get("params") or {}), **values},
                         m,
                         seed=sweep.seeds[0],
-                        steps=entry.get("steps", sweep.steps),
+                        steps=entry.get("max_steps", sweep.max_steps),
                     )
                 except (TypeError, ValueError) as exc:
                     message = str(exc).removeprefix("config: ")
@@ -293,8 +292,10 @@ def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> dict[str,
             raise fail(f"{where}.{key}", "must be a mapping")
     for key in ("max_steps", "seed"):
         if key in (entry.get("params") or {}) or key in (entry.get("grid") or {}):
-            raise fail(f"{where}.params.{key}", "set it with the sweep's `steps` / `seeds`")
+            raise fail(
+                f"{where}.params.{key}", "set it beside `params` (max_steps) or with `seeds`"
+            )
     check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
-    if "steps" in entry:
-        check_positive(entry["steps"], f"{where}.steps", fail)
+    if "max_steps" in entry:
+        check_positive(entry["max_steps"], f"{where}.max_steps", fail)
     return entry

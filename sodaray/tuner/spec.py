@@ -76,7 +76,7 @@ class TuningSpec:
     objective: dict[str, Any] = field(default_factory=lambda: {"kind": "logits"})
     fixed: dict[str, Any] = field(default_factory=dict)
     space: list[ParamSpace] = field(default_factory=list)
-    steps: int = 600
+    max_steps: int = 600
     trials: int = 20
     metric: str = "exact"
     sampler: str = "tpe"
@@ -94,7 +94,7 @@ class TuningSpec:
         the model's preset, then `fixed`, then the sampled values."""
         algo = {k: v for k, v in params.items() if not k.startswith(OBJECTIVE_PREFIX)}
         return algorithm_config(
-            self.algorithm, {**self.fixed, **algo}, self.model, seed=self.seed, steps=self.steps
+            self.algorithm, {**self.fixed, **algo}, self.model, seed=self.seed, steps=self.max_steps
         )
 
     def objective_for(self, params: dict[str, Any]) -> Objective:
@@ -183,9 +183,9 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         algorithm=algorithm,
         objective=objective,
         space=space,
-        **coerce_scalars(TuningSpec, scalars, fail),  # steps: 1e3 is 1000
+        **coerce_scalars(TuningSpec, scalars, fail),  # max_steps: 1e3 is 1000
     )
-    for key in ("steps", "trials", "checkpoints"):
+    for key in ("max_steps", "trials", "checkpoints"):
         check_positive(getattr(spec, key), key, fail)
     for key, choices in (("metric", METRICS), ("sampler", SAMPLERS), ("pruner", PRUNERS)):
         if getattr(spec, key) not in choices:
@@ -210,7 +210,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         raise fail("fixed", "a mapping of parameter name to value")
     for key in ("max_steps", "seed"):
         if key in spec.fixed or any(p.name == key for p in spec.space):
-            raise fail(f"fixed.{key}", "set it with the file's `steps` / `seed`")
+            raise fail(f"fixed.{key}", f"set it with the file's own `{key}`")
     # Every parameter named must exist and accept the range's ends.
     for p in spec.space:
         samples = p.choices if p.type == "categorical" else [p.low, p.high]

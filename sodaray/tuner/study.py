@@ -125,7 +125,7 @@ def spec_hash(spec: TuningSpec) -> str:
             "objective": spec.objective,
             "fixed": spec.fixed,
             "space": [dataclasses.asdict(p) for p in spec.space],
-            "steps": spec.steps,
+            "steps": spec.max_steps,  # the key older studies' hashes were made with
             "metric": spec.metric,
             "checkpoints": spec.checkpoints,
             "seed": spec.seed,
@@ -489,7 +489,7 @@ def study_attrs(spec: TuningSpec) -> dict[str, Any]:
         "model": spec.model.id,
         "dataset": spec.data.name,
         "algorithm": spec.algorithm,
-        "steps": spec.steps,
+        "max_steps": spec.max_steps,
         "fixed": json.loads(json.dumps(spec.fixed, default=str)),  # JSON-safe for every storage
     }
 
@@ -537,7 +537,7 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
         "soda" if spec.algorithm == "soda" else "params": params,
         "note": (
             f"tuned by `sodaray tune {spec.path}`: trial {best.number}, {spec.metric} "
-            f"{best.value:.4f} on {spec.data.name} with {spec.steps} steps per sample"
+            f"{best.value:.4f} on {spec.data.name} with {spec.max_steps} steps per sample"
         ),
         "model": spec.model.id,
     }
