@@ -13,20 +13,20 @@ from sodaray._lazy import lazy_attributes
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.api import ALGORITHMS, invert, make_config
     from sodaray.models import LoadedModel, ModelLoadError, load_model, wrap_model
-    from sodaray.objectives import (
-        Objective,
-        TargetSet,
-        make_targets,
-        read_logits_file,
-        targets_from_logits,
-        targets_from_text,
-    )
+    from sodaray.objectives import Objective
     from sodaray.presets import PRESETS, get_preset
     from sodaray.results import RunContext, read_results, result_rows
     from sodaray.search.base import InversionResult, SearchConfig
     from sodaray.search.embedding import EmbeddingConfig
     from sodaray.search.gcg import GcgConfig
     from sodaray.search.soda import SodaConfig
+    from sodaray.targets import (
+        TargetSet,
+        make_targets,
+        read_logits_file,
+        targets_from_logits,
+        targets_from_text,
+    )
 
 __version__ = "0.1.0"
 
@@ -42,17 +42,17 @@ _LAZY: dict[str, str] = {
     "RunContext": "sodaray.results",
     "SearchConfig": "sodaray.search.base",
     "SodaConfig": "sodaray.search.soda",
-    "TargetSet": "sodaray.objectives",
+    "TargetSet": "sodaray.targets",
     "get_preset": "sodaray.presets",
     "invert": "sodaray.api",
     "load_model": "sodaray.models",
     "make_config": "sodaray.api",
-    "make_targets": "sodaray.objectives",
-    "read_logits_file": "sodaray.objectives",
+    "make_targets": "sodaray.targets",
+    "read_logits_file": "sodaray.targets",
     "read_results": "sodaray.results",
     "result_rows": "sodaray.results",
-    "targets_from_logits": "sodaray.objectives",
-    "targets_from_text": "sodaray.objectives",
+    "targets_from_logits": "sodaray.targets",
+    "targets_from_text": "sodaray.targets",
     "wrap_model": "sodaray.models",
 }
 
@@ -86,7 +86,18 @@ __all__ = [
 
 # Submodules that `import sodaray` used to load as a side effect (`sodaray.results.x` kept working).
 _SUBMODULES = frozenset(
-    {"api", "metrics", "models", "objectives", "presets", "results", "search", "validation"}
+    {
+        "api",
+        "metrics",
+        "models",
+        "objectives",
+        "observations",
+        "presets",
+        "results",
+        "search",
+        "targets",
+        "validation",
+    }
 )
 
 

@@ -11,12 +11,12 @@ import torch
 
 from sodaray.inverter.run import InverterConfig, _NoBatch, run_inverter
 from sodaray.models import LoadedModel
-from sodaray.objectives import TargetSet
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingBatch, EmbeddingConfig
 from sodaray.search.gcg import GcgBatch, GcgConfig
 from sodaray.search.pool import run_pool
 from sodaray.search.soda import SodaBatch, SodaConfig
+from sodaray.targets import TargetSet
 
 log = logging.getLogger(__name__)
 

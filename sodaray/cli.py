@@ -174,8 +174,8 @@ def _algorithm_config(args: argparse.Namespace):
 def cmd_invert(args: argparse.Namespace) -> int:
     from sodaray.api import invert
     from sodaray.models import load_model
-    from sodaray.objectives import (
-        Objective,
+    from sodaray.objectives import Objective
+    from sodaray.targets import (
         make_targets,
         read_logits_file,
         targets_from_logits,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import sodaray
-from sodaray.objectives import TargetSet
+from sodaray.targets import TargetSet
 
 
 @torch.no_grad()

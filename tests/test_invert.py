@@ -122,7 +122,7 @@ def test_text_objective_and_observed_text():
     results = sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=300))
     for r, t in zip(results, targets.continuation, strict=True):
         if r.found:  # the recovered input's greedy continuation is the observed one
-            cont, _ = sodaray.objectives.greedy_continuation(model, torch.tensor([r.tokens]), 2)
+            cont, _ = sodaray.targets.greedy_continuation(model, torch.tensor([r.tokens]), 2)
             assert torch.equal(cont[0], t)
     assert any(r.found for r in results)
 

@@ -40,7 +40,7 @@ def test_prompt_roundtrip_with_text_objective(stories):
     )
     [r] = sodaray.invert(stories, targets, sodaray.SodaConfig(max_steps=400))
     assert r.found, r
-    cont, _ = sodaray.objectives.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
+    cont, _ = sodaray.targets.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
     assert torch.equal(cont[0], targets.continuation[0])
     assert misreports(stories, targets, [r]) == []
 

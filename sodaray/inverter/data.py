@@ -11,7 +11,7 @@ from torch import Tensor
 
 from sodaray.data.build import _random_samples
 from sodaray.models import LoadedModel
-from sodaray.objectives import greedy_continuation
+from sodaray.targets import greedy_continuation
 
 log = logging.getLogger(__name__)
 

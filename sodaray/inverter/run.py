@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, TargetSet, hard_match
+from sodaray.objectives import BatchTargets, hard_match
 from sodaray.search.base import InversionResult, SearchConfig
+from sodaray.targets import TargetSet
 
 log = logging.getLogger(__name__)
 

@@ -103,7 +103,7 @@ def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
 
     from sodaray.api import invert
     from sodaray.models import load_model
-    from sodaray.objectives import make_targets
+    from sodaray.targets import make_targets
 
     model = load_model(
         job.model.id,

@@ -39,6 +39,7 @@ from sodaray.experiment.spec import (
     read_config_file,
 )
 from sodaray.objectives import Objective
+from sodaray.observations import observation
 from sodaray.results import config_hash
 from sodaray.search.base import SearchConfig
 
@@ -87,12 +88,7 @@ class Job:
     @property
     def name(self) -> str:
         obj = self.objective
-        if obj.kind == "text":
-            what = f"text{obj.output_tokens}"
-        else:
-            what = ("all" if obj.top_k is None else f"top{obj.top_k}") + f"x{obj.output_tokens}"
-        if obj.space != "raw":
-            what += f"-{obj.space}"
+        what = observation(obj.kind).label(obj)
         if obj.fluency_weight:
             what += f"-flu{obj.fluency_weight:g}"
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.search.seed}"]

@@ -55,8 +55,8 @@ class InversionWorker:
 
     def run_shard(self, task: ShardTask) -> ShardOutput:
         from sodaray.api import invert
-        from sodaray.objectives import make_targets
         from sodaray.results import RunContext, result_rows
+        from sodaray.targets import make_targets
 
         start = time.perf_counter()
         rows = task.rows

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.objectives import BatchTargets, TargetSet, hard_match
+from sodaray.objectives import BatchTargets, hard_match
+from sodaray.targets import TargetSet
 
 # Step counters are int64 tensors and schedules multiply them; a billion steps is days per target.
 MAX_STEPS = 10**9

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import TargetSet, context_embeds, objective_loss
+from sodaray.objectives import context_embeds, objective_loss
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 from sodaray.search.denormals import flush_denormals
+from sodaray.targets import TargetSet
 
 log = logging.getLogger(__name__)
 

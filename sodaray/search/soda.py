@@ -21,14 +21,11 @@ import torch
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import (
-    TargetSet,
-    context_embeds,
-    objective_loss,
-)
+from sodaray.objectives import context_embeds, objective_loss
 from sodaray.search.adam import adam_step
 from sodaray.search.base import BatchState, SearchConfig, StepOutcome
 from sodaray.search.denormals import flush_denormals
+from sodaray.targets import TargetSet
 
 
 @dataclass

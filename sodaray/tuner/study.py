@@ -211,7 +211,7 @@ class TrialWorker:
         self, spec: TuningSpec, study_name: str, storage: str, rows: dict[str, list[Any]]
     ) -> None:
         from sodaray.experiment.replica import load_replica
-        from sodaray.objectives import make_targets
+        from sodaray.targets import make_targets
 
         self.spec, self.study_name, self.storage = spec, study_name, storage
         self.model = load_replica(spec.model, spec.model.num_cpus)

@@ -1,0 +1,201 @@
+"""Observation kinds: what an auditor saw, each with how it is recorded from the model's output,
+its relaxed loss, and its exact-match check. A new kind (say, sampled text with probabilities)
+is one class here and one entry in `OBSERVATIONS`; targets, the search, job names and report
+labels ask the registry instead of branching on the kind's name.
+
+The observation spaces of logits (raw, centred, log-probabilities) live here too: one place
+defines how observed values and predicted values are moved into each.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+
+if TYPE_CHECKING:
+    from sodaray.objectives import BatchTargets, Objective
+
+
+# ---- observation spaces -------------------------------------------------------------------------
+def observed_in_space(values: Tensor, space: str, *, top_k: bool) -> Tensor:
+    """Observed values (..., V) or top-k values (..., k) moved into `space`.
+
+    Idempotent, so a file may hold raw or already-transformed values: centring twice is
+    centring once, and log-softmax of log-probabilities returns them. Top-k log-probabilities
+    cannot be renormalised (the rest of the vocabulary is unseen) and are taken as given.
+    """
+    if space == "raw":
+        return values
+    if space == "centred":
+        return values - values.mean(-1, keepdim=True)
+    return values if top_k else values.log_softmax(-1)
+
+
+def predicted_in_space(
+    model: LoadedModel, hidden: Tensor, indices: Tensor | None, space: str
+) -> Tensor:
+    """The candidate's values in `space` at the observed entries: (B, P, V) or (B, P, k)."""
+    if space == "raw" or (space == "centred" and indices is not None):
+        values = model.unembed(hidden, indices).float()
+        return values if space == "raw" else values - values.mean(-1, keepdim=True)
+    full = model.unembed(hidden).float()  # centring or normalising needs every logit
+    values = full - full.mean(-1, keepdim=True) if space == "centred" else full.log_softmax(-1)
+    return values if indices is None else values.gather(-1, indices)
+
+
+# ---- the kinds ----------------------------------------------------------------------------------
+class Observation:
+    """One kind of observation. `hidden` arguments are final hidden states at the observed
+    positions (B, m, d); `batch` holds the observed rows (continuation, values, indices)."""
+
+    kind: ClassVar[str]
+
+    def check(self, objective: Objective) -> None:
+        """Raise ValueError for objective fields this kind cannot use."""
+
+    def record(self, objective: Objective, logits: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """What is observed of the model's logits (m, V) at the observed positions besides the
+        greedy continuation: (values, indices), each None when not part of the observation."""
+        return None, None
+
+    def label(self, objective: Objective) -> str:
+        """A short name for job folders ("text4", "top10x1-centred")."""
+        raise NotImplementedError
+
+    def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
+        """The relaxed loss per sample, (B,)."""
+        raise NotImplementedError
+
+    def match(
+        self,
+        model: LoadedModel,
+        objective: Objective,
+        hidden: Tensor,
+        batch: BatchTargets,
+        rows: Tensor,
+        atol: float,
+        rtol: float,
+    ) -> Tensor:
+        """Whether each candidate (C,) reproduces its row's observation exactly, (C,) bool."""
+        raise NotImplementedError
+
+
+class TextObservation(Observation):
+    """The model's greedy continuation of `output_tokens` tokens (paper Eq. 5)."""
+
+    kind = "text"
+
+    def check(self, objective: Objective) -> None:
+        if objective.top_k is not None:
+            raise ValueError("top_k applies to the logits objective only")
+        if objective.space != "raw":
+            raise ValueError("space applies to the logits objective only (text: leave it raw)")
+
+    def label(self, objective: Objective) -> str:
+        return f"text{objective.output_tokens}"
+
+    def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
+        if objective.text_loss == "prob":
+            # Eq. 5: sum over positions of max_a p(a) - p(y_i), teacher-forced on y.
+            probs = model.unembed(hidden).float().softmax(-1)
+            p_true = probs.gather(-1, batch.continuation[..., None]).squeeze(-1)
+            return (probs.amax(-1) - p_true).sum(1)
+        # The authors' form: log-probabilities keep a gradient where p(y_i) is tiny, which the
+        # probability difference flattens; the clamp keeps the loss positive once matched.
+        logp = model.unembed(hidden).float().log_softmax(-1)
+        lp_true = logp.gather(-1, batch.continuation[..., None]).squeeze(-1)
+        return (logp.amax(-1) - lp_true).clamp_min(1e-12).mean(1)
+
+    def match(self, model, objective, hidden, batch, rows, atol, rtol) -> Tensor:
+        return (model.unembed(hidden).argmax(-1) == batch.continuation[rows]).all(1)
+
+
+class LogitsObservation(Observation):
+    """The logits at the last input position (all, or the top-k values and their indices),
+    optionally at `output_tokens` positions, in an observation space."""
+
+    kind = "logits"
+
+    def check(self, objective: Objective) -> None:
+        if objective.space == "centred" and objective.top_k == 1:
+            raise ValueError(
+                "centred top-1 logits are always 0: observe top_k >= 2 or another space"
+            )
+
+    def record(self, objective: Objective, logits: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        if objective.top_k is None:
+            return observed_in_space(logits, objective.space, top_k=False), None
+        # The transforms keep the order, so the top-k set is the raw logits' top-k.
+        top = logits.topk(objective.top_k, dim=-1)
+        full = logits.log_softmax(-1) if objective.space == "logprobs" else logits
+        values = full.gather(-1, top.indices)
+        return observed_in_space(values, objective.space, top_k=True), top.indices
+
+    def label(self, objective: Objective) -> str:
+        what = "all" if objective.top_k is None else f"top{objective.top_k}"
+        what += f"x{objective.output_tokens}"
+        return what if objective.space == "raw" else f"{what}-{objective.space}"
+
+    def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
+        pred = predicted_in_space(model, hidden, batch.observed_indices, objective.space)
+        if objective.loss == "huber":
+            per_entry = F.huber_loss(
+                pred, batch.observed_values, reduction="none", delta=objective.huber_delta
+            )
+        else:
+            per_entry = (pred - batch.observed_values).square()
+        return per_entry.flatten(1).mean(1)
+
+    def match(self, model, objective, hidden, batch, rows, atol, rtol) -> Tensor:
+        """For raw logits a cheap necessary condition runs first: the few largest observed
+        logits, with a looser tolerance; only candidates that pass it pay for the
+        full-vocabulary comparison."""
+        result = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        alive = torch.arange(hidden.shape[0], device=hidden.device)
+        # The probe compares raw logits; the other spaces need the whole row anyway.
+        space = objective.space
+        if model.split_forward and batch.probe_indices is not None and space == "raw":
+            probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
+            # Far looser than the real test than any rounding: it never rejects a true match.
+            ok = torch.isclose(
+                probe_pred, batch.probe_values[rows], atol=2 * atol + 1e-5, rtol=2 * rtol
+            )
+            alive = ok.flatten(1).all(1).nonzero().squeeze(1)
+            if len(alive) == 0:
+                return result
+            hidden, rows = hidden[alive], rows[alive]
+        values = batch.observed_values[rows]
+        full = model.unembed(hidden).float()
+        if space == "centred" and batch.observed_indices is None:
+            full = full - full.mean(-1, keepdim=True)
+        elif space == "logprobs":
+            full = full.log_softmax(-1)  # monotone: the top-k set below is unchanged
+        if batch.observed_indices is None:
+            close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)
+        else:
+            indices = batch.observed_indices[rows]
+            k = indices.shape[-1]
+            at_obs = full.gather(-1, indices)
+            if space == "centred":
+                at_obs = at_obs - at_obs.mean(-1, keepdim=True)
+            close = torch.isclose(at_obs, values, atol=atol, rtol=rtol).flatten(1).all(1)
+            # Its own top-k must be the observed set (order-free: ties may swap equal values).
+            own = full.topk(k, dim=-1).indices.sort(-1).values
+            close &= (own == indices.sort(-1).values).flatten(1).all(1)
+        result[alive] = close
+        return result
+
+
+OBSERVATIONS: dict[str, Observation] = {o.kind: o for o in (LogitsObservation(), TextObservation())}
+
+
+def observation(kind: str) -> Observation:
+    if kind not in OBSERVATIONS:
+        kinds = " or ".join(repr(k) for k in OBSERVATIONS)
+        raise ValueError(f"objective must be {kinds}, not {kind!r}")
+    return OBSERVATIONS[kind]
