@@ -173,6 +173,8 @@ class InversionWorker:
             left[i] -= 1
             if left[i] == 0:
                 shard = results[first[i] : first[i + 1]]
+                if not any(left):  # the last shard: its final step is reported after its rows
+                    thread.join()
                 slot_steps, batch_steps = occupancy.take()
                 yield ShardOutput(
                     self._table(tasks[i], shard),  # type: ignore[arg-type]
