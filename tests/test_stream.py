@@ -19,7 +19,7 @@ from sodaray.experiment.spec import ModelSpec
 from sodaray.objectives import make_targets
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep
-from sodaray.runner.execute import mean_occupancy, plan_jobs, shard_path, shard_task
+from sodaray.runner.execute import mean_occupancy, plan_calls, plan_jobs, shard_path, shard_task
 from sodaray.runner.worker import InversionWorker
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -130,3 +130,24 @@ def test_shards_whose_sample_ids_repeat_share_a_pool_and_keep_their_rows(tmp_pat
     mixed = dataclasses.replace(other, search=dataclasses.replace(other.search, seed=7))
     with pytest.raises(ValueError, match="differ in search"):
         list(worker.run_shards([first, mixed]))
+
+
+def test_calls_keep_a_batch_of_each_length_together_and_never_mix_configs(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path))
+    (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
+    job = plan.job
+    other = dataclasses.replace(
+        plan, job=dataclasses.replace(job, search=dataclasses.replace(job.search, seed=9))
+    )
+    shards = [(plan, i) for i in range(SHARDS)] + [(other, i) for i in range(SHARDS)]
+    for replicas in (1, 2, 3):
+        calls = plan_calls(shards, replicas)
+        flat = [(p.job.search.seed, i) for call in calls for p, i in call]
+        assert sorted(flat) == sorted((p.job.search.seed, i) for p, i in shards)  # each once
+        assert all(len({p.job.search.seed for p, _ in call}) == 1 for call in calls)
+        assert len(calls) == 2 * replicas  # one call per replica and config (20 samples each)
+        for call in calls:  # whole blocks of BATCH samples (4 shards) of consecutive shards
+            indices = [i for _, i in call]
+            blocks = [indices[k : k + BATCH // SHARD_SIZE] for k in range(0, len(indices), 4)]
+            assert all(b == list(range(b[0], b[0] + len(b))) for b in blocks)
+    assert [len(c) for c in plan_calls(shards, 1, stream=False)] == [1] * 2 * SHARDS

@@ -16,12 +16,12 @@ A call is, by default (`stream=True`), several shards that share a search config
 length mode (`worker.batch_key`): the actor runs them through one refilling pool, so its batch
 stays at `max_batch_size` while the call has samples left, and streams each shard's rows back
 (a Ray streaming generator) as soon as the shard's last sample finishes; the driver writes the
-shard file then. A model's shards are dealt round-robin into calls, at least one per replica
-and none over `STREAM_BATCHES * max_batch_size` samples (the targets of a call are built at
-once). Jobs that share a model but not a batch key take turns on its actors: one pool runs one
-config and one objective. When a call fails (its actor died, an error in `invert`), its
-unfinished shards are retried as a new call, up to `max_attempts` tries per shard; shards it
-already streamed are written and kept. `stream=False` is the old way, one shard per call.
+shard file then. `plan_calls` deals a model's shards into calls, at least one per replica and
+none over about `STREAM_BATCHES * max_batch_size` samples (a call's targets are built at once).
+Jobs that share a model but not a batch key take turns on its actors: one pool runs one config
+and one objective. When a call fails (its actor died, an error in `invert`), its unfinished
+shards are retried as a new call, up to `max_attempts` tries per shard; shards it already
+streamed are written and kept. `stream=False` is the old way, one shard per call.
 """
 
 from __future__ import annotations
@@ -530,9 +530,12 @@ def plan_calls(
     shards: list[tuple[JobPlan, int]], replicas: int, stream: bool = True
 ) -> list[list[tuple[JobPlan, int]]]:
     """A model's pending shards as actor calls. Streamed: shards of one batch key share calls,
-    dealt round-robin so every call mixes easy and hard samples alike (the datasets list
-    samples by length) and each replica gets one, with at most `STREAM_BATCHES` batches'
-    worth of samples per call. Keys take turns, in the order their first shard comes."""
+    at least one call per replica and at most `STREAM_BATCHES` batches' worth of samples per
+    call. The key's shards are cut into blocks of consecutive shards holding a batch's worth of
+    samples, and the blocks dealt round-robin: `invert` runs one pool per input length and
+    datasets list samples by length, so a block keeps a length's samples together (a pool a
+    call can fill), while dealing mixes easy and hard lengths across calls (replicas finish
+    together). Keys take turns, in the order their first shard comes."""
     if not stream:
         return [[item] for item in shards]
     groups: dict[str, list[tuple[JobPlan, int]]] = {}
@@ -542,10 +545,19 @@ def plan_calls(
         groups.setdefault(key, []).append((plan, index))
     calls = []
     for items in groups.values():
-        samples = sum(hi - lo for lo, hi in (shard_bounds(p, i) for p, i in items))
-        cap = STREAM_BATCHES * items[0][0].job.search.max_batch_size
-        count = min(len(items), max(replicas, -(-samples // cap)))
-        calls.extend(items[j::count] for j in range(count))
+        batch = items[0][0].job.search.max_batch_size
+        blocks: list[list[tuple[JobPlan, int]]] = [[]]
+        filled = samples = 0
+        for plan, index in items:
+            lo, hi = shard_bounds(plan, index)
+            if filled >= batch:
+                blocks.append([])
+                filled = 0
+            blocks[-1].append((plan, index))
+            filled += hi - lo
+            samples += hi - lo
+        count = min(len(blocks), max(replicas, -(-samples // (STREAM_BATCHES * batch))))
+        calls.extend([item for block in blocks[j::count] for item in block] for j in range(count))
     return calls
 
 
