@@ -151,3 +151,23 @@ def test_calls_keep_a_batch_of_each_length_together_and_never_mix_configs(tmp_pa
             blocks = [indices[k : k + BATCH // SHARD_SIZE] for k in range(0, len(indices), 4)]
             assert all(b == list(range(b[0], b[0] + len(b))) for b in blocks)
     assert [len(c) for c in plan_calls(shards, 1, stream=False)] == [1] * 2 * SHARDS
+
+
+def test_sweep_run_progress_has_a_bar_per_job_and_the_occupancy(capsys):
+    from sodaray.runner.cli import _Progress
+    from sodaray.runner.execute import ShardDone
+
+    progress = _Progress("s")
+    progress.start({"job-a": 4, "job-b": 2}, bars=True)
+    progress.shard(ShardDone("job-a", 0, 2, 1, 1, 0.5, 1, 0.0, 100, 100, 10, 16))
+    progress.shard(ShardDone("job-b", 0, 2, 2, 2, 0.5, 1, 0.0, 60, 60, 10, 8))
+    assert (progress.bars["job-a"].n, progress.bars["job-b"].n) == (2, 2)
+    assert progress.bars["job-a"].total == 4 and "found 2" in str(progress.bars["job-b"].postfix)
+    assert "sample-steps/s" in str(progress.bars["job-a"].postfix)
+    # 100 + 60 searches-steps over 10 steps of 16 slots and 10 of 8: 160 / 240
+    assert "batch occupancy 75% (since the last shard), mean 67%" in progress.status.desc
+    progress.close()
+    lines = _Progress("s")
+    lines.start({"job-a": 4}, bars=False)  # not a terminal: a line per shard
+    lines.shard(ShardDone("job-a", 1, 2, 1, 0, 0.5, 1, 0.0, 100, 100, 10, 16))
+    assert "job-a shard 1: 2 samples, 1 found, 0 exact" in capsys.readouterr().err
