@@ -142,6 +142,7 @@ class InversionWorker:
             raise ValueError("run_shards: the shards differ in search, objective or length")
         start = time.perf_counter()
         owner = [i for i, t in enumerate(tasks) for _ in t.rows["sample_id"]]
+        log.debug("one pool for %d shards, %d samples", len(tasks), len(owner))
         first = [0]
         for t in tasks:
             first.append(first[-1] + len(t.rows["sample_id"]))
