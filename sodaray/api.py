@@ -47,6 +47,8 @@ def invert(
     max_length: int = 10,
     on_result: Callable[[InversionResult], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    on_target: Callable[[int, InversionResult], None] | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[InversionResult]:
     """Recover the inputs behind `targets`; results come back in target order.
 
@@ -55,6 +57,10 @@ def invert(
     and keeps the first length that matches. `on_result` is called as each target finishes;
     `on_step(length, step)` after every step of the batch searching that length (the tuner
     reports pruning checkpoints from it; an exception raised there stops the search).
+    `on_target(row, result)` is `on_result` with the target's row in `targets`, for callers
+    that batch several sources whose sample ids repeat (the sweep runner's shard streams).
+    `on_batch(active)` runs after every step with the number of searches that step advanced
+    (the batch occupancy is `active / config.max_batch_size`).
     """
     config = config or SodaConfig()
     algo = config.algorithm
@@ -81,7 +87,11 @@ def invert(
 
     if algo == "inverter":  # a learned model, not a step-wise search: its first guess stands
         by_row = plan[0] if length != "auto" else [max_length] * n_targets
-        return run_inverter(model, targets, config, by_row, on_result)  # type: ignore[arg-type]
+        results = run_inverter(model, targets, config, by_row, on_result)  # type: ignore[arg-type]
+        if on_target is not None:  # one forward pass: every row finishes at once
+            for row, res in enumerate(results):
+                on_target(row, res)
+        return results
 
     from sodaray.validation import check_context, check_state_memory
 
@@ -91,7 +101,7 @@ def invert(
             batch = min(config.max_batch_size, sum(1 for x in stage if x == n))
             check_state_memory(model, batch, n, algo)
     generator = torch.Generator(device=model.device).manual_seed(config.seed)
-    collector = _Collector(model, targets, config, on_result)
+    collector = _Collector(model, targets, config, on_result, on_target)
     pending = list(range(n_targets))
     for stage_index, stage in enumerate(plan):
         collector.last_stage = stage_index == len(plan) - 1
@@ -101,6 +111,7 @@ def invert(
             by_length.setdefault(stage[row], []).append(row)
         for n, rows in sorted(by_length.items()):
             group = targets.subset(rows)
+            slots = _Slots(len(rows), config.max_batch_size, on_batch)
             run_pool(
                 lambda slots, group=group, n=n: batch_cls(
                     model, group, n, config, slots, generator
@@ -109,9 +120,13 @@ def invert(
                 max_steps=config.max_steps,
                 max_batch_size=config.max_batch_size,
                 max_seconds=config.max_seconds,
-                on_finished=lambda *out, rows=rows, n=n: collector.finished(rows, n, *out),
+                on_finished=lambda *out, rows=rows, n=n, slots=slots: collector.finished(
+                    rows, n, *out, slots=slots
+                ),
                 device=model.device,
-                on_step=None if on_step is None else (lambda s, n=n: on_step(n, s)),
+                on_step=None
+                if on_step is None and on_batch is None
+                else slots.step_hook(n, on_step),
             )
         pending = sorted(collector.retry)
         if not pending:
@@ -120,17 +135,47 @@ def invert(
     return [results[i] for i in range(n_targets)]
 
 
+class _Slots:
+    """The pool's batch size step by step, for `on_batch`: it starts at min(cap, targets) and,
+    as `run_pool` refills freed slots from its queue in the same step, stays at min(cap, targets
+    not yet finished), so counting finished targets is enough (no hook inside the pool)."""
+
+    def __init__(self, targets: int, cap: int, report: Callable[[int], None] | None) -> None:
+        self.left, self.cap, self.report = targets, cap, report
+        self.active = min(cap, targets)
+
+    def finished(self, count: int) -> None:
+        self.left -= count
+
+    def step_hook(
+        self, length: int, on_step: Callable[[int, int], None] | None
+    ) -> Callable[[int], None]:
+        def stepped(step: int) -> None:
+            # `run_pool` calls this after the step's finished slots were delivered: the step
+            # just taken ran `active` searches; the next one runs what is left, up to the cap.
+            if self.report is not None:
+                self.report(self.active)
+            self.active = min(self.cap, self.left)
+            if on_step is not None:
+                on_step(length, step)
+
+        return stepped
+
+
 class _Collector:
     """Turns finished pool slots into results; with auto length, unfound rows try again."""
 
-    def __init__(self, model, targets, config, on_result) -> None:
+    def __init__(self, model, targets, config, on_result, on_target=None) -> None:
         self.model, self.targets, self.config, self.on_result = model, targets, config, on_result
+        self.on_target = on_target
         self.results: dict[int, InversionResult] = {}
         self.params = {k: v for k, v in config.to_dict().items() if k != "seed"}
         self.retry: list[int] = []
         self.last_stage = True
 
-    def finished(self, rows, n, local, tokens, found, loss, steps, seconds) -> None:
+    def finished(self, rows, n, local, tokens, found, loss, steps, seconds, slots=None) -> None:
+        if slots is not None:
+            slots.finished(len(local))
         targets = self.targets
         for j, i in enumerate(local):
             row = rows[int(i)]
@@ -156,8 +201,11 @@ class _Collector:
             self.results[row] = res
             if not res.found and not self.last_stage:
                 self.retry.append(row)
-            elif self.on_result is not None:
-                self.on_result(res)
+            else:
+                if self.on_result is not None:
+                    self.on_result(res)
+                if self.on_target is not None:
+                    self.on_target(row, res)
 
 
 def summarize(results: list[InversionResult]) -> dict[str, float]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections import defaultdict
+from typing import Any
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +31,12 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--steps", type=int, help=argparse.SUPPRESS)  # renamed: refused by name
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
+    run.add_argument(
+        "--one-shard-per-call",
+        action="store_true",
+        help="hand actors one shard at a time (the old way: each shard's batch drains on its "
+        "own; for comparisons)",
+    )
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
         "plan",
@@ -64,11 +72,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
-    bar = None
-    counts: dict[str, int] = defaultdict(int)
+    progress = _Progress(sweep.name)
 
     def on_start(run, samples: int) -> None:
-        nonlocal bar
         print(
             f"sweep {sweep.name}: {run.jobs} jobs, {run.shards_total} shards "
             f"({run.shards_skipped} already done), {samples} samples to run",
@@ -78,24 +84,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             print(f"  skipped {name}: another driver is running it", file=sys.stderr)
         for name in run.corrupt:
             print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
-        if samples and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=samples, unit="sample", desc=sweep.name, file=sys.stderr)
-
-    def on_shard(done) -> None:
-        counts["found"] += done.found
-        counts["exact"] += done.exact
-        counts["samples"] += done.samples
-        if bar is not None:
-            bar.update(done.samples)
-            bar.set_postfix(found=counts["found"], exact=counts["exact"])
-        else:
-            print(
-                f"  {done.job} shard {done.shard}: {done.samples} samples, {done.found} found, "
-                f"{done.exact} exact ({done.seconds:.1f}s)",
-                file=sys.stderr,
-            )
+        progress.start(run.job_samples, bars=bool(samples) and sys.stderr.isatty())
 
     try:
         run = run_sweep(
@@ -106,27 +95,89 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             model=args.model,
             max_attempts=args.max_attempts,
             on_start=on_start,
-            on_shard=on_shard,
+            on_shard=progress.shard,
+            stream=not args.one_shard_per_call,
         )
     except SweepInterrupted as stop:
-        if bar is not None:
-            bar.close()
+        progress.close()
         print(
             f"interrupted: {len(stop.run.done)} shards finished in this run are kept; "
             "run the same command again to continue",
             file=sys.stderr,
         )
         return 130
-    if bar is not None:
-        bar.close()
+    progress.close()
     _print_status(sweep_status(f"{args.out}/{sweep.name}"))
-    print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped")
+    occupancy = run.occupancy
+    shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
+    print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{shown}")
     for failure in run.failed:
         print(
             f"FAILED {failure.job} shard {failure.shard} after {failure.attempts} tries: "
             f"{failure.error}"
         )
     return 1 if run.failed else 0
+
+
+class _Progress:
+    """`sweep run`'s progress: on a terminal one bar per job (samples done / total, found so
+    far, sample-steps/s) under a line with the batch occupancy; otherwise one line per shard.
+    Bars move when a shard's file is written: streamed shards finish one by one."""
+
+    def __init__(self, sweep: str) -> None:
+        self.sweep = sweep
+        self.bars: dict[str, Any] = {}
+        self.status: Any = None
+        self.found: dict[str, int] = defaultdict(int)
+        self.sample_steps: dict[str, int] = defaultdict(int)
+        self.done: list[Any] = []
+        self.started = time.perf_counter()
+
+    def start(self, job_samples: dict[str, int], bars: bool) -> None:
+        self.started = time.perf_counter()
+        if not bars:
+            return
+        from tqdm import tqdm
+
+        self.status = tqdm(total=0, bar_format="{desc}", position=0, file=sys.stderr)
+        self.status.set_description_str(f"{self.sweep}: batch occupancy -")
+        width = max(len(job) for job in job_samples)
+        for i, (job, total) in enumerate(job_samples.items(), start=1):
+            self.bars[job] = tqdm(
+                total=total, unit="sample", desc=f"{job:<{width}}", position=i, file=sys.stderr
+            )
+
+    def shard(self, done) -> None:
+        from sodaray.runner.execute import mean_occupancy
+
+        self.done.append(done)
+        self.found[done.job] += done.found
+        self.sample_steps[done.job] += done.sample_steps
+        rate = self.sample_steps[done.job] / max(time.perf_counter() - self.started, 1e-9)
+        window = mean_occupancy([done])
+        mean = mean_occupancy(self.done)
+        now = "-" if window is None else f"{100 * window:.0f}%"
+        overall = "-" if mean is None else f"{100 * mean:.0f}%"
+        bar = self.bars.get(done.job)
+        if bar is None:
+            print(
+                f"  {done.job} shard {done.shard}: {done.samples} samples, {done.found} found, "
+                f"{done.exact} exact ({done.seconds:.1f}s; batch occupancy {now}, "
+                f"mean {overall})",
+                file=sys.stderr,
+            )
+            return
+        bar.update(done.samples)
+        bar.set_postfix_str(f"found {self.found[done.job]}, {rate:,.0f} sample-steps/s")
+        self.status.set_description_str(
+            f"{self.sweep}: batch occupancy {now} (since the last shard), mean {overall}"
+        )
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        if self.status is not None:
+            self.status.close()
 
 
 def _quick(sweep, args: argparse.Namespace, limit: int | None):

@@ -9,8 +9,19 @@ it reads as the result schema with exactly the shard's sample ids; any other is 
 (its host and pid, refreshed while it runs) for every job it runs; a second driver on the same
 folder skips those jobs, and breaks a lock whose owner is gone (same host: the pid is dead;
 another host: not refreshed for `LOCK_STALE_SECONDS`). Ray does the placement (actors ask for
-the resources their model entry names), restarts dead actors, and retries their in-flight
-shards; this module only hands each idle actor the next shard of its model.
+the resources their model entry names) and restarts dead actors; this module hands each idle
+actor the next call of its model.
+
+A call is, by default (`stream=True`), several shards that share a search config, objective and
+length mode (`worker.batch_key`): the actor runs them through one refilling pool, so its batch
+stays at `max_batch_size` while the call has samples left, and streams each shard's rows back
+(a Ray streaming generator) as soon as the shard's last sample finishes; the driver writes the
+shard file then. `plan_calls` deals a model's shards into calls, at least one per replica and
+none over about `STREAM_BATCHES * max_batch_size` samples (a call's targets are built at once).
+Jobs that share a model but not a batch key take turns on its actors: one pool runs one config
+and one objective. When a call fails (its actor died, an error in `invert`), its unfinished
+shards are retried as a new call, up to `max_attempts` tries per shard; shards it already
+streamed are written and kept. `stream=False` is the old way, one shard per call.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from sodaray.experiment.cluster import check_address, check_resources, start_ray
 from sodaray.experiment.data import dataset_table, select_rows
 from sodaray.results import write_table_atomic
 from sodaray.runner.spec import Job, Sweep
-from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask
+from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask, batch_key
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,10 @@ JOB_FILE = "job.json"
 LOCK_FILE = "job.lock"
 LOCK_REFRESH_SECONDS = 30.0
 LOCK_STALE_SECONDS = 300.0
+# A streamed call holds at most this many batches' worth of samples: its targets (observed
+# logits) are built at once, and bounded calls keep retries after a failure small. Each call
+# ends with a draining batch, so fewer, larger calls keep occupancy higher.
+STREAM_BATCHES = 8
 
 
 def found_exact(table: pa.Table) -> tuple[int, int]:
@@ -179,6 +194,11 @@ class ShardDone:
     # Seconds outside the worker's `run_shard`: task transfer, actor start-up on a first shard,
     # result transfer and the driver's write.
     overhead: float = 0.0
+    sample_steps: int = 0  # the shard's samples' steps, summed
+    # The batch occupancy the actor measured since its previous output (see ShardOutput).
+    slot_steps: int = 0
+    batch_steps: int = 0
+    max_batch_size: int = 1
 
 
 @dataclass
@@ -202,6 +222,18 @@ class SweepRun:
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+    job_samples: dict[str, int] = field(default_factory=dict)  # samples to run, per job
+
+    @property
+    def occupancy(self) -> float | None:
+        """Mean batch occupancy so far: searches per step over `max_batch_size`, averaged
+        over every step of every actor (None before any step)."""
+        return mean_occupancy(self.done)
+
+
+def mean_occupancy(done: list[ShardDone]) -> float | None:
+    capacity = sum(d.batch_steps * d.max_batch_size for d in done)
+    return sum(d.slot_steps for d in done) / capacity if capacity else None
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -303,16 +335,18 @@ def run_sweep(
     max_attempts: int = 3,
     on_start: Callable[[SweepRun, int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
+    stream: bool = True,
 ) -> SweepRun:
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
-    called once the work is planned; `on_shard` after each finished shard (progress)."""
+    called once the work is planned; `on_shard` after each finished shard (progress).
+    `stream=False` hands actors one shard per call (the pre-issue-15 way, kept for comparison)."""
     started = time.perf_counter()
     check_address(address)  # before planning (dataset builds): fail fast
     root = Path(out) / sweep.name
     plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
     held = [p.folder for p in plans if p.locked_by is None]
     try:
-        return _run_plans(plans, started, address, max_attempts, on_start, on_shard, held)
+        return _run_plans(plans, started, address, max_attempts, on_start, on_shard, held, stream)
     finally:
         for folder in held:
             release_lock(folder)
@@ -326,6 +360,7 @@ def _run_plans(
     on_start: Callable[[SweepRun, int], None] | None,
     on_shard: Callable[[ShardDone], None] | None,
     held: list[Path],
+    stream: bool = True,
 ) -> SweepRun:
     import ray
 
@@ -341,25 +376,30 @@ def _run_plans(
     ]
     if address is None and not ray.is_initialized():
         check_resources(requests, None)  # before Ray starts: it would wait forever
-    pending_samples = sum(
-        hi - lo for p in plans for lo, hi in (shard_bounds(p, i) for i in p.pending)
-    )
+    run.job_samples = {
+        p.job.name: sum(hi - lo for lo, hi in (shard_bounds(p, i) for i in p.pending))
+        for p in plans
+        if p.pending
+    }
     if on_start is not None:
-        on_start(run, pending_samples)
+        on_start(run, sum(run.job_samples.values()))
     if not any(p.pending for p in plans):
         run.seconds = time.perf_counter() - started
         return run
 
     own_ray = start_ray(requests, address)
-    # One queue and one group of actors per distinct model.
-    queues: dict[str, deque[tuple[JobPlan, int]]] = {}
+    # One queue of calls and one group of actors per distinct model.
+    shards: dict[str, list[tuple[JobPlan, int]]] = {}
     specs = {}
     for p in plans:
         key = json.dumps(p.job.model.identity(), sort_keys=True)
         # Entries naming the same model (e.g. two presets) share its actors: the most replicas.
         if key not in specs or p.job.model.replicas > specs[key].replicas:
             specs[key] = p.job.model
-        queues.setdefault(key, deque()).extend((p, i) for i in p.pending)
+        shards.setdefault(key, []).extend((p, i) for i in p.pending)
+    queues = {
+        key: deque(plan_calls(items, specs[key].replicas, stream)) for key, items in shards.items()
+    }
     remote = ray.remote(InversionWorker)
     actors: dict[str, list[Any]] = {}
     for key, q in queues.items():
@@ -370,20 +410,44 @@ def _run_plans(
             num_cpus=spec.num_cpus,
             num_gpus=spec.num_gpus,
             max_restarts=-1,
+            # Ray retries a one-shard call on the restarted actor by itself; streamed calls
+            # opt out below (a re-run generator would redo the shards it already returned).
             max_task_retries=max_attempts,
         )
         actors[key] = [
             remote.options(**options).remote(spec, spec.num_cpus)
             for _ in range(min(spec.replicas, len(q)))
         ]
-    in_flight: dict[Any, tuple[str, Any, JobPlan, int, float]] = {}
+    in_flight: dict[Any, _Call] = {}
     attempts: dict[tuple[str, int], int] = {}
 
     def submit(key: str, actor: Any) -> None:
-        if queues[key]:
-            plan, index = queues[key].popleft()
-            ref = actor.run_shard.remote(shard_task(plan, index))
-            in_flight[ref] = (key, actor, plan, index, time.perf_counter())
+        if not queues[key]:
+            return
+        call = _Call(key, actor, dict(enumerate(queues[key].popleft())), time.perf_counter())
+        tasks = [shard_task(plan, index) for plan, index in call.left.values()]
+        if stream:
+            method = actor.run_shards.options(num_returns="streaming", max_task_retries=0)
+            in_flight[method.remote(tasks)] = call
+        else:
+            in_flight[actor.run_shard.remote(tasks[0])] = call
+
+    def failed(call: _Call, exc: BaseException) -> None:
+        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+        retry = []
+        for plan, index in call.left.values():
+            tries = attempts[(plan.job.name, index)] = attempts.get((plan.job.name, index), 0) + 1
+            if tries < max_attempts:
+                log.warning("shard %d of %s failed (%s); retrying", index, plan.job.name, message)
+                retry.append((plan, index))
+            else:
+                failure = ShardFailed(plan.job.name, index, tries, message)
+                run.failed.append(failure)
+                error_path(plan.folder, index).write_text(
+                    json.dumps(failure.__dict__, indent=2) + "\n"
+                )
+        if retry:
+            queues[call.key].append(retry)
 
     try:
         for key, group in actors.items():
@@ -397,29 +461,27 @@ def _run_plans(
                 refreshed = time.monotonic()
             if not ready:
                 continue
-            ref = ready[0]
-            key, actor, plan, index, submitted = in_flight.pop(ref)
+            waitable = ready[0]
+            call = in_flight[waitable]
             try:
-                out_ = ray.get(ref)
-            except (ray.exceptions.RayError, OSError) as exc:
-                tries = attempts[(plan.job.name, index)] = (
-                    attempts.get((plan.job.name, index), 0) + 1
-                )
-                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-                if tries < max_attempts:
-                    log.warning(
-                        "shard %d of %s failed (%s); retrying", index, plan.job.name, message
-                    )
-                    queues[key].append((plan, index))
+                if stream:
+                    ref = next(waitable)  # ready: an output, an error, or the end
                 else:
-                    failure = ShardFailed(plan.job.name, index, tries, message)
-                    run.failed.append(failure)
-                    error_path(plan.folder, index).write_text(
-                        json.dumps(failure.__dict__, indent=2) + "\n"
-                    )
-                submit(key, actor)
+                    del in_flight[waitable]
+                    ref = waitable
+                output: ShardOutput = ray.get(ref)
+            except StopIteration:
+                del in_flight[waitable]
+                if call.left:  # the generator ended without them: never silently lost
+                    failed(call, RuntimeError(f"the call ended with {len(call.left)} shards left"))
+                submit(call.key, call.actor)
                 continue
-            output: ShardOutput = out_
+            except (ray.exceptions.RayError, OSError) as exc:
+                in_flight.pop(waitable, None)
+                failed(call, exc)
+                submit(call.key, call.actor)
+                continue
+            plan, index = call.left.pop(output.index)
             write_table_atomic(output.table, shard_path(plan.folder, index))
             error_path(plan.folder, index).unlink(missing_ok=True)
             done = ShardDone(
@@ -429,10 +491,15 @@ def _run_plans(
                 *found_exact(output.table),
                 output.seconds,
                 output.pid,
-                time.perf_counter() - submitted - output.seconds,
+                time.perf_counter() - call.submitted - output.seconds,
+                int(pc.sum(output.table["steps"]).as_py() or 0),
+                output.slot_steps,
+                output.batch_steps,
+                output.max_batch_size,
             )
             run.done.append(done)
-            submit(key, actor)
+            if not stream:
+                submit(call.key, call.actor)
             if on_shard is not None:
                 on_shard(done)
     except KeyboardInterrupt as exc:
@@ -447,6 +514,51 @@ def _run_plans(
             ray.shutdown()
     run.seconds = time.perf_counter() - started
     return run
+
+
+@dataclass
+class _Call:
+    """One call in flight: its actor and the shards it has not returned yet, by position."""
+
+    key: str  # the model's queue
+    actor: Any
+    left: dict[int, tuple[JobPlan, int]]
+    submitted: float
+
+
+def plan_calls(
+    shards: list[tuple[JobPlan, int]], replicas: int, stream: bool = True
+) -> list[list[tuple[JobPlan, int]]]:
+    """A model's pending shards as actor calls. Streamed: shards of one batch key share calls,
+    at least one call per replica and at most `STREAM_BATCHES` batches' worth of samples per
+    call. The key's shards are cut into blocks of consecutive shards holding a batch's worth of
+    samples, and the blocks dealt round-robin: `invert` runs one pool per input length and
+    datasets list samples by length, so a block keeps a length's samples together (a pool a
+    call can fill), while dealing mixes easy and hard lengths across calls (replicas finish
+    together). Keys take turns, in the order their first shard comes."""
+    if not stream:
+        return [[item] for item in shards]
+    groups: dict[str, list[tuple[JobPlan, int]]] = {}
+    for plan, index in shards:
+        job = plan.job
+        key = batch_key(job.search, job.objective, job.length, job.max_length)
+        groups.setdefault(key, []).append((plan, index))
+    calls = []
+    for items in groups.values():
+        batch = items[0][0].job.search.max_batch_size
+        blocks: list[list[tuple[JobPlan, int]]] = [[]]
+        filled = samples = 0
+        for plan, index in items:
+            lo, hi = shard_bounds(plan, index)
+            if filled >= batch:
+                blocks.append([])
+                filled = 0
+            blocks[-1].append((plan, index))
+            filled += hi - lo
+            samples += hi - lo
+        count = min(len(blocks), max(replicas, -(-samples // (STREAM_BATCHES * batch))))
+        calls.extend([item for block in blocks[j::count] for item in block] for j in range(count))
+    return calls
 
 
 # ---- status -----------------------------------------------------------------------------------

@@ -1,9 +1,23 @@
-"""The Ray actor: one model replica, loaded once, inverting shards through `sodaray.invert`."""
+"""The Ray actor: one model replica, loaded once, inverting shards through `sodaray.invert`.
+
+Two ways in. `run_shard` inverts one shard and returns its rows (one call per shard: the pool
+refills only from that shard, so its batch shrinks as the shard's easy samples finish).
+`run_shards` takes several shards of the same search, objective and length mode, runs ONE
+`invert` over their concatenated targets, so the refilling pool draws from all of them and its
+batch stays full, and yields each shard's rows as soon as its last sample finishes (a Ray
+streaming generator: the driver writes each shard file while the rest still run).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import os
+import queue
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +26,9 @@ import pyarrow as pa
 from sodaray.experiment.replica import load_replica
 from sodaray.experiment.spec import ModelSpec
 from sodaray.objectives import Objective
-from sodaray.search.base import SearchConfig
+from sodaray.search.base import InversionResult, SearchConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,12 +47,55 @@ class ShardTask:
     max_length: int
     rows: dict[str, list[Any]]
 
+    def batch_key(self) -> str:
+        return batch_key(self.search, self.objective, self.length, self.max_length)
+
+
+def batch_key(search: SearchConfig, objective: Objective, length: str, max_length: int) -> str:
+    """Shards with equal keys can share one `invert` call (one pool): the pool runs one search
+    config, one objective (it shapes the targets and the loss) and one length plan. Everything
+    else (job, dataset, texts) is per row and goes back into each shard's rows."""
+    return json.dumps(
+        [search.algorithm, search.to_dict(), dataclasses.asdict(objective), length, max_length],
+        sort_keys=True,
+        default=str,
+    )
+
 
 @dataclass(frozen=True)
 class ShardOutput:
     table: pa.Table
     pid: int
-    seconds: float
+    seconds: float  # worker time: the shard's call start to this shard's last sample
+    index: int = 0  # the shard's position in the call's task list (streams)
+    # Batch occupancy since the previous output of the same call: the searches each step
+    # advanced, summed over those steps (slot-steps), and the steps; occupancy is
+    # slot_steps / (batch_steps * max_batch_size).
+    slot_steps: int = 0
+    batch_steps: int = 0
+    max_batch_size: int = 1
+
+
+class _Occupancy:
+    """Counts `invert`'s `on_batch` reports; `take` returns the counts since the last take."""
+
+    def __init__(self) -> None:
+        self.slot_steps = self.batch_steps = 0
+        self.lock = threading.Lock()
+
+    def add(self, active: int) -> None:
+        with self.lock:
+            self.slot_steps += active
+            self.batch_steps += 1
+
+    def take(self) -> tuple[int, int]:
+        with self.lock:
+            out = self.slot_steps, self.batch_steps
+            self.slot_steps = self.batch_steps = 0
+        return out
+
+
+_DONE = object()  # end of the inverting thread's results
 
 
 class InversionWorker:
@@ -54,23 +113,110 @@ class InversionWorker:
         return os.getpid()
 
     def run_shard(self, task: ShardTask) -> ShardOutput:
+        """One shard, one `invert` call (the runner's `stream=False` path)."""
+        start = time.perf_counter()
+        occupancy = _Occupancy()
+        results = self._invert([task], on_batch=occupancy.add)
+        slot_steps, batch_steps = occupancy.take()
+        return ShardOutput(
+            self._table(task, results),
+            os.getpid(),
+            time.perf_counter() - start,
+            0,
+            slot_steps,
+            batch_steps,
+            task.search.max_batch_size,
+        )
+
+    def run_shards(self, tasks: list[ShardTask]) -> Iterator[ShardOutput]:
+        """Invert `tasks` (equal `batch_key`) in one refilling pool; yield each shard's output
+        as its last sample finishes, in finishing order (`ShardOutput.index` names the task).
+
+        `invert` runs on a thread and its `on_target` callback feeds a queue this generator
+        drains: a callback cannot yield, and the pool must keep stepping while the driver
+        writes. An error in `invert` is raised here, after the shards finished before it."""
+        if not tasks:
+            return
+        keys = {t.batch_key() for t in tasks}
+        if len(keys) > 1:
+            raise ValueError("run_shards: the shards differ in search, objective or length")
+        start = time.perf_counter()
+        owner = [i for i, t in enumerate(tasks) for _ in t.rows["sample_id"]]
+        log.debug("one pool for %d shards, %d samples", len(tasks), len(owner))
+        first = [0]
+        for t in tasks:
+            first.append(first[-1] + len(t.rows["sample_id"]))
+        left = [len(t.rows["sample_id"]) for t in tasks]
+        results: list[InversionResult | None] = [None] * len(owner)
+        occupancy = _Occupancy()
+        found: queue.Queue[Any] = queue.Queue()
+        threads = _torch_threads()
+
+        def work() -> None:
+            _torch_threads(threads)  # OpenMP's thread count is per calling thread
+            try:
+                self._invert(tasks, on_batch=occupancy.add, on_target=lambda *r: found.put(r))
+                found.put(_DONE)
+            except BaseException as exc:  # noqa: BLE001 -- handed to the generator to raise
+                found.put(exc)
+
+        thread = threading.Thread(target=work, name="sodaray-invert", daemon=True)
+        thread.start()
+        while True:
+            item = found.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            row, result = item
+            results[row] = result
+            i = owner[row]
+            left[i] -= 1
+            if left[i] == 0:
+                shard = results[first[i] : first[i + 1]]
+                if not any(left):  # the last shard: its final step is reported after its rows
+                    thread.join()
+                slot_steps, batch_steps = occupancy.take()
+                yield ShardOutput(
+                    self._table(tasks[i], shard),  # type: ignore[arg-type]
+                    os.getpid(),
+                    time.perf_counter() - start,
+                    i,
+                    slot_steps,
+                    batch_steps,
+                    tasks[i].search.max_batch_size,
+                )
+        thread.join()
+        if any(left):  # invert returned without a result for some rows: a bug, say so loudly
+            raise RuntimeError(f"invert finished {len(owner) - sum(left)} of {len(owner)} rows")
+
+    def _invert(self, tasks: list[ShardTask], **callbacks: Any) -> list[InversionResult]:
         from sodaray.api import invert
-        from sodaray.results import RunContext, result_rows
         from sodaray.targets import make_targets
 
-        start = time.perf_counter()
-        rows = task.rows
-        targets = make_targets(self.model, rows["tokens"], objective=task.objective)
-        targets.sample_ids = list(rows["sample_id"])
+        task = tasks[0]
+        tokens = [t for task_ in tasks for t in task_.rows["tokens"]]
+        targets = make_targets(self.model, tokens, objective=task.objective)
+        # The real ids: SODA keys its re-draws by (seed, sample id, draw), so a sample follows
+        # the same trajectory whichever shards share its batch. Ids may repeat across jobs;
+        # results are matched to shards by row (`on_target`), never by id.
+        targets.sample_ids = [i for task_ in tasks for i in task_.rows["sample_id"]]
         auto = task.length == "auto"
         assumed = task.length.isdigit()  # an assumed length, right or wrong
-        results = invert(
+        return invert(
             self.model,
             targets,
             task.search,
             length="auto" if auto else int(task.length) if assumed else None,
             max_length=task.max_length,
+            **callbacks,
         )
+
+    def _table(self, task: ShardTask, results: list[InversionResult]) -> pa.Table:
+        from sodaray.results import RunContext, result_rows
+
+        auto = task.length == "auto"
+        assumed = task.length.isdigit()
         context = RunContext.for_model(
             self.model,
             task.objective,
@@ -82,7 +228,15 @@ class InversionWorker:
         )
         context.model = self.model_id
         context.model_name = task.model_name
-        table = result_rows(
+        rows = task.rows
+        return result_rows(
             results, context, true_texts=rows.get("text"), pii_labels=rows.get("pii_labels")
         )
-        return ShardOutput(table, os.getpid(), time.perf_counter() - start)
+
+
+def _torch_threads(count: int | None = None) -> int:
+    import torch
+
+    if count is not None and torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return torch.get_num_threads()
