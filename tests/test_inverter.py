@@ -27,7 +27,7 @@ def _cfg(epochs: int) -> TrainConfig:
     )
 
 
-def test_train_resume_and_invert(tiny_llama, tmp_path):
+def test_train_resume_and_invert(tiny_llama, tmp_path, one_thread):
     out = tmp_path / "inv"
     state = train_inverter(tiny_llama, _cfg(1), out)
     assert state["epoch"] == 1 and len(state["history"]) == 1

@@ -24,17 +24,25 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup-steps", type=int, default=1000)
-    p.add_argument("--shape", default="small", help="small (T5-Small), mini or tiny")
+    p.add_argument("--shape", default="small", help="small (T5-Small), mini, micro or tiny")
     p.add_argument("--max-seconds", type=float, help="stop after the epoch crossing this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (1 is often fastest on a busy machine; default: torch's)",
+    )
     p.set_defaults(func=cmd_train_inverter)
 
 
 def cmd_train_inverter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from sodaray.data.build import parse_lengths
-    from sodaray.inverter.train import TrainConfig, train_inverter
+    from sodaray.inverter.train import TrainConfig, check_resumable, train_inverter
     from sodaray.models import load_model
+    from sodaray.validation import check_context
 
     cfg = TrainConfig(
         lengths=tuple(parse_lengths(args.lengths)),
@@ -49,8 +57,17 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_seconds=args.max_seconds,
     )
+    cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
+    check_resumable(cfg, Path(args.out))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
     logging.info("loading %s", args.model)
     model = load_model(args.model, device=args.device)
+    check_context(model, max(cfg.lengths), cfg.output_tokens)
+    if args.threads is not None:  # only once every check passed: it is process-wide
+        import torch
+
+        torch.set_num_threads(args.threads)
     state = train_inverter(model, cfg, args.out)
     print(json.dumps(state["history"][-1] if state["history"] else {}))
     return 0

@@ -21,6 +21,7 @@ META = "inverter.json"
 SHAPES: dict[str, tuple[int, int, int, int]] = {
     "small": (512, 2048, 6, 8),
     "mini": (256, 1024, 4, 4),
+    "micro": (128, 512, 3, 4),
     "tiny": (64, 128, 2, 2),
 }
 

@@ -40,6 +40,20 @@ class TrainConfig:
     max_seconds: float | None = None  # stop after the epoch that crosses this budget
 
     def validate(self) -> None:
+        from sodaray.inverter.model import SHAPES
+        from sodaray.validation import check_fields_finite
+
+        check_fields_finite(self)  # NaN passes every range check below
+        if self.shape not in SHAPES:
+            raise ValueError(
+                f"unknown inverter shape {self.shape!r}; choose one of {', '.join(SHAPES)}"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, not {self.lr}")
+        if self.weight_decay < 0 or self.warmup_steps < 0:
+            raise ValueError("weight_decay and warmup_steps must be non-negative")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be positive, not {self.max_seconds}")
         if not 0 < self.val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), not {self.val_fraction}")
         for name in ("per_length", "output_tokens", "epochs", "batch_size"):
@@ -70,10 +84,34 @@ def generate(net, enc: torch.Tensor, length: int, meta: InverterMeta) -> list[li
     return [row[1 : length + 1] for row in out.tolist()]  # drop the decoder start token
 
 
+# What the training pairs and the network depend on: a resume must not change them.
+FIXED_ON_RESUME = ("lengths", "per_length", "output_tokens", "val_fraction", "shape", "seed")
+
+
+def check_resumable(cfg: TrainConfig, out: Path) -> None:
+    """A folder holding a run made with other data or shape settings is refused, by name."""
+    path = out / "train_config.json"
+    if not (out / "state.json").is_file() or not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    now = asdict(cfg)
+    now["lengths"] = list(now["lengths"])
+    for name in FIXED_ON_RESUME:
+        if name in before and before[name] != now[name]:
+            raise ValueError(
+                f"{out} holds a run with {name}={before[name]!r}, not {now[name]!r}: "
+                "resume with the same setting or choose another --out"
+            )
+
+
 def train_inverter(model: LoadedModel, cfg: TrainConfig, out: str | Path) -> dict:
     """Train (or resume) into `out`: `out/last` each epoch, `out/best` on a better val loss."""
     cfg.validate()
     out = Path(out)
+    check_resumable(cfg, out)
+    from sodaray.validation import check_context
+
+    check_context(model, max(cfg.lengths), cfg.output_tokens)
     state_path = out / "state.json"
     torch.manual_seed(cfg.seed)
     inputs, cont = build_pairs(
