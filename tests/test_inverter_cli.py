@@ -135,3 +135,27 @@ def test_resume_with_other_data_settings_is_refused(capsys, tmp_path):
     code, _, err = train(capsys, out, 2, "--output-tokens", "4")
     assert code == 2 and "output_tokens=3" in err and len(err.strip().splitlines()) == 1
     assert json.loads((out / "state.json").read_text())["epoch"] == 1
+
+
+def test_logits_observation_end_to_end(capsys, tmp_path):
+    out = tmp_path / "logits"
+    code, stdout, err = train(capsys, out, 1, "--observation", "logits", "--mlp-hidden", "8")
+    assert code == 0, err
+    meta = json.loads((out / "best" / "inverter.json").read_text())
+    assert meta["observation"] == "logits" and meta["mlp_hidden"] == 8
+    assert meta["output_tokens"] == 3  # --output-tokens 3 in TINY beats the logits default 1
+    assert json.loads((out / "train_config.json").read_text())["lr"] == 2e-4  # paper default
+    assert (out / "best" / "logits_encoder.safetensors").is_file()
+    code, stdout, err = run(
+        capsys, "invert", "--model", M, "--tokens", "5,6", "--output-tokens", "3",
+        "--algorithm", "inverter", "--param", f"checkpoint={out / 'best'}", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    row = json.loads(stdout)
+    assert row["length"] == 2 and row["params"]["observation"] == "logits"
+    # The text objective observes no logits: refused in one line.
+    code, _, err = run(
+        capsys, "invert", "--model", M, "--tokens", "5,6", "--objective", "text",
+        "--output-tokens", "3", "--algorithm", "inverter", "--param", f"checkpoint={out / 'best'}",
+    )  # fmt: skip
+    assert code == 2 and "logits objective" in err and len(err.strip().splitlines()) == 1
