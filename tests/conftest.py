@@ -89,6 +89,16 @@ def stories() -> sodaray.LoadedModel:
     return sodaray.load_model(str(STORIES), device="cpu")
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test, restored after: on a busy 2-core machine two threads
+    contend with other work and small matrices run an order of magnitude slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama() -> sodaray.LoadedModel:
     return tiny_model("llama")

@@ -12,45 +12,93 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "train-inverter",
         help="train a T5 inverter on a model's own outputs (the learned baseline)",
         description="Train a T5 encoder-decoder (T5-Small-shaped config, random init) to map "
-        "a model's greedy continuation back to its Random input; resumes from OUT/last.",
+        "a model's greedy continuation (--observation text) or its observed logits "
+        "(--observation logits) back to its Random input; resumes from OUT/last.",
     )
     p.add_argument("--model", required=True, help="hub id or local folder of the target model")
     p.add_argument("--out", required=True, help="checkpoint folder (best/ and last/ inside)")
     p.add_argument("--lengths", default="1-5", help="input lengths, e.g. 1-5 or 1,2,3")
     p.add_argument("--per-length", type=int, default=2000, help="Random samples per length")
-    p.add_argument("--output-tokens", type=int, default=10, help="observed tokens per sample")
+    p.add_argument(
+        "--observation",
+        choices=["text", "logits"],
+        default="text",
+        help="what the inverter reads: the observed tokens (text objective) or the observed "
+        "logits (logits objective; unigram-adapted, 64 slices through an MLP)",
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        help="observed positions per sample (default: 10 for text, 1 for logits)",
+    )
     p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=160)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, help="default: 160 for text, 80 for logits")
+    p.add_argument("--lr", type=float, help="default: 1e-3 for text, 2e-4 for logits")
+    p.add_argument("--weight-decay", type=float, help="default: 0.05 text, 0.025 logits")
+    p.add_argument(
+        "--mlp-hidden",
+        type=int,
+        default=1024,
+        help="logits: hidden width of the slice MLP (the paper's 32768 is for a GPU)",
+    )
     p.add_argument("--warmup-steps", type=int, default=1000)
-    p.add_argument("--shape", default="small", help="small (T5-Small), mini or tiny")
+    p.add_argument("--shape", default="small", help="small (T5-Small), mini, micro or tiny")
     p.add_argument("--max-seconds", type=float, help="stop after the epoch crossing this")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (1 is often fastest on a busy machine; default: torch's)",
+    )
     p.set_defaults(func=cmd_train_inverter)
 
 
 def cmd_train_inverter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from sodaray.data.build import parse_lengths
-    from sodaray.inverter.train import TrainConfig, train_inverter
+    from sodaray.inverter.train import (
+        PAPER_DEFAULTS,
+        TrainConfig,
+        check_resumable,
+        train_inverter,
+    )
     from sodaray.models import load_model
+    from sodaray.validation import check_context
+
+    paper = PAPER_DEFAULTS[args.observation]
+
+    def pick(name: str) -> float | int:
+        value = getattr(args, name)
+        return paper[name] if value is None else value
 
     cfg = TrainConfig(
         lengths=tuple(parse_lengths(args.lengths)),
         per_length=args.per_length,
-        output_tokens=args.output_tokens,
+        output_tokens=int(pick("output_tokens")),
         epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
+        batch_size=int(pick("batch_size")),
+        lr=float(pick("lr")),
+        weight_decay=float(pick("weight_decay")),
         warmup_steps=args.warmup_steps,
         shape=args.shape,
         seed=args.seed,
         max_seconds=args.max_seconds,
+        observation=args.observation,
+        mlp_hidden=args.mlp_hidden,
     )
+    cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
+    check_resumable(cfg, Path(args.out))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
     logging.info("loading %s", args.model)
     model = load_model(args.model, device=args.device)
+    check_context(model, max(cfg.lengths), cfg.output_tokens)
+    if args.threads is not None:  # only once every check passed: it is process-wide
+        import torch
+
+        torch.set_num_threads(args.threads)
     state = train_inverter(model, cfg, args.out)
     print(json.dumps(state["history"][-1] if state["history"] else {}))
     return 0

@@ -23,22 +23,28 @@ def build_pairs(
     output_tokens: int,
     seed: int,
     batch_size: int = 256,
-) -> tuple[list[list[int]], Tensor]:
-    """Random inputs of each length and their greedy continuations (N, output_tokens)."""
+    keep_logits: bool = False,
+) -> tuple[list[list[int]], Tensor, Tensor | None]:
+    """Random inputs of each length, their greedy continuations (N, output_tokens) and, with
+    `keep_logits`, the logits at those positions (N, output_tokens, V): what the logits
+    objective observes (with output_tokens=1, the next-token distribution)."""
     if per_length < 1 or output_tokens < 1:
         raise ValueError("per_length and output_tokens must be at least 1")
     samples = _random_samples(model.vocab_size, lengths, per_length, seed)
     inputs = [s[2] for s in samples]
     outs: list[Tensor] = []
+    seen: list[Tensor] = []
     with torch.no_grad():
         for length in lengths:
             rows = [x for x in inputs if len(x) == length]
             for start in range(0, len(rows), batch_size):
                 chunk = torch.tensor(rows[start : start + batch_size], device=model.device)
-                cont, _ = greedy_continuation(model, chunk, output_tokens)
+                cont, logits = greedy_continuation(model, chunk, output_tokens)
                 outs.append(cont.cpu())
+                if keep_logits:
+                    seen.append(logits.float().cpu())
     # _random_samples emits lengths in order, so this order matches `inputs`.
-    return inputs, torch.cat(outs)
+    return inputs, torch.cat(outs), torch.cat(seen) if keep_logits else None
 
 
 def encode_targets(inputs: list[list[int]], pad_id: int, eos_id: int) -> Tensor:

@@ -2,25 +2,40 @@
 
 No pretrained T5 weights can be fetched here, so the network is initialised from a
 T5-Small-shaped config (or a smaller shape for CPU budgets). Sharing the LLM's vocabulary means
-the output needs no re-tokenisation: it is truncated to the requested length directly."""
+the output needs no re-tokenisation: it is truncated to the requested length directly.
+
+Two observations, as in the paper's appendix (after Morris et al. 2023):
+- "text": the observed output tokens enter the encoder as its input ids.
+- "logits": each observed position's log-probabilities, minus a unigram vector kept as a running
+  mean of the training batches (weight `unigram_beta`, 0.01), are cut into `pieces` (64) equal
+  slices (zero-padded), and an MLP (hidden `mlp_hidden`; the paper's 32768) maps each slice to
+  one encoder input embedding: 64 encoder tokens per observed position.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 log = logging.getLogger(__name__)
 
 META = "inverter.json"
+LOGITS_ENCODER = "logits_encoder.safetensors"
+OBSERVATIONS = ("text", "logits")
 
 # d_model, d_ff, layers, heads: "small" is T5-Small's shape; the others fit 2-core CPU budgets.
 SHAPES: dict[str, tuple[int, int, int, int]] = {
     "small": (512, 2048, 6, 8),
     "mini": (256, 1024, 4, 4),
+    "micro": (128, 512, 3, 4),
     "tiny": (64, 128, 2, 2),
 }
 
@@ -30,9 +45,13 @@ class InverterMeta:
     """What a checkpoint folder needs besides the weights to be used on a target model."""
 
     llm_vocab_size: int
-    output_tokens: int  # length of the observed continuation the encoder reads
+    output_tokens: int  # observed positions the encoder reads
     shape: str
     init: str  # "random (T5-Small-shaped config, no hub weights)" or a checkpoint path
+    observation: str = "text"  # or "logits"
+    pieces: int = 64  # logits: slices of the vocabulary, one encoder token each
+    mlp_hidden: int = 0  # logits: hidden width of the slice MLP
+    unigram_beta: float = 0.01  # logits: weight of each training batch in the unigram mean
 
     @property
     def pad_id(self) -> int:
@@ -41,6 +60,71 @@ class InverterMeta:
     @property
     def eos_id(self) -> int:
         return self.llm_vocab_size + 1
+
+
+class LogitsEncoder(nn.Module):
+    """Observed logits (B, m, V) -> encoder input embeddings (B, m * pieces, d_model)."""
+
+    def __init__(self, vocab: int, d_model: int, pieces: int, hidden: int, beta: float) -> None:
+        super().__init__()
+        if pieces < 1 or hidden < 1 or not 0 < beta <= 1:
+            raise ValueError("pieces and mlp_hidden must be positive, unigram_beta in (0, 1]")
+        self.vocab, self.pieces, self.beta = vocab, pieces, beta
+        self.width = math.ceil(vocab / pieces)
+        self.mlp = nn.Sequential(
+            nn.Linear(self.width, hidden), nn.GELU(), nn.Linear(hidden, d_model)
+        )
+        self.register_buffer("unigram", torch.zeros(vocab))
+        self.register_buffer("unigram_set", torch.zeros(()))
+
+    def forward(self, logits: Tensor) -> Tensor:
+        if logits.dim() != 3 or logits.shape[-1] != self.vocab:
+            raise ValueError(
+                f"the logits inverter reads (batch, positions, {self.vocab}) logits, "
+                f"not {tuple(logits.shape)}"
+            )
+        x = logits.float().log_softmax(-1)  # the same for raw, centred and log-prob spaces
+        if self.training:
+            with torch.no_grad():
+                batch = x.mean(dim=(0, 1))
+                if not bool(self.unigram_set):  # the first batch sets it
+                    self.unigram.copy_(batch)
+                    self.unigram_set.fill_(1.0)
+                else:
+                    self.unigram.mul_(1 - self.beta).add_(batch, alpha=self.beta)
+        x = torch.nan_to_num(x - self.unigram, nan=0.0, posinf=0.0, neginf=0.0)
+        b, m, v = x.shape
+        x = nn.functional.pad(x, (0, self.pieces * self.width - v))
+        return self.mlp(x.reshape(b, m * self.pieces, self.width))
+
+
+class Inverter(nn.Module):
+    """The T5 and, for observed logits, the encoder that turns them into input embeddings."""
+
+    def __init__(self, t5: T5ForConditionalGeneration, meta: InverterMeta) -> None:
+        super().__init__()
+        self.t5, self.meta = t5, meta
+        self.logits_encoder: LogitsEncoder | None = None
+        if meta.observation == "logits":
+            self.logits_encoder = LogitsEncoder(
+                meta.llm_vocab_size,
+                t5.config.d_model,
+                meta.pieces,
+                meta.mlp_hidden,
+                meta.unigram_beta,
+            )
+
+    def encoder_inputs(self, obs: Tensor) -> dict[str, Tensor]:
+        """Token ids (B, m) for text, logits (B, m, V) for logits: T5 encoder keyword inputs."""
+        if self.logits_encoder is None:
+            return {"input_ids": obs, "attention_mask": torch.ones_like(obs)}
+        emb = self.logits_encoder(obs)
+        mask = torch.ones(emb.shape[:2], dtype=torch.long, device=emb.device)
+        return {"inputs_embeds": emb, "attention_mask": mask}
+
+    def forward(self, obs: Tensor, labels: Tensor) -> Tensor:
+        """The teacher-forced cross-entropy of the labels (the input, then eos)."""
+        return self.t5(**self.encoder_inputs(obs), labels=labels).loss
 
 
 def build_model(llm_vocab_size: int, shape: str = "small") -> T5ForConditionalGeneration:
@@ -63,18 +147,36 @@ def build_model(llm_vocab_size: int, shape: str = "small") -> T5ForConditionalGe
     return T5ForConditionalGeneration(cfg)
 
 
-def save_inverter(path: str | Path, net: T5ForConditionalGeneration, meta: InverterMeta) -> None:
+def build_inverter(meta: InverterMeta) -> Inverter:
+    if meta.observation not in OBSERVATIONS:
+        raise ValueError(
+            f"unknown observation {meta.observation!r}; choose one of {', '.join(OBSERVATIONS)}"
+        )
+    return Inverter(build_model(meta.llm_vocab_size, meta.shape), meta)
+
+
+def save_inverter(path: str | Path, net: Inverter, meta: InverterMeta) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    net.save_pretrained(path)  # safetensors: no pickle
+    net.t5.save_pretrained(path)  # safetensors: no pickle
+    if net.logits_encoder is not None:
+        tensors = {k: v.detach().contiguous() for k, v in net.logits_encoder.state_dict().items()}
+        save_file(tensors, str(path / LOGITS_ENCODER))
     (path / META).write_text(json.dumps(asdict(meta), indent=2))
 
 
-def load_inverter(path: str | Path) -> tuple[T5ForConditionalGeneration, InverterMeta]:
+def load_inverter(path: str | Path) -> tuple[Inverter, InverterMeta]:
     path = Path(path)
     if not (path / META).is_file():
         raise ValueError(f"{path} is not an inverter checkpoint (no {META})")
     meta = InverterMeta(**json.loads((path / META).read_text()))
-    net = T5ForConditionalGeneration.from_pretrained(path)
+    if meta.observation not in OBSERVATIONS:
+        raise ValueError(f"{path}: unknown observation {meta.observation!r}")
+    t5 = T5ForConditionalGeneration.from_pretrained(path)
+    net = Inverter(t5, meta)
+    if net.logits_encoder is not None:
+        if not (path / LOGITS_ENCODER).is_file():
+            raise ValueError(f"{path} is a logits inverter without {LOGITS_ENCODER}")
+        net.logits_encoder.load_state_dict(load_file(str(path / LOGITS_ENCODER)))
     net.eval()
     return net, meta

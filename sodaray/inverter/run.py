@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,6 +16,9 @@ from sodaray.models import LoadedModel
 from sodaray.objectives import BatchTargets, hard_match
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.targets import TargetSet
+
+if TYPE_CHECKING:  # transformers loads only when an inverter runs
+    from sodaray.inverter.model import InverterMeta
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,17 @@ class _NoBatch:
         raise RuntimeError("the inverter runs through run_inverter, not the search pool")
 
 
+def _observation(targets: TargetSet, meta: InverterMeta) -> torch.Tensor:
+    """What the checkpoint reads: the observed tokens, or the observed full-vocabulary logits."""
+    if meta.observation == "text":
+        return targets.continuation
+    if targets.objective.kind != "logits" or targets.observed_values is None:
+        raise ValueError("a logits inverter needs targets of the logits objective")
+    if targets.observed_indices is not None:
+        raise ValueError("a logits inverter reads all logits, not top_k ones")
+    return targets.observed_values.float()
+
+
 def run_inverter(
     model: LoadedModel,
     targets: TargetSet,
@@ -57,15 +72,16 @@ def run_inverter(
             f"the inverter was trained for a vocabulary of {meta.llm_vocab_size}, "
             f"the model has {model.vocab_size}"
         )
-    cont = targets.continuation
-    m = min(meta.output_tokens, cont.shape[1])
+    obs = _observation(targets, meta)
+    m = min(meta.output_tokens, obs.shape[1])
     if m < meta.output_tokens:
         log.warning(
-            "targets observe %d tokens, the inverter was trained on %d", m, meta.output_tokens
+            "targets observe %d positions, the inverter was trained on %d", m, meta.output_tokens
         )
     params = {k: v for k, v in config.to_dict().items() if k != "seed"}
     params["init"] = meta.init
     params["shape"] = meta.shape
+    params["observation"] = meta.observation
     results: list[InversionResult | None] = [None] * len(targets)
     by_length: dict[int, list[int]] = {}
     for row, n in enumerate(lengths):
@@ -74,8 +90,7 @@ def run_inverter(
         for start in range(0, len(rows), config.max_batch_size):
             chunk = rows[start : start + config.max_batch_size]
             t0 = time.perf_counter()
-            enc = cont[chunk, :m]
-            pred = generate(net, enc, n, meta)
+            pred = generate(net, obs[chunk, :m], n, meta)
             toks = torch.tensor(pred, dtype=torch.long, device=model.device)
             batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device)
             found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
