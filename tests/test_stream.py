@@ -16,11 +16,11 @@ from conftest import STORIES
 from oracle import misreports
 
 from sodaray.experiment.spec import ModelSpec
-from sodaray.targets import make_targets
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep
 from sodaray.runner.execute import mean_occupancy, plan_calls, plan_jobs, shard_path, shard_task
 from sodaray.runner.worker import InversionWorker
+from sodaray.targets import make_targets
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
