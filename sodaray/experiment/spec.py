@@ -29,13 +29,19 @@ Fail = Callable[[str, str], ValueError]
 class SpecError(ValueError):
     """An invalid experiment file: the message names the file and the field."""
 
+    kind = "experiment"
+
 
 class SweepError(SpecError):
     """An invalid sweep file."""
 
+    kind = "sweep"
+
 
 class TuningError(SpecError):
     """An invalid tuning file."""
+
+    kind = "tuning"
 
 
 def failer(path: Path, error: type[SpecError]) -> Fail:
@@ -104,11 +110,22 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
     return data, path
 
 
-def check_name(data: dict[str, Any], fail) -> str:
+def check_top(
+    data: Any, path: Path, error: type[SpecError], known: set[str], required: tuple[str, ...]
+) -> tuple[Fail, str]:
+    """What every sweep and tuning file is checked for first: a mapping of known fields, the
+    required ones present, a name usable as a folder. Returns the file's `fail` and its name."""
+    fail = failer(path, error)
+    if not isinstance(data, dict):
+        raise error(f"{path}: a {error.kind} file is a mapping of fields")
+    known_fields(data, known, "", fail)
+    for field_ in required:
+        if field_ not in data:
+            raise fail(field_, "required field missing")
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
-    return name
+    return fail, name
 
 
 def coerce_scalars(cls: type, values: dict[str, Any], fail) -> dict[str, Any]:

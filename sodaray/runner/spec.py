@@ -25,12 +25,11 @@ from sodaray.experiment.spec import (
     SweepError,
     algorithm_config,
     check_grid,
-    check_name,
     check_positive,
+    check_top,
     coerce_scalars,
     entries,
     expand_objective,
-    failer,
     grid,
     known_fields,
     parse_dataset,
@@ -199,14 +198,9 @@ def load_sweep(path: str | Path, model: str | None = None) -> Sweep:
 
 
 def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
-    fail = failer(path, SweepError)
-    if not isinstance(data, dict):
-        raise SweepError(f"{path}: a sweep file is a mapping of fields")
-    known_fields(data, TOP_KEYS, "", fail)
-    for required in ("name", "models", "datasets", "algorithms"):
-        if required not in data:
-            raise fail(required, "required field missing")
-    name = check_name(data, fail)
+    fail, name = check_top(
+        data, path, SweepError, TOP_KEYS, ("name", "models", "datasets", "algorithms")
+    )
     models = [
         parse_model(e, f"models[{i}]", fail, model)
         for i, e in enumerate(entries(data, "models", fail))

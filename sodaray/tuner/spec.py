@@ -14,11 +14,9 @@ from sodaray.experiment.spec import (
     ModelSpec,
     TuningError,
     algorithm_config,
-    check_name,
     check_positive,
+    check_top,
     coerce_scalars,
-    failer,
-    known_fields,
     parse_dataset,
     parse_model,
     parse_objective,
@@ -151,14 +149,7 @@ def load_tuning(path: str | Path) -> TuningSpec:
 
 
 def parse_tuning(data: Any, path: Path) -> TuningSpec:
-    fail = failer(path, TuningError)
-    if not isinstance(data, dict):
-        raise TuningError(f"{path}: a tuning file is a mapping of fields")
-    known_fields(data, TOP_KEYS, "", fail)
-    for required in ("name", "model", "data", "space"):
-        if required not in data:
-            raise fail(required, "required field missing")
-    name = check_name(data, fail)
+    fail, name = check_top(data, path, TuningError, TOP_KEYS, ("name", "model", "data", "space"))
     model = parse_model(data["model"], "model", fail)
     data_spec = parse_dataset(data["data"], "data", fail, default_name="validation")
     algorithm = data.get("algorithm", "soda")
