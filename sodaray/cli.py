@@ -274,6 +274,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         if args.json:  # the result schema's row, with its JSON columns decoded
             row["params"] = json.loads(row["params"])
             row["versions"] = json.loads(row["versions"])
+            row["finished_at"] = row["finished_at"].isoformat()  # as JSON, with its UTC offset
             print(json.dumps(row))
         else:
             status = "FOUND" if res.found else "not found"

@@ -8,6 +8,7 @@ forward so that a model with extra output processing falls back to the plain pat
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -287,6 +288,38 @@ def load_model(
     model.to(device)
     label = f"{name_or_path}/{gguf_file}" if gguf_file else name_or_path
     return wrap_model(model, tokenizer, name=label, bos=bos)
+
+
+# (path, size, mtime) of each file -> its content hash: an actor hashes its model once, not
+# once per shard.
+_FILE_HASHES: dict[tuple[tuple[str, int, int], ...], str] = {}
+
+
+def model_revision(model: LoadedModel) -> str | None:
+    """Which weights `model` is: the hub commit it was loaded from, else `sha256:` and 16 hex
+    digits of its local files' contents (a GGUF file, or every file directly in its folder:
+    weights, config and tokenizer), else None (a model built in memory). A path alone says
+    nothing: the same folder may hold another checkpoint tomorrow."""
+    commit = getattr(getattr(model.model, "config", None), "_commit_hash", None)
+    if commit:
+        return str(commit)
+    path = Path(model.name).expanduser()
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith("."))
+    else:
+        return None
+    key = tuple((str(f), (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
+    if key not in _FILE_HASHES:
+        digest = hashlib.sha256()
+        for (_, size, _), f in zip(key, files, strict=True):
+            digest.update(f"{f.name}\0{size}\0".encode())  # unambiguous file boundaries
+            with f.open("rb") as stream:
+                while chunk := stream.read(1 << 22):
+                    digest.update(chunk)
+        _FILE_HASHES[key] = "sha256:" + digest.hexdigest()[:16]
+    return _FILE_HASHES[key]
 
 
 def wrap_model(

@@ -1,17 +1,20 @@
 """The result schema: one Parquet row per inverted target, shared by `invert --out`, sweeps,
 tuning trials and reports.
 
-Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
+Schema version 3 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
 
 | column | type | meaning |
 |---|---|---|
 | schema_version | int16 | this schema's version |
 | sweep, job, config_hash | string | where the row came from (empty outside sweeps/tuning) |
-| model | string | model id or path |
+| model | string | model id or path (as given; `model_revision` says which weights) |
 | model_name | string | the model's label (a sweep entry's `name`; default: the id's last part) |
 | model_parameters, vocab_size | int64 | model size, for scaling plots |
 | model_layers, model_width | int32, int64 | blocks and embedding width (null in older files) |
 | dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
+| dataset_hash | string | the dataset file's content hash, `sodaray.dataset.hash` (null: no file) |
+| dataset_seed | int64 | the seed the dataset was built with (null: unknown, or not built) |
+| shard | int32 | the shard's index in its sweep job (null outside sweeps) |
 | sample_id | int64 | the sample's id in its dataset |
 | length | int32 | true input length (null when unknown) |
 | algorithm | string | `soda`, `gcg`, `embedding` |
@@ -37,6 +40,9 @@ Schema version 2 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | length_mode | string | `fixed` (true length), `assumed` (length given) or `auto` (1..N tried) |
 | lengths_tried | list<int32> | lengths searched, in order |
 | device | string | torch device the search ran on |
+| host | string | the machine the search ran on (its host name) |
+| finished_at | timestamp[us, UTC] | when the rows' batch (shard, trial, `invert` call) finished |
+| model_revision | string | hub commit, else `sha256:` + 16 hex of local files (null: in memory) |
 | versions | string | JSON of package versions (sodaray, torch, transformers, ...) |
 """
 
@@ -48,9 +54,11 @@ import json
 import logging
 import os
 import platform
+import socket
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -65,7 +73,12 @@ log = logging.getLogger(__name__)
 # 2: the `space` column. New nullable columns (model_layers, model_width, text_loss,
 # fluency_form) keep the version:
 # older files read back with them null.
-SCHEMA_VERSION = 2
+# 3: what cross-job queries need (dataset_hash, dataset_seed, shard, host, finished_at,
+# model_revision), and the layout that makes every `*.parquet` under a results folder a file
+# of this schema (job metadata and dataset copies under a hidden `.sodaray/`, no `=` in job
+# folder names), so pandas, pyarrow, DuckDB and `datasets` read a folder as these rows alone.
+# Older files still read back here, with the new columns null.
+SCHEMA_VERSION = 3
 VERSION_KEY = b"sodaray.results.version"
 
 RESULT_SCHEMA = pa.schema(
@@ -81,6 +94,9 @@ RESULT_SCHEMA = pa.schema(
         ("model_layers", pa.int32()),
         ("model_width", pa.int64()),
         ("dataset", pa.string()),
+        ("dataset_hash", pa.string()),
+        ("dataset_seed", pa.int64()),
+        ("shard", pa.int32()),
         ("sample_id", pa.int64()),
         ("length", pa.int32()),
         ("algorithm", pa.string()),
@@ -109,6 +125,9 @@ RESULT_SCHEMA = pa.schema(
         ("length_mode", pa.string()),
         ("lengths_tried", pa.list_(pa.int32())),
         ("device", pa.string()),
+        ("host", pa.string()),
+        ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("model_revision", pa.string()),
         ("versions", pa.string()),
     ],
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
@@ -136,10 +155,16 @@ class RunContext:
     config_hash: str = ""
     device: str = ""
     model_name: str = ""  # label in reports (default: the model id's last part)
+    model_revision: str | None = None  # `sodaray.models.model_revision`
+    dataset_hash: str | None = None  # the dataset file's `sodaray.dataset.hash`
+    dataset_seed: int | None = None
+    shard: int | None = None  # the shard's index in its sweep job
 
     @classmethod
     def for_model(cls, model: Any, objective: Any, **kwargs: Any) -> RunContext:
         """Context from a `LoadedModel`."""
+        from sodaray.models import model_revision
+
         return cls(
             model=model.name,
             objective=objective,
@@ -148,6 +173,7 @@ class RunContext:
             model_layers=model.num_layers,
             model_width=model.width,
             device=str(model.device),
+            model_revision=model_revision(model),
             **kwargs,
         )
 
@@ -186,6 +212,9 @@ def result_rows(
     with `results` and come from the dataset when it has them."""
     obj = context.objective
     versions = package_versions()
+    # The batch's end, once for all its rows: rows are made as their shard or trial finishes.
+    finished_at = datetime.now(timezone.utc)
+    host = socket.gethostname()
     rows = []
     for i, r in enumerate(results):
         params = dict(r.params)
@@ -203,6 +232,9 @@ def result_rows(
                 "model_layers": context.model_layers,
                 "model_width": context.model_width,
                 "dataset": context.dataset,
+                "dataset_hash": context.dataset_hash,
+                "dataset_seed": context.dataset_seed,
+                "shard": context.shard,
                 "sample_id": r.sample_id,
                 "length": None if r.true_tokens is None else len(r.true_tokens),
                 "algorithm": r.algorithm,
@@ -232,6 +264,9 @@ def result_rows(
                 "length_mode": context.length_mode,
                 "lengths_tried": r.lengths_tried,
                 "device": context.device,
+                "host": host,
+                "finished_at": finished_at,
+                "model_revision": context.model_revision,
                 "versions": versions,
             }
         )

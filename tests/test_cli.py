@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+from datetime import datetime, timedelta
 
 import numpy as np
 import pytest
@@ -41,6 +43,10 @@ def test_invert_json(capsys):
         assert key in rows[0]
     assert rows[0]["found"] and rows[0]["exact"] and rows[0]["tokens"] == [172]
     assert rows[1]["length"] == 2 and rows[1]["steps"] <= 200
+    # Where and when the rows were made, and which weights (the model folder's content hash).
+    assert datetime.fromisoformat(rows[0]["finished_at"]).utcoffset() == timedelta(0)
+    assert rows[0]["host"] == socket.gethostname()
+    assert rows[0]["model_revision"].startswith("sha256:")
 
 
 def test_invert_logits_file_auto_length(capsys, tmp_path, stories):

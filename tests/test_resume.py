@@ -25,6 +25,7 @@ from sodaray.runner.execute import (
     LOCK_FILE,
     LOCK_STALE_SECONDS,
     acquire_lock,
+    meta_folder,
     plan_jobs,
     shard_path,
     shard_task,
@@ -80,10 +81,13 @@ def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):
     assert json.loads(line) == {**dataclasses.asdict(status), "pending": 2}
     (plan,) = plan_jobs(sweep.jobs(), root)
     assert plan.pending == [0, 1]
-    assert sorted(p.name for p in plan.folder.glob("*.corrupt")) == [
+    # Set aside in the hidden meta folder: the job folder holds result files only.
+    assert sorted(p.name for p in plan.meta.glob("*.corrupt")) == [
         "shard-00000.parquet.corrupt",
         "shard-00001.parquet.corrupt",
     ]
+    assert plan.meta == root / ".sodaray" / "jobs" / plan.job.name
+    assert list(plan.folder.iterdir()) == []
     assert not shard_path(plan.folder, 0).exists()
     finish_all([plan])
     (plan,) = plan_jobs(sweep.jobs(), root)
@@ -131,7 +135,7 @@ def test_a_second_driver_skips_a_locked_job(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path, BUILD))
     root = tmp_path / "out" / "r"
     (job,) = sweep.jobs()
-    folder = root / job.name
+    folder = meta_folder(root, job.name)
     # Another live driver on this host (our parent process stands in for it).
     _write_lock(folder, socket.gethostname(), os.getppid())
     (plan,) = plan_jobs(sweep.jobs(), root, lock=True)
@@ -178,10 +182,10 @@ def test_run_takes_and_releases_its_locks(tmp_path):
     run = run_sweep(
         sweep,
         tmp_path / "out",
-        on_start=lambda run, n: seen.append((root / plans[0].job.name / LOCK_FILE).exists()),
+        on_start=lambda run, n: seen.append((plans[0].meta / LOCK_FILE).exists()),
     )
     assert seen == [True]  # held while running
-    assert run.shards_skipped == 2 and not (root / plans[0].job.name / LOCK_FILE).exists()
+    assert run.shards_skipped == 2 and not (plans[0].meta / LOCK_FILE).exists()
 
 
 def test_report_skips_an_unreadable_shard_in_a_folder(tmp_path, caplog):

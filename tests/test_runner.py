@@ -93,9 +93,7 @@ def test_interrupted_sweep_resumes_only_missing_shards(tmp_path, local_ray):
         run_sweep(sweep, tmp_path / "out", on_shard=stop_after_three)
     finished = len(info.value.run.done)
     assert finished == 3
-    files = sorted(
-        p.name for p in (tmp_path / "out").rglob("*.parquet") if "datasets" not in str(p)
-    )
+    files = sorted(p.name for p in (tmp_path / "out").rglob("*.parquet"))
     assert len(files) == 3 and not list((tmp_path / "out").rglob(".*.tmp"))
     rerun = run_sweep(sweep, tmp_path / "out")
     assert len(rerun.done) == 8 - finished and rerun.shards_skipped == finished

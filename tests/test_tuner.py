@@ -14,6 +14,7 @@ from conftest import STORIES
 
 import sodaray
 from sodaray.cli import main
+from sodaray.data import dataset_hash, read_dataset
 from sodaray.presets import load_preset_file
 from sodaray.tuner import load_tuning, run_tuning
 from sodaray.tuner.cli import leaderboard
@@ -59,13 +60,26 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
     assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["max_steps"] == 40
     assert study.user_attrs["fixed"] == {"max_batch_size": 16}
+    assert study.user_attrs["dataset"] == "validation" and study.user_attrs["algorithm"] == "soda"
+    (data_file,) = (tmp_path / "out" / "tiny" / ".sodaray" / "datasets").glob("*.pq")
+    data_hash = dataset_hash(read_dataset(data_file))
+    assert study.user_attrs["dataset_hash"] == data_hash
     for t in study.trials:
-        assert Path(t.user_attrs["result_file"]).is_file()
-        assert t.user_attrs["total"] == 6 and 0 <= t.user_attrs["exact"] <= 6
+        result_file = Path(t.user_attrs["result_file"])
+        assert result_file == tmp_path / "out" / "tiny" / "trials" / f"trial-{t.number:05d}.parquet"
+        trial_rows = sodaray.results.read_results(result_file).to_pylist()
+        assert t.user_attrs["total"] == len(trial_rows) == 6
+        assert t.user_attrs["exact"] == sum(bool(r["exact"]) for r in trial_rows)
         assert t.user_attrs["seconds"] > 0
-    # Per-sample rows for every trial, in the result schema.
+    # Per-sample rows for every trial, in the result schema, with the data's identity.
     rows = sodaray.results.read_results(tmp_path / "out" / "tiny" / "trials")
     assert len(rows) == 2 * 6 and set(rows["job"].to_pylist()) == {"trial-00000", "trial-00001"}
+    assert set(rows["dataset_hash"].to_pylist()) == {data_hash}
+    assert set(rows["dataset_seed"].to_pylist()) == {0} and set(rows["shard"].to_pylist()) == {None}
+    assert all(r.startswith("sha256:") for r in rows["model_revision"].to_pylist())
+    # The trials' files are the only Parquet files: no dataset copy among them.
+    parquet = {p.parent.name for p in (tmp_path / "out").rglob("*.parquet")}
+    assert parquet == {"trials"}
     # The best parameters load as a SODA preset.
     params = load_preset_file(run.preset_path)
     config = sodaray.SodaConfig(**params)

@@ -14,6 +14,15 @@ from sodaray.experiment.spec import DatasetSpec, ModelSpec
 log = logging.getLogger(__name__)
 
 
+def dataset_identity(table: pa.Table) -> dict[str, Any]:
+    """What names a dataset's rows in result rows: its content hash and build seed (None where
+    its metadata lacks them)."""
+    from sodaray.data import dataset_hash, dataset_metadata
+
+    seed = dataset_metadata(table)["args"].get("seed")
+    return {"hash": dataset_hash(table) or None, "seed": None if seed is None else int(seed)}
+
+
 def select_rows(
     table: pa.Table, samples_per_length: int | None, limit: int | None
 ) -> dict[str, list[Any]]:
@@ -40,9 +49,16 @@ def select_rows(
     return {c: [r[c] for r in chosen] for c in cols}
 
 
+# Built datasets are cached in `root/.sodaray/datasets/` as `*.pq`: hidden from result readers
+# (pandas, pyarrow, `datasets` skip hidden folders) and not matched by `**/*.parquet` (DuckDB's
+# glob enters hidden folders), so a results folder reads as result rows alone.
+DATASET_CACHE = Path(".sodaray", "datasets")
+DATASET_SUFFIX = ".pq"
+
+
 def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
     """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
-    under `root/datasets/`)."""
+    under `root/.sodaray/datasets/`)."""
     from sodaray.data import read_dataset
 
     if spec.path is not None:
@@ -51,7 +67,7 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
 
     build = dict(spec.build or {})
     key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
-    path = root / "datasets" / f"{model.label}-{spec.name}-{key[:8]}.parquet"
+    path = root / DATASET_CACHE / f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
     if not path.exists():
         from sodaray.data import build_dataset, write_dataset
 

@@ -273,7 +273,7 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
 
     jobs = sweep_status(args.out)
     if not jobs:
-        raise ValueError(f"no sweep jobs (job.json) under {args.out}")
+        raise ValueError(f"no sweep jobs (.sodaray/jobs/*/job.json) under {args.out}")
     if args.json:
         import dataclasses
         import json

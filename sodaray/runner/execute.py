@@ -1,16 +1,25 @@
 """Running a sweep on Ray: jobs -> shards -> actors (one model replica each) -> Parquet files.
 
-Layout: `OUT/<sweep>/<job>/job.json` (the job's settings, shard count) and one
-`shard-NNNNN.parquet` per finished shard, written atomically by the driver; a shard that keeps
-failing leaves `shard-NNNNN.error.json` instead and is retried by the next run. Resume is
-therefore "compute every shard without a valid result file": a shard file is trusted only when
-it reads as the result schema with exactly the shard's sample ids; any other is moved aside as
-`shard-NNNNN.parquet.corrupt` and computed again. A driver holds `OUT/<sweep>/<job>/job.lock`
-(its host and pid, refreshed while it runs) for every job it runs; a second driver on the same
-folder skips those jobs, and breaks a lock whose owner is gone (same host: the pid is dead;
-another host: not refreshed for `LOCK_STALE_SECONDS`). Ray does the placement (actors ask for
-the resources their model entry names) and restarts dead actors; this module hands each idle
-actor the next call of its model.
+Layout: `OUT/<sweep>/<job>/shard-NNNNN.parquet`, one per finished shard, written atomically by
+the driver, and nothing else: every `*.parquet` under OUT is a file of result rows in one
+schema, so pandas, pyarrow, DuckDB and `datasets` read OUT as the rows alone. The rest lives in
+the hidden `OUT/<sweep>/.sodaray/` (readers skip hidden folders, and its files do not end in
+`.parquet`, which DuckDB's `**` glob would match even there): `jobs/<job>/job.json` (the job's
+settings, shard count), `job.lock`, `shard-NNNNN.error.json` and set-aside
+`shard-NNNNN.parquet.corrupt` files, and `datasets/*.pq`, the datasets built for the sweep. Job
+folder names hold no `=`, which readers would take for a hive partition column.
+
+A shard that keeps failing leaves `shard-NNNNN.error.json` and is retried by the next run.
+Resume is therefore "compute every shard without a valid result file": a shard file is trusted
+only when it reads as the result schema with exactly the shard's sample ids; any other is moved
+aside as `.sodaray/jobs/<job>/shard-NNNNN.parquet.corrupt` and computed again. A driver holds
+`.sodaray/jobs/<job>/job.lock` (its host and pid, refreshed while it runs) for every job it
+runs; a second driver on the same folder skips those jobs, and breaks a lock whose owner is
+gone (same host: the pid is dead; another host: not refreshed for `LOCK_STALE_SECONDS`). A
+sweep folder in the layout before result schema 3 (`job.json` beside the shards) is refused,
+not mixed with new files. Ray does the placement (actors ask for the resources their model
+entry names) and restarts dead actors; this module hands each idle actor the next call of its
+model.
 
 A call is, by default (`stream=True`), several shards that share a search config, objective and
 length mode (`worker.batch_key`): the actor runs them through one refilling pool, so its batch
@@ -43,7 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.experiment.cluster import check_address, check_resources, start_ray
-from sodaray.experiment.data import dataset_table, select_rows
+from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.results import write_table_atomic
 from sodaray.runner.spec import Job, Sweep
 from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask, batch_key
@@ -52,6 +61,7 @@ log = logging.getLogger(__name__)
 
 JOB_FILE = "job.json"
 LOCK_FILE = "job.lock"
+META_DIR = ".sodaray"  # hidden: result readers skip it
 LOCK_REFRESH_SECONDS = 30.0
 LOCK_STALE_SECONDS = 300.0
 # A streamed call holds at most this many batches' worth of samples: its targets (observed
@@ -67,12 +77,33 @@ def found_exact(table: pa.Table) -> tuple[int, int]:
     return found, exact
 
 
+class LayoutError(ValueError):
+    """A sweep folder written in the layout before result schema 3."""
+
+
 def shard_path(folder: Path, index: int) -> Path:
     return folder / f"shard-{index:05d}.parquet"
 
 
-def error_path(folder: Path, index: int) -> Path:
-    return folder / f"shard-{index:05d}.error.json"
+def meta_folder(root: Path, job: str) -> Path:
+    """Where a job's settings, lock, errors and set-aside shards live (`root`: the sweep's)."""
+    return root / META_DIR / "jobs" / job
+
+
+def error_path(meta: Path, index: int) -> Path:
+    return meta / f"shard-{index:05d}.error.json"
+
+
+def check_layout(root: Path) -> None:
+    """Refuse a sweep folder in the old layout: its job.json and dataset copies break the
+    result readers, its job folders carry `=`, and its shards lack schema 3's columns, so new
+    shards beside them would make a folder no reader takes whole."""
+    old = sorted(root.glob("*/" + JOB_FILE))[:1] + sorted(root.glob("datasets/*.parquet"))[:1]
+    if old:
+        raise LayoutError(
+            f"{root} holds results in the layout before result schema 3 ({old[0]}); "
+            "give another --out, or move it aside: sodaray report still reads it"
+        )
 
 
 def shard_problem(
@@ -100,11 +131,12 @@ def shard_problem(
     return None
 
 
-def set_aside(path: Path, why: str) -> Path:
-    """Move an untrusted shard file to `*.corrupt` (kept for inspection, never read)."""
-    target = path.with_name(path.name + ".corrupt")
+def set_aside(path: Path, why: str, meta: Path) -> Path:
+    """Move an untrusted shard file to `meta/*.corrupt` (kept for inspection, never read)."""
+    target = meta / (path.name + ".corrupt")
+    meta.mkdir(parents=True, exist_ok=True)
     os.replace(path, target)
-    log.warning("%s: %s; moved to %s, computing it again", path, why, target.name)
+    log.warning("%s: %s; moved to %s, computing it again", path, why, target)
     return target
 
 
@@ -248,29 +280,34 @@ class SweepInterrupted(KeyboardInterrupt):
 @dataclass
 class JobPlan:
     job: Job
-    folder: Path
+    folder: Path  # the shard files, and nothing else
+    meta: Path  # job.json, the lock, errors and set-aside shards
     rows: dict[str, list[Any]]  # the selected samples' columns
     shards: int
     pending: list[int]
     locked_by: dict[str, Any] | None = None
     corrupt: list[str] = field(default_factory=list)
+    dataset_hash: str | None = None  # the dataset file's content hash, for the rows
+    dataset_seed: int | None = None  # its build seed
 
 
 def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
     job another live driver holds comes back with no pending shards and `locked_by` set."""
-    from sodaray.data import dataset_hash
-
+    check_layout(root)
     plans = []
     for job in jobs:
         table = dataset_table(job.model, job.dataset, root)
+        identity = dataset_identity(table)
         if job.dataset.path is not None:  # its rows decide the results, not its path
-            job = dataclasses.replace(job, dataset_hash=dataset_hash(table))
+            job = dataclasses.replace(job, dataset_hash=identity["hash"] or "")
         folder = root / job.name
+        meta = meta_folder(root, job.name)
         rows = select_rows(table, job.samples_per_length, job.limit)
         n = len(rows["sample_id"])
         shards = (n + job.shard_size - 1) // job.shard_size
         folder.mkdir(parents=True, exist_ok=True)
+        meta.mkdir(parents=True, exist_ok=True)
         info = {
             "sweep": job.sweep,
             "job": job.name,
@@ -280,13 +317,14 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
             "shard_size": job.shard_size,
             "config": job.config(),
         }
-        if lock and (owner := acquire_lock(folder)) is not None:
+        ident = {"dataset_hash": identity["hash"], "dataset_seed": identity["seed"]}
+        if lock and (owner := acquire_lock(meta)) is not None:
             host, pid = owner.get("host"), owner.get("pid")
             log.warning("skipping %s: another driver runs it (%s pid %s)", job.name, host, pid)
-            plans.append(JobPlan(job, folder, rows, shards, [], locked_by=owner))
+            plans.append(JobPlan(job, folder, meta, rows, shards, [], locked_by=owner, **ident))
             continue
-        (folder / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        plan = JobPlan(job, folder, rows, shards, [])
+        (meta / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        plan = JobPlan(job, folder, meta, rows, shards, [], **ident)
         for i in range(shards):
             path = shard_path(folder, i)
             if not path.exists():
@@ -295,7 +333,7 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
             lo, hi = shard_bounds(plan, i)
             why = shard_problem(path, rows["sample_id"][lo:hi])
             if why is not None:
-                plan.corrupt.append(set_aside(path, why).name)
+                plan.corrupt.append(set_aside(path, why, meta).name)
                 plan.pending.append(i)
         plans.append(plan)
     return plans
@@ -321,6 +359,9 @@ def shard_task(plan: JobPlan, index: int) -> ShardTask:
         length=job.length,
         max_length=job.max_length,
         rows={c: v[lo:hi] for c, v in plan.rows.items()},
+        shard=index,
+        dataset_hash=plan.dataset_hash,
+        dataset_seed=plan.dataset_seed,
     )
 
 
@@ -344,7 +385,7 @@ def run_sweep(
     check_address(address)  # before planning (dataset builds): fail fast
     root = Path(out) / sweep.name
     plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
-    held = [p.folder for p in plans if p.locked_by is None]
+    held = [p.meta for p in plans if p.locked_by is None]
     try:
         return _run_plans(plans, started, address, max_attempts, on_start, on_shard, held, stream)
     finally:
@@ -443,7 +484,7 @@ def _run_plans(
             else:
                 failure = ShardFailed(plan.job.name, index, tries, message)
                 run.failed.append(failure)
-                error_path(plan.folder, index).write_text(
+                error_path(plan.meta, index).write_text(
                     json.dumps(failure.__dict__, indent=2) + "\n"
                 )
         if retry:
@@ -483,7 +524,7 @@ def _run_plans(
                 continue
             plan, index = call.left.pop(output.index)
             write_table_atomic(output.table, shard_path(plan.folder, index))
-            error_path(plan.folder, index).unlink(missing_ok=True)
+            error_path(plan.meta, index).unlink(missing_ok=True)
             done = ShardDone(
                 plan.job.name,
                 index,
@@ -578,8 +619,10 @@ class JobStatus:
         return self.shards - self.done
 
 
-def job_status(folder: Path) -> JobStatus:
-    info = json.loads((folder / JOB_FILE).read_text())
+def job_status(meta: Path) -> JobStatus:
+    """A job's counts from its `meta` folder (`.sodaray/jobs/<job>`) and its shard files."""
+    info = json.loads((meta / JOB_FILE).read_text())
+    folder = meta.parents[2] / info["job"]
     done = failed = samples = found = exact = 0
     for i in range(info["shards"]):
         path = shard_path(folder, i)
@@ -590,7 +633,7 @@ def job_status(folder: Path) -> JobStatus:
             samples += len(t)
             f, e = found_exact(t)
             found, exact = found + f, exact + e
-        elif error_path(folder, i).exists():
+        elif error_path(meta, i).exists():
             failed += 1
     return JobStatus(
         info["sweep"], info["job"], info["shards"], done, failed, samples, found, exact
@@ -602,4 +645,10 @@ def sweep_status(out: str | Path) -> list[JobStatus]:
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"no such results folder: {out}")
-    return [job_status(p.parent) for p in sorted(out.rglob(JOB_FILE))]
+    jobs = []
+    for path in sorted(out.rglob(JOB_FILE)):
+        if path.parent.parent.name == "jobs" and path.parents[2].name == META_DIR:
+            jobs.append(job_status(path.parent))
+        else:  # beside its shards: the layout before schema 3, whose runs are refused
+            log.warning("skipped %s: a job in the layout before result schema 3", path.parent)
+    return jobs

@@ -93,7 +93,9 @@ class Job:
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.search.seed}"]
         if self.length.isdigit():
             parts.append(f"L{self.length}")
-        slug = re.sub(r"[^A-Za-z0-9_.=+-]+", "-", "_".join(parts)).strip("-")
+        # No `=`: readers (pyarrow, DuckDB, `datasets`) take `key=value` folders for hive
+        # partitions and add a column that is not in the rows.
+        slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts)).strip("-")
         return f"{slug}-{self.config_hash[:8]}"
 
 
@@ -172,7 +174,7 @@ class Sweep:
             for values in grid(entry.get("grid") or {}):
                 label = entry.get("label") or entry["name"]
                 if values:
-                    label += "-" + "-".join(f"{k}={_short(v)}" for k, v in values.items())
+                    label += "-" + "-".join(f"{k}{_short(v)}" for k, v in values.items())
                 params = {**(entry.get("params") or {}), **values}
                 out.append((entry["name"], label, params, entry.get("max_steps", self.max_steps)))
         return out

@@ -46,6 +46,9 @@ class ShardTask:
     length: str  # "fixed", "auto", or an assumed length ("3")
     max_length: int
     rows: dict[str, list[Any]]
+    shard: int | None = None  # the shard's index in its job
+    dataset_hash: str | None = None  # the dataset file's content hash
+    dataset_seed: int | None = None  # its build seed
 
     def batch_key(self) -> str:
         return batch_key(self.search, self.objective, self.length, self.max_length)
@@ -225,6 +228,9 @@ class InversionWorker:
             sweep=task.sweep,
             job=task.job,
             config_hash=task.config_hash,
+            dataset_hash=task.dataset_hash,
+            dataset_seed=task.dataset_seed,
+            shard=task.shard,
         )
         context.model = self.model_id
         context.model_name = task.model_name

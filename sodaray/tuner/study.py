@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from sodaray.experiment.cluster import check_address, start_ray
-from sodaray.experiment.data import dataset_table, select_rows
+from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.objectives import Objective
 from sodaray.results import write_table_atomic
 from sodaray.search.base import SearchConfig
@@ -208,12 +208,18 @@ class TrialWorker:
     """One model replica and the validation targets, both built once and reused by every trial."""
 
     def __init__(
-        self, spec: TuningSpec, study_name: str, storage: str, rows: dict[str, list[Any]]
+        self,
+        spec: TuningSpec,
+        study_name: str,
+        storage: str,
+        rows: dict[str, list[Any]],
+        dataset: dict[str, Any] | None = None,
     ) -> None:
         from sodaray.experiment.replica import load_replica
         from sodaray.targets import make_targets
 
         self.spec, self.study_name, self.storage = spec, study_name, storage
+        self.dataset = dataset or {}  # the data's identity for the rows: hash and seed
         self.model = load_replica(spec.model, spec.model.num_cpus)
         self.rows = rows
         self.targets = make_targets(self.model, rows["tokens"], objective=spec.objective_for({}))
@@ -291,6 +297,8 @@ class TrialWorker:
             dataset=self.spec.data.name,
             sweep=f"tune:{self.spec.name}",
             job=f"trial-{number:05d}",
+            dataset_hash=self.dataset.get("hash"),
+            dataset_seed=self.dataset.get("seed"),
         )
         context.model = self.spec.model.id
         texts = self.rows.get("text")
@@ -392,8 +400,22 @@ def run_tuning(
     study, stale = open_study(spec, url, study_name)
     run = TuneRun(study_name, url, out, stale_failed=stale)
 
-    # The validation rows (built once per model into OUT/<name>/datasets/).
-    rows = select_rows(dataset_table(spec.model, spec.data, out), None, None)
+    if any((out / "datasets").glob("*.parquet")):
+        # Not refused: the study resumes as it was; only readers other than sodaray's trip.
+        log.warning(
+            "%s holds dataset copies from an older sodaray (now built into %s); delete it so "
+            "that Parquet readers of %s see result rows only",
+            out / "datasets",
+            out / ".sodaray" / "datasets",
+            out,
+        )
+    # The validation rows (built once per model into OUT/<name>/.sodaray/datasets/).
+    table = dataset_table(spec.model, spec.data, out)
+    rows = select_rows(table, None, None)
+    identity = dataset_identity(table)
+    if identity["hash"] and "dataset_hash" not in study.user_attrs:
+        # The rows the trials ran on: the data spec names a build, the hash its result.
+        study.set_user_attr("dataset_hash", identity["hash"])
     distributions = spec.distributions()
     requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
     own_ray = start_ray(requests, address)
@@ -403,7 +425,7 @@ def run_tuning(
         max_restarts=-1,
         max_task_retries=0,  # a dead worker's trial is failed and re-enqueued by the driver
     )
-    actors = [remote.remote(spec, study_name, url, rows) for _ in range(workers)]
+    actors = [remote.remote(spec, study_name, url, rows, identity) for _ in range(workers)]
     attempts: dict[str, int] = {}
     in_flight: dict[Any, tuple[int, Any, dict[str, Any], float]] = {}
     launched = 0
@@ -484,7 +506,8 @@ def run_tuning(
 
 
 def study_attrs(spec: TuningSpec) -> dict[str, Any]:
-    """The study's user attributes: the model, data, algorithm, steps and fixed parameters."""
+    """The study's user attributes: the model, data, algorithm, steps and fixed parameters
+    (`run_tuning` adds `dataset_hash` once the data is built)."""
     return {
         "model": spec.model.id,
         "dataset": spec.data.name,
