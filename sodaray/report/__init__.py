@@ -13,7 +13,7 @@ import pandas as pd
 
 from sodaray import metrics
 from sodaray.report.render import FORMATS, RENDERERS
-from sodaray.report.tables import Skipped, Table, build_tables, prepare
+from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
 from sodaray.results import read_results
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,13 @@ def build_report(
             f"or put {metrics.DEFAULT_EMBEDDER} in the Hugging Face cache)."
         )
     df = add_cosine(df, embedder)
+    tuning = tuning_rows(df)
+    if tuning.any():
+        studies = ", ".join(sorted(set(df.loc[tuning, "sweep"])))
+        report.notes.append(
+            f"{int(tuning.sum())} rows from tuning trials ({studies}) are in the jobs table only: "
+            "each trial is its own configuration, picked by the study, not samples of one rate."
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report.tables, report.skipped = build_tables(df)

@@ -1,5 +1,6 @@
 """Figures as PNG: exact vs steps by input length, exact by token position, and scaling (exact
-vs model size and vocabulary at a fixed input length)."""
+vs model size and vocabulary at a fixed input length). Every curve, bar group and point names
+its n (the samples behind it); rows of different configurations get a panel (or point) each."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from sodaray import metrics
-from sodaray.report.tables import Skipped, standard_rows
+from sodaray.report.tables import Skipped, by_setting, named, standard_rows, tuning_rows
 
 
 def _pyplot():
@@ -29,58 +30,130 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def exact_vs_steps(df: pd.DataFrame, path: Path) -> Path | None:
-    base = standard_rows(df[df["variant"] == "SODA"])
+# A percent axis from a little below 0 to a little above 100: a curve or point at 0 (or 100)
+# would otherwise lie on the frame, where a reader cannot see it.
+PERCENT_LIMITS = (-4, 104)
+
+
+def _percent_axis(ax) -> None:
+    ax.set_ylim(*PERCENT_LIMITS)
+
+
+def _integer_axis(axis) -> None:
+    """Ticks on whole numbers only (steps, positions): no half-step ticks on a short range."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _known_count(rows: pd.DataFrame) -> int:
+    """Samples behind a point: rows whose true input is known (exact is defined)."""
+    return int(rows["exact"].notna().sum())
+
+
+def _panels(plt, settings: list[tuple[str, pd.DataFrame]], width: float, height: float):
+    """One axes per configuration (rows of different configurations are never one curve)."""
+    fig, axes = plt.subplots(
+        len(settings), 1, figsize=(width, height * len(settings)), squeeze=False, sharex=True
+    )
+    return fig, [ax for (ax,) in axes]
+
+
+def _figure_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """SODA's standard rows, tuning trials aside (as the tables: see `tuning_rows`)."""
+    return standard_rows(df[(df["variant"] == "SODA") & ~tuning_rows(df)])
+
+
+# Each *_figure returns the matplotlib figure (None: no rows for it); the function of the plain
+# name saves it as PNG.
+def exact_vs_steps_figure(df: pd.DataFrame):
+    """Exact vs steps, one curve per input length, one panel per configuration."""
+    base = _figure_rows(df)
     base = base[base["length"].notna()]
     if base.empty:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for n in sorted(int(x) for x in base["length"].unique()):
-        curve = metrics.solved_by_step(base[base["length"] == n])
-        ax.plot(curve.index, 100 * curve.to_numpy(), label=f"n={n}")
-    ax.set_xlabel("steps")
-    ax.set_ylabel("exact (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("Exact inversion vs steps, by input length")
-    ax.legend(fontsize="small", ncol=2)
-    return _save(fig, path)
+    settings = by_setting(base)
+    fig, axes = _panels(plt, settings, 5, 3.5)
+    for ax, (setting, rows) in zip(axes, settings, strict=True):
+        for n in sorted(int(x) for x in rows["length"].unique()):
+            sel = rows[rows["length"] == n]
+            curve = metrics.solved_by_step(sel)
+            ax.plot(
+                curve.index,
+                100 * curve.to_numpy(),
+                marker="o",
+                markersize=3,
+                markevery=max(1, len(curve) // 10),
+                label=f"length {n} (n={_known_count(sel)})",
+            )
+        ax.set_ylabel("exact (%)")
+        _percent_axis(ax)
+        _integer_axis(ax.xaxis)
+        ax.set_title(setting or "Exact inversion vs steps, by input length", fontsize="medium")
+        ax.legend(fontsize="small", ncol=2)
+    axes[-1].set_xlabel("steps")
+    return fig
 
 
-def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
-    """Tokens recovered by position, one group of bars per input length (as the paper's)."""
-    base = standard_rows(df[df["variant"] == "SODA"])
+def exact_by_position_figure(df: pd.DataFrame):
+    """Tokens recovered by position, one group of bars per input length (as the paper's), one
+    panel per configuration."""
+    base = _figure_rows(df)
     base = base[base["true_tokens"].notna() & base["length"].notna()]
     if base.empty:
         return None
-    table = metrics.solved_by_position_by_length(base)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    lengths = list(table.columns)
-    width = 0.8 / len(lengths)
-    for j, n in enumerate(lengths):
-        curve = table[n].dropna()
-        offsets = [i + (j - (len(lengths) - 1) / 2) * width for i in curve.index]
-        ax.bar(offsets, 100 * curve.to_numpy(), width=width, label=f"n={n}")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("recovered (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("Tokens recovered by position, by input length")
-    ax.legend(fontsize="small", ncol=2)
-    return _save(fig, path)
+    settings = by_setting(base)
+    fig, axes = _panels(plt, settings, 6, 3.5)
+    for ax, (setting, rows) in zip(axes, settings, strict=True):
+        table = metrics.solved_by_position_by_length(rows)
+        lengths = list(table.columns)
+        width = 0.8 / len(lengths)
+        for j, n in enumerate(lengths):
+            curve = table[n].dropna()
+            offsets = [i + (j - (len(lengths) - 1) / 2) * width for i in curve.index]
+            count = int((rows["length"] == n).sum())
+            bars = ax.bar(
+                offsets, 100 * curve.to_numpy(), width=width, label=f"length {n} (n={count})"
+            )
+            # A marker on each bar's top: a bar of height 0 has no area to see.
+            ax.plot(
+                offsets,
+                100 * curve.to_numpy(),
+                linestyle="none",
+                marker="o",
+                markersize=3,
+                color=bars.patches[0].get_facecolor() if bars.patches else None,
+            )
+        ax.set_ylabel("recovered (%)")
+        _percent_axis(ax)
+        _integer_axis(ax.xaxis)
+        ax.set_title(setting or "Tokens recovered by position, by input length", fontsize="medium")
+        ax.legend(fontsize="small", ncol=2)
+    axes[-1].set_xlabel("token position")
+    return fig
 
 
-def scaling(df: pd.DataFrame, path: Path) -> Path | None:
-    base = standard_rows(df[df["variant"] == "SODA"])
+def scaling_figure(df: pd.DataFrame):
+    """Exact at one input length vs parameters and vocabulary, a point per model."""
+    base = _figure_rows(df)
     base = base[base["length"].notna() & base["model_parameters"].notna()]
     if base["model_name"].nunique() < 2:
         return None
     # The length shared by the most models, so every point is measured at the same length.
     length = base.groupby("length")["model_name"].nunique().sort_values(kind="stable").index[-1]
     rows = base[base["length"] == length]
+    # One point per model and configuration (a model run with two presets is two points).
     points = [
-        (g["model_parameters"].max(), g["vocab_size"].max(), metrics.exact_rate(g), model)
-        for model, g in rows.groupby("model_name")
+        (
+            g["model_parameters"].max(),
+            g["vocab_size"].max(),
+            metrics.exact_rate(g),
+            named(str(model), setting),
+        )
+        for model, rows_m in rows.groupby("model_name")
+        for setting, g in by_setting(rows_m)
     ]
     plt = _pyplot()
     from matplotlib.ticker import NullFormatter
@@ -89,16 +162,34 @@ def scaling(df: pd.DataFrame, path: Path) -> Path | None:
     for ax, x_index, xlabel in ((axes[0], 0, "parameters"), (axes[1], 1, "vocabulary size")):
         for p in points:
             rate = p[2]
-            err = [[100 * (rate.value - rate.low)], [100 * (rate.high - rate.value)]]
+            # Clamped at 0: at 0 of n the Wilson bound rounds a hair above the value, and a
+            # negative error bar makes matplotlib refuse the whole figure.
+            err = [[100 * max(rate.value - rate.low, 0)], [100 * max(rate.high - rate.value, 0)]]
             ax.errorbar(p[x_index], 100 * rate.value, yerr=err, fmt="o", capsize=3)
-            ax.annotate(str(p[3]), (p[x_index], 100 * rate.value), fontsize=7)
+            ax.annotate(f"{p[3]} (n={rate.n})", (p[x_index], 100 * rate.value), fontsize=7)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # crowded labels over a narrow range
         ax.set_xlabel(xlabel)
-    axes[0].set_ylabel(f"exact (%) at n={int(length)}")
-    axes[0].set_ylim(0, 100)
+    axes[0].set_ylabel(f"exact (%) at length {int(length)}")
+    _percent_axis(axes[0])
     fig.suptitle("Exact inversion vs model size")
-    return _save(fig, path)
+    return fig
+
+
+def _save_or_none(fig, path: Path) -> Path | None:
+    return None if fig is None else _save(fig, path)
+
+
+def exact_vs_steps(df: pd.DataFrame, path: Path) -> Path | None:
+    return _save_or_none(exact_vs_steps_figure(df), path)
+
+
+def exact_by_position(df: pd.DataFrame, path: Path) -> Path | None:
+    return _save_or_none(exact_by_position_figure(df), path)
+
+
+def scaling(df: pd.DataFrame, path: Path) -> Path | None:
+    return _save_or_none(scaling_figure(df), path)
 
 
 FIGURES = {

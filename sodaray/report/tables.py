@@ -7,8 +7,10 @@ when the rows it needs are absent (the report lists what it skipped and why).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -87,6 +89,107 @@ def main_variants(df: pd.DataFrame) -> list[str]:
     return [v for v in known + other if v in set(df["variant"])]
 
 
+# ---- configurations --------------------------------------------------------------------------
+# Rows of different configurations (a sweep's temperature grid, a model run with two presets)
+# are never pooled into one cell: a Wilson interval over them would treat them as samples of one
+# rate. Each row carries its configuration (`config`: the algorithm's parameters, seed aside, and
+# the objective's settings), and a table row whose rows differ in it is split, one row per
+# configuration, its label naming the differing values. Seeds are not a configuration: a sweep's
+# seeds pool (the caption lists them).
+OBJECTIVE_SETTINGS = (
+    "objective",
+    "top_k",
+    "space",
+    "output_tokens",
+    "loss",
+    "fluency_weight",
+    "text_loss",
+    "fluency_form",
+)
+# What a table shows in its own columns or rows: never a reason to split it.
+OBSERVATION = ("objective", "top_k", "output_tokens")
+# Sweep names of tuning trials (`sodaray tune` writes `tune:NAME`).
+TUNING_PREFIX = "tune:"
+
+
+def _value(x: Any) -> Any:
+    """A configuration value, NaN (a null from pandas) as None."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return x.item() if hasattr(x, "item") else x
+
+
+def row_config(params: str | None, objective: dict[str, Any]) -> dict[str, Any]:
+    """One row's configuration: its algorithm parameters and objective settings. Settings that
+    did not apply (a logits row's text loss, fluency form with fluency off, a v1 file's space)
+    are left out rather than compared as None; top-k None means every logit and is kept."""
+    config = dict(json.loads(params)) if params else {}
+    for key, value in objective.items():
+        value = _value(value)
+        if value is None and key != "top_k":
+            continue
+        if key == "fluency_weight":
+            value = float(value)
+        config[f"objective.{key}" if key in config else key] = value
+    return config
+
+
+def _text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _order(value: Any) -> tuple:
+    # Numbers in numeric order, before strings; None (and a missing key) first.
+    if value is None:
+        return (0, 0.0, "")
+    if isinstance(value, bool):
+        return (2, 0.0, str(value))
+    if isinstance(value, (int, float)):
+        return (1, float(value), "")
+    return (2, 0.0, str(value))
+
+
+_MISSING = "?"  # a key an older file's rows do not record
+
+
+def by_setting(rows: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[tuple[str, pd.DataFrame]]:
+    """`rows` split by the configuration values that differ among them (keys in `exclude`
+    aside: what the table shows itself), each part with a label naming those values
+    (`temperature=0.5`); one part labelled "" when they share one configuration. A key only some
+    rows record (files from before it) splits them only where the recorded values differ."""
+    if rows.empty or "config" not in rows:
+        return [("", rows)]
+    configs = [{k: v for k, v in c.items() if k not in exclude} for c in rows["config"]]
+    seen: dict[str, set[str]] = {}
+    for c in configs:
+        for k, v in c.items():
+            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+    varying = sorted(k for k, vals in seen.items() if len(vals) > 1)
+    if not varying:
+        return [("", rows)]
+    keys = [tuple(c.get(k, _MISSING) for k in varying) for c in configs]
+    groups: dict[str, list[int]] = {}
+    labels: dict[str, tuple] = {}
+    for i, key in enumerate(keys):
+        label = ", ".join(f"{k}={_text(v)}" for k, v in zip(varying, key, strict=True))
+        groups.setdefault(label, []).append(i)
+        labels[label] = key
+    ordered = sorted(groups, key=lambda lab: [_order(v) for v in labels[lab]])
+    return [(lab, rows.iloc[groups[lab]]) for lab in ordered]
+
+
+def named(label: str, setting: str) -> str:
+    """A row label with its configuration, when the table splits it."""
+    return f"{label} ({setting})" if setting else label
+
+
+def tuning_rows(df: pd.DataFrame) -> pd.Series:
+    """Rows of `sodaray tune` trials: each trial is its own configuration, picked on the
+    validation set by the study, so they stay out of the paper tables and figures (the jobs
+    table lists every trial)."""
+    return df["sweep"].fillna("").astype(str).str.startswith(TUNING_PREFIX)
+
+
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Derived columns the tables group by."""
     df = df.copy()
@@ -100,6 +203,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
     df["variant"] = [
         variant_label(a, p) for a, p in zip(df["algorithm"], df["params"], strict=True)
     ]
+    objectives = df[list(OBJECTIVE_SETTINGS)].to_dict("records")
+    df["config"] = [row_config(p, o) for p, o in zip(df["params"], objectives, strict=True)]
     return df
 
 
@@ -192,10 +297,15 @@ def table_model(df: pd.DataFrame) -> list[Table]:
         ["Model", "Layers", "Width", "Vocab"] + [f"n={n}" for n in lengths] + ["All"],
     )
     for model in models:
-        rows = base[base["model_name"] == model]
-        shape = [_size_cell(rows, c) for c in ("model_layers", "model_width", "vocab_size")]
-        cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
-        table.rows.append((model, shape + cells + [Cell.rate(metrics.exact_rate(rows))]))
+        shape = [
+            _size_cell(base[base["model_name"] == model], c)
+            for c in ("model_layers", "model_width", "vocab_size")
+        ]
+        for setting, rows in by_setting(base[base["model_name"] == model]):
+            cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
+            table.rows.append(
+                (named(model, setting), shape + cells + [Cell.rate(metrics.exact_rate(rows))])
+            )
     return [table]
 
 
@@ -233,16 +343,16 @@ def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
             ["Observed"] + [f"{m} output" for m in outs],
         )
         for lab in labels:
-            sel = rows[rows["objective_label"] == lab]
-            cells = []
-            for m in outs:
-                cell_rows = sel[sel["output_tokens"] == m]
-                if cell_rows.empty:
-                    cells.append(EMPTY)
-                    continue
-                stat = metrics.false_discovery if fdr else metrics.exact_rate
-                cells.append(Cell.rate(stat(cell_rows)))
-            table.rows.append((lab, cells))
+            for setting, sel in by_setting(rows[rows["objective_label"] == lab], OBSERVATION):
+                cells = []
+                for m in outs:
+                    cell_rows = sel[sel["output_tokens"] == m]
+                    if cell_rows.empty:
+                        cells.append(EMPTY)
+                        continue
+                    stat = metrics.false_discovery if fdr else metrics.exact_rate
+                    cells.append(Cell.rate(stat(cell_rows)))
+                table.rows.append((named(lab, setting), cells))
         tables.append(table)
     return tables
 
@@ -293,12 +403,18 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
     )
     for prefix, rows_m in by_model(base):
         for ds in _ordered(rows_m["dataset"], DATASET_ORDER):
-            for flu in (False, True):
-                rows = rows_m[(rows_m["dataset"] == ds) & (rows_m["fluency"] == flu)]
-                if rows.empty:
-                    continue
-                label = f"{rows['fluency_weight'].iloc[0]:g}" if flu else "off"
-                table.rows.append((prefix + ds, [Cell(label)] + _quality_cells(rows, with_cos)))
+            rows_d = rows_m[rows_m["dataset"] == ds]
+            # One row per fluency weight: a weight grid is several configurations.
+            for weight in sorted(rows_d["fluency_weight"].fillna(0).unique()):
+                rows_w = rows_d[rows_d["fluency_weight"].fillna(0) == weight]
+                label = f"{weight:g}" if weight > 0 else "off"
+                for setting, rows in by_setting(rows_w, ("fluency_weight",)):
+                    table.rows.append(
+                        (
+                            named(prefix + ds, setting),
+                            [Cell(label)] + _quality_cells(rows, with_cos),
+                        )
+                    )
     return [table]
 
 
@@ -321,9 +437,9 @@ def table_tweaks(df: pd.DataFrame) -> list[Table]:
     )
     for prefix, rows in by_model(base):
         for v in order:
-            sel = rows[rows["variant"] == v]
-            if len(sel):
-                table.rows.append((prefix + v, _quality_cells(sel, with_cos=False)))
+            for setting, sel in by_setting(rows[rows["variant"] == v]):
+                if len(sel):
+                    table.rows.append((named(prefix + v, setting), _quality_cells(sel, False)))
     return [table]
 
 
@@ -347,15 +463,16 @@ def table_algo(df: pd.DataFrame) -> list[Table]:
     )
     for prefix, rows_m in by_model(base):
         for v in variants:
-            rows = rows_m[rows_m["variant"] == v]
-            if rows.empty:
+            rows_v = rows_m[rows_m["variant"] == v]
+            if rows_v.empty:
                 continue
-            cells: list[Cell] = []
-            for k in kinds:
-                # Within an objective kind, the most common observation setting.
-                sel = dominant_observation(rows[rows["objective"] == k])
-                cells += _quality_cells(sel, with_cos) if len(sel) else [EMPTY] * len(measures)
-            table.rows.append((prefix + v, cells))
+            for setting, rows in by_setting(rows_v, OBSERVATION):
+                cells: list[Cell] = []
+                for k in kinds:
+                    # Within an objective kind, the most common observation setting.
+                    sel = dominant_observation(rows[rows["objective"] == k])
+                    cells += _quality_cells(sel, with_cos) if len(sel) else [EMPTY] * len(measures)
+                table.rows.append((named(prefix + v, setting), cells))
     return [table]
 
 
@@ -373,15 +490,20 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
         + (", cosine similarity ± standard error." if with_cos else COS_SKIPPED),
         ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
     )
-    for (model, variant), rows in base.groupby(["model_name", "variant"], sort=True):
+    # One group per model, algorithm and configuration.
+    several_models = base["model_name"].nunique() > 1
+    groups: list[tuple[str, str, pd.DataFrame]] = []
+    for (model, variant), rows_v in base.groupby(["model_name", "variant"], sort=True):
+        for setting, rows in by_setting(rows_v):
+            short = named(f"{model} / {variant}" if several_models else str(variant), setting)
+            groups.append((named(f"{model} / {variant}", setting), short, rows))
+    for label, _, rows in groups:
         cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
-        main.rows.append((f"{model} / {variant}", cells))
+        main.rows.append((label, cells))
     # One column per algorithm (and model, when several), as the paper's: pooling them would
     # count every token once per algorithm. Tokens without a PII label are the None row.
-    groups = list(base.groupby(["model_name", "variant"], sort=True))
-    several_models = base["model_name"].nunique() > 1
-    names = [f"{m} / {v}" if several_models else str(v) for (m, v), _ in groups]
-    counts = [metrics.pii_by_label(rows, with_none=True) for _, rows in groups]
+    names = [short for _, short, _ in groups]
+    counts = [metrics.pii_by_label(rows, with_none=True) for _, _, rows in groups]
     labels = sorted({lab for c in counts for lab in c if lab != metrics.NO_PII}) + [metrics.NO_PII]
     by_label = Table(
         "privacy_labels",
@@ -415,19 +537,20 @@ def table_length(df: pd.DataFrame) -> list[Table]:
             f"reproduced. {settings(assumed)} Wilson 95% intervals.",
             ["True length"] + [f"assumed {n}" for n in tried],
         )
-        for true in sorted(int(n) for n in assumed["length"].unique()):
-            rows = assumed[assumed["length"] == true]
-            cells = []
-            for n in tried:
-                sel = rows[rows["predicted_length"] == n]
-                k = int(sel["found"].astype(bool).sum())
-                cells.append(Cell.rate(metrics.proportion(k, len(sel))) if len(sel) else EMPTY)
-            table.rows.append((str(true), cells))
+        for setting, part in by_setting(assumed):
+            for true in sorted(int(n) for n in part["length"].unique()):
+                rows = part[part["length"] == true]
+                cells = []
+                for n in tried:
+                    sel = rows[rows["predicted_length"] == n]
+                    k = int(sel["found"].astype(bool).sum())
+                    cells.append(Cell.rate(metrics.proportion(k, len(sel))) if len(sel) else EMPTY)
+                table.rows.append((named(str(true), setting), cells))
         tables.append(table)
     auto = df[(df["length_mode"] == "auto") & df["length"].notna()]
     if not auto.empty:
-        counts = metrics.length_confusion(auto)
-        predicted = [c for c in counts.columns if c != metrics.UNSOLVED]
+        parts = [(s, metrics.length_confusion(part)) for s, part in by_setting(auto)]
+        predicted = sorted({c for _, counts in parts for c in counts.columns} - {metrics.UNSOLVED})
         table = Table(
             "length_auto",
             "Predicted vs true input length (length auto)",
@@ -436,12 +559,16 @@ def table_length(df: pd.DataFrame) -> list[Table]:
             f"{settings(auto)}",
             ["True length"] + [f"pred {c}" for c in predicted] + [metrics.UNSOLVED] + ["Correct"],
         )
-        for n, row in counts.iterrows():
-            right = int(row.get(n, 0)) if n in predicted else 0
-            cells = [Cell.count(int(row.get(c, 0))) for c in [*predicted, metrics.UNSOLVED]]
-            table.rows.append(
-                (str(n), cells + [Cell.rate(metrics.proportion(right, int(row.sum())))])
-            )
+        for setting, counts in parts:
+            for n, row in counts.iterrows():
+                right = int(row.get(n, 0)) if n in predicted else 0
+                cells = [Cell.count(int(row.get(c, 0))) for c in [*predicted, metrics.UNSOLVED]]
+                table.rows.append(
+                    (
+                        named(str(n), setting),
+                        cells + [Cell.rate(metrics.proportion(right, int(row.sum())))],
+                    )
+                )
         tables.append(table)
     return tables
 
@@ -490,8 +617,9 @@ TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
 def build_tables(df: pd.DataFrame) -> tuple[list[Table], list[Skipped]]:
     tables: list[Table] = []
     skipped: list[Skipped] = []
+    paper = df[~tuning_rows(df)]
     for name, (build, need) in TABLES.items():
-        made = build(df)
+        made = build(df if name == "jobs" else paper)
         if made:
             tables += made
         else:

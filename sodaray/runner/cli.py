@@ -37,6 +37,12 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         help="hand actors one shard at a time (the old way: each shard's batch drains on its "
         "own; for comparisons)",
     )
+    run.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help="log each job's summary to this MLflow tracking URI when the run ends "
+        "(sqlite:///mlflow.db, http://HOST:5000; needs pip install 'sodaray[mlflow]')",
+    )
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
         "plan",
@@ -72,6 +78,11 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    track = None
+    if args.mlflow:
+        from sodaray.tracking import sweep_logger
+
+        track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
     progress = _Progress(sweep.name)
 
     def on_start(run, samples: int) -> None:
@@ -100,6 +111,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         )
     except SweepInterrupted as stop:
         progress.close()
+        if track is not None:
+            track(sweep.name, f"{args.out}/{sweep.name}")
         print(
             f"interrupted: {len(stop.run.done)} shards finished in this run are kept; "
             "run the same command again to continue",
@@ -107,6 +120,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         )
         return 130
     progress.close()
+    if track is not None:
+        track(sweep.name, f"{args.out}/{sweep.name}")
     _print_status(sweep_status(f"{args.out}/{sweep.name}"))
     occupancy = run.occupancy
     shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"

@@ -24,6 +24,12 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="tune on this model instead (hub id, folder, .gguf)")
     p.add_argument("--address", help="Ray cluster address: auto, HOST:PORT or ray://...")
     p.add_argument("--json", action="store_true", help="the leaderboard as one JSON object")
+    p.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help="log each trial to this MLflow tracking URI (sqlite:///mlflow.db, http://HOST:5000; "
+        "needs pip install 'sodaray[mlflow]')",
+    )
     p.set_defaults(func=cmd_tune)
 
 
@@ -38,6 +44,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    callbacks = []
+    if args.mlflow:
+        from sodaray.tracking import tuning_callback
+
+        callbacks.append(tuning_callback(args.mlflow, spec.metric))
     total = spec.trials if args.trials is None else args.trials
     bar = None
     if sys.stderr.isatty():
@@ -66,6 +77,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             model=args.model,
             address=args.address,
             on_trial=on_trial,
+            callbacks=callbacks,
         )
     except KeyboardInterrupt:
         print("interrupted: finished trials are in the study; run again to resume", file=sys.stderr)

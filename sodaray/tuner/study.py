@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,8 +378,11 @@ def run_tuning(
     max_attempts: int = 3,
     on_launch: Callable[[int, int], None] | None = None,
     on_trial: Callable[[TrialOutcome], None] | None = None,
+    callbacks: Sequence[Callable[[Any, Any], None]] = (),
 ) -> TuneRun:
-    """Add `trials` (default: the file's) trials to the study, `workers` at a time."""
+    """Add `trials` (default: the file's) trials to the study, `workers` at a time. `callbacks`
+    are Optuna's `(study, frozen_trial)` callbacks (as `study.optimize` takes), called after each
+    trial is told (e.g. `sodaray.tracking.tuning_callback`)."""
     import optuna
     import ray
 
@@ -486,6 +489,8 @@ def run_tuning(
                     result.note,
                 )
             run.outcomes.append(outcome)
+            for callback in callbacks:
+                callback(study, study.get_trials(deepcopy=False)[number])
             if on_trial is not None:
                 on_trial(outcome)
             if launched < n_trials:
