@@ -66,7 +66,12 @@ def test_two_jobs_two_actors_write_each_row_once(tmp_path, local_ray):
 
 
 def test_killed_actor_loses_and_duplicates_nothing(tmp_path, local_ray):
-    sweep = load_sweep(write_sweep(tmp_path))
+    # One actor, one shard per call: after the kill every remaining shard, the one it was
+    # handed included, can only be done by the restarted actor. (With two actors the survivor
+    # may finish everything first on a loaded machine, and the restart goes unobserved.)
+    # The streamed path has its own kill test (test_stream.py).
+    models = [{"id": str(STORIES), "num_cpus": 1, "replicas": 1}]
+    sweep = load_sweep(write_sweep(tmp_path, models=models))
     killed = []
 
     def kill_once(done) -> None:
@@ -74,10 +79,13 @@ def test_killed_actor_loses_and_duplicates_nothing(tmp_path, local_ray):
             killed.append(done.pid)
             os.kill(done.pid, signal.SIGKILL)
 
-    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once)
+    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, stream=False)
     assert killed and not run.failed
     assert rows_by_job(tmp_path / "out") == expected_rows(sweep)
-    assert len({d.pid for d in run.done} - set(killed)) >= 2  # a restarted actor took over
+    # The shard handed over before the kill may still finish on the killed actor (a race of a
+    # few milliseconds); every later one needs the restarted actor.
+    after = [d.pid for d in run.done[1:]]
+    assert len(after) == 7 and sum(pid != killed[0] for pid in after) >= 6
 
 
 def test_interrupted_sweep_resumes_only_missing_shards(tmp_path, local_ray):
