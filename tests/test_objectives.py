@@ -269,3 +269,35 @@ def test_logprob_file_equals_make_targets(tiny_llama):
     ok = hard_match(tiny_llama, loaded.objective, torch.tensor([[4, 5]]), batch, 1e-4, 1e-4)
     bad = hard_match(tiny_llama, loaded.objective, torch.tensor([[4, 6]]), batch, 1e-4, 1e-4)
     assert ok.item() and not bad.item()
+
+
+@pytest.mark.parametrize("top_k", [None, 4])
+def test_match_needs_every_observed_position(tiny_llama, top_k):
+    """With several output tokens observed, a candidate that reproduces the first position but
+    not a later one is no match (the true input, against an observation changed at position 2)."""
+    objective = sodaray.Objective(top_k=top_k, output_tokens=3)
+    targets = sodaray.make_targets(tiny_llama, [[5, 6]], objective=objective)
+    true = torch.tensor([[5, 6]])
+    batch = batch_of(targets, [0])
+    tol = (targets.atol, targets.rtol)
+    assert hard_match(tiny_llama, objective, true, batch, *tol).item()
+    changed = batch.observed_values.clone()
+    changed[:, 2] += 1.0  # far outside the tolerance, at the last observed position only
+    wrong = BatchTargets(batch.continuation, changed, batch.observed_indices)
+    assert not hard_match(tiny_llama, objective, true, wrong, *tol).item()
+
+
+def test_huber_delta_is_the_loss_threshold(tiny_llama):
+    """`huber_delta` reaches the loss: quadratic below it, linear above (torch's formula)."""
+    true, cand = [[5, 6]], [[7, 8]]
+    raw_true = tiny_llama.token_logits(torch.tensor(true))[0, -1]
+    raw_cand = tiny_llama.token_logits(torch.tensor(cand))[0, -1]
+    losses = []
+    for delta in (0.05, 1.0):
+        objective = sodaray.Objective(huber_delta=delta)
+        targets = sodaray.make_targets(tiny_llama, true, objective=objective)
+        want = torch.nn.functional.huber_loss(raw_cand, raw_true, delta=delta)
+        got = one_hot_loss(tiny_llama, targets, cand)[0]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        losses.append(float(got))
+    assert losses[0] != pytest.approx(losses[1])  # the two thresholds give different losses
