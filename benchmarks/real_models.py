@@ -147,7 +147,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)
-    lo, hi = (int(x) for x in args.lengths.split("-"))
+    lo, _, hi = args.lengths.partition("-")  # "1-3" or a single length, "2"
+    lo, hi = int(lo), int(hi or lo)
     configs = {spec: parse_config(spec, args.steps, args.batch) for spec in args.configs.split(",")}
     rows = []
     sources = model_sources()
@@ -163,7 +164,10 @@ def main() -> None:
         ids = len(model.tokenizer) if model.tokenizer is not None else model.vocab_size
         ids = min(ids, model.vocab_size)
         rng = np.random.default_rng(1)
-        inputs = {n: rng.integers(0, ids, (args.per_length, n)).tolist() for n in range(lo, hi + 1)}
+        # Drawn from length 1 up whatever --lengths says, so `--lengths 3` runs the same inputs
+        # as the n=3 row of `--lengths 1-3` (a run can be split without changing its inputs).
+        drawn = {n: rng.integers(0, ids, (args.per_length, n)).tolist() for n in range(1, hi + 1)}
+        inputs = {n: drawn[n] for n in range(lo, hi + 1)}
         print(
             f"# {name}: {model.num_parameters / 1e6:.0f}M parameters, vocabulary "
             f"{model.vocab_size} ({ids} tokenizer ids), prefix {model.prefix_ids}, "

@@ -14,6 +14,7 @@ Schema version 3 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
 | dataset_hash | string | the dataset file's content hash, `sodaray.dataset.hash` (null: no file) |
 | dataset_seed | int64 | the seed the dataset was built with (null: unknown, or not built) |
+| dataset_source | string | where its rows came from: `hf:…`, `file:…`, `synthetic (faker …)` |
 | shard | int32 | the shard's index in its sweep job (null outside sweeps) |
 | sample_id | int64 | the sample's id in its dataset |
 | length | int32 | true input length (null when unknown) |
@@ -77,7 +78,8 @@ log = logging.getLogger(__name__)
 # model_revision), and the layout that makes every `*.parquet` under a results folder a file
 # of this schema (job metadata and dataset copies under a hidden `.sodaray/`, no `=` in job
 # folder names), so pandas, pyarrow, DuckDB and `datasets` read a folder as these rows alone.
-# Older files still read back here, with the new columns null.
+# Older files still read back here, with the new columns null (dataset_source, added later,
+# keeps the version as the nullable columns of 2 did).
 SCHEMA_VERSION = 3
 VERSION_KEY = b"sodaray.results.version"
 
@@ -96,6 +98,7 @@ RESULT_SCHEMA = pa.schema(
         ("dataset", pa.string()),
         ("dataset_hash", pa.string()),
         ("dataset_seed", pa.int64()),
+        ("dataset_source", pa.string()),
         ("shard", pa.int32()),
         ("sample_id", pa.int64()),
         ("length", pa.int32()),
@@ -158,6 +161,7 @@ class RunContext:
     model_revision: str | None = None  # `sodaray.models.model_revision`
     dataset_hash: str | None = None  # the dataset file's `sodaray.dataset.hash`
     dataset_seed: int | None = None
+    dataset_source: str | None = None  # the dataset's `info.source`: hub, file or synthetic
     shard: int | None = None  # the shard's index in its sweep job
 
     @classmethod
@@ -234,6 +238,7 @@ def result_rows(
                 "dataset": context.dataset,
                 "dataset_hash": context.dataset_hash,
                 "dataset_seed": context.dataset_seed,
+                "dataset_source": context.dataset_source,
                 "shard": context.shard,
                 "sample_id": r.sample_id,
                 "length": None if r.true_tokens is None else len(r.true_tokens),

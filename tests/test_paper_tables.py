@@ -4,6 +4,7 @@ with a None row, recovery by position per length, and the models table's size co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import tiny_model
+from conftest import STORIES, tiny_model
 
 import sodaray
 from sodaray import metrics
@@ -277,3 +278,45 @@ def load_sweep_text(tmp_path, dataset: str):
         "algorithms: [{name: soda}]\n"
     )
     return load_sweep(path)
+
+
+def _privacy_rows(source: str | None) -> pd.DataFrame:
+    return frame(
+        true_tokens=[[1, 2]],
+        tokens=[[1, 2]],
+        pii_labels=[["NAME", None]],
+        dataset=["privacy"],
+        dataset_source=[source],
+        found=[True],
+        exact=[True],
+    )
+
+
+def test_privacy_tables_say_when_their_records_are_synthetic():
+    main, by_label = table_privacy(_privacy_rows("synthetic (faker 30.0.0, en_US)"))
+    assert main.caption.startswith("SYNTHETIC PII: ")
+    assert by_label.caption.startswith("SYNTHETIC PII: ")
+    mixed = pd.concat(
+        [_privacy_rows("synthetic (faker 30.0.0, en_US)"), _privacy_rows("hf:ai4privacy")],
+        ignore_index=True,
+    )
+    assert table_privacy(mixed)[0].caption.startswith("SYNTHETIC PII (1 of 2 rows): ")
+    for source in ("hf:ai4privacy/pii-masking-200k[train] (English)", None):
+        assert "SYNTHETIC" not in table_privacy(_privacy_rows(source))[0].caption
+
+
+@pytest.mark.skipif(not STORIES.exists(), reason="needs ../shared/models/stories260K")
+def test_a_synthetic_dataset_names_its_source_in_the_result_rows():
+    from sodaray.data import build_dataset
+    from sodaray.experiment.data import dataset_identity
+
+    table = build_dataset(str(STORIES), "privacy", "15", 2, seed=0, source="synthetic")
+    identity = dataset_identity(table)
+    assert identity["source"].startswith("synthetic (faker ")
+    model = tiny_model("gpt2")
+    context = RunContext.for_model(model, sodaray.Objective(), dataset="privacy")
+    context = dataclasses.replace(context, dataset_source=identity["source"])
+    target = sodaray.make_targets(model, [[1, 2]])
+    results = sodaray.invert(model, target, sodaray.SodaConfig(max_steps=1))
+    rows = result_rows(results, context).to_pylist()
+    assert rows[0]["dataset_source"] == identity["source"]

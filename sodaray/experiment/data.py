@@ -15,12 +15,18 @@ log = logging.getLogger(__name__)
 
 
 def dataset_identity(table: pa.Table) -> dict[str, Any]:
-    """What names a dataset's rows in result rows: its content hash and build seed (None where
-    its metadata lacks them)."""
+    """What names a dataset's rows in result rows: its content hash, build seed and source
+    (None where its metadata lacks them). The source tells a report whether privacy rows are
+    the paper's ai4privacy records or the synthetic offline fallback."""
     from sodaray.data import dataset_hash, dataset_metadata
 
-    seed = dataset_metadata(table)["args"].get("seed")
-    return {"hash": dataset_hash(table) or None, "seed": None if seed is None else int(seed)}
+    meta = dataset_metadata(table)
+    seed = meta["args"].get("seed")
+    return {
+        "hash": dataset_hash(table) or None,
+        "seed": None if seed is None else int(seed),
+        "source": meta["info"].get("source"),
+    }
 
 
 def select_rows(

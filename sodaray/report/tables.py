@@ -476,16 +476,33 @@ def table_algo(df: pd.DataFrame) -> list[Table]:
     return [table]
 
 
+def privacy_source_note(rows: pd.DataFrame) -> str:
+    """A caption's warning when privacy rows come from the synthetic offline fallback: its
+    records are Faker text, not ai4privacy's, so its totals and labels are not the paper's."""
+    if "dataset_source" not in rows.columns:
+        return ""
+    sources = rows["dataset_source"].dropna().astype(str)
+    synthetic = int(sources.str.startswith("synthetic").sum())
+    if not synthetic:
+        return ""
+    share = "" if synthetic == len(rows) else f" ({synthetic} of {len(rows)} rows)"
+    return (
+        f"SYNTHETIC PII{share}: Faker records built offline, not the paper's ai4privacy "
+        "records, so these numbers are not comparable with the paper's table. "
+    )
+
+
 def table_privacy(df: pd.DataFrame) -> list[Table]:
     """Privacy: Exact, Partial, Cos. Sim., PII; and tokens recovered by PII label."""
     base = df[(df["dataset"] == "privacy") & df["pii_labels"].notna()]
     if base.empty:
         return []
     with_cos = _has_cos(base)
+    source = privacy_source_note(base)
     main = Table(
         "privacy",
         "Recovering inputs with personal information",
-        f"{settings(base)} Exact with Wilson 95% intervals; Partial, PII (partial over "
+        f"{source}{settings(base)} Exact with Wilson 95% intervals; Partial, PII (partial over "
         "PII-labelled tokens) ± standard error"
         + (", cosine similarity ± standard error." if with_cos else COS_SKIPPED),
         ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
@@ -508,7 +525,7 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
     by_label = Table(
         "privacy_labels",
         "PII tokens recovered (%) by label",
-        f"{settings(base)} Share of the label's tokens recovered in place, with Wilson 95% "
+        f"{source}{settings(base)} Share of the label's tokens recovered in place, with Wilson 95% "
         "intervals; None: tokens without personal information.",
         ["Label", "Tokens"] + names,
     )

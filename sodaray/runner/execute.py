@@ -289,6 +289,7 @@ class JobPlan:
     corrupt: list[str] = field(default_factory=list)
     dataset_hash: str | None = None  # the dataset file's content hash, for the rows
     dataset_seed: int | None = None  # its build seed
+    dataset_source: str | None = None  # where its rows came from (hub, file, synthetic)
 
 
 def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
@@ -317,7 +318,7 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
             "shard_size": job.shard_size,
             "config": job.config(),
         }
-        ident = {"dataset_hash": identity["hash"], "dataset_seed": identity["seed"]}
+        ident = {f"dataset_{k}": v for k, v in identity.items()}
         if lock and (owner := acquire_lock(meta)) is not None:
             host, pid = owner.get("host"), owner.get("pid")
             log.warning("skipping %s: another driver runs it (%s pid %s)", job.name, host, pid)
@@ -362,6 +363,7 @@ def shard_task(plan: JobPlan, index: int) -> ShardTask:
         shard=index,
         dataset_hash=plan.dataset_hash,
         dataset_seed=plan.dataset_seed,
+        dataset_source=plan.dataset_source,
     )
 
 

@@ -49,6 +49,7 @@ class ShardTask:
     shard: int | None = None  # the shard's index in its job
     dataset_hash: str | None = None  # the dataset file's content hash
     dataset_seed: int | None = None  # its build seed
+    dataset_source: str | None = None  # where its rows came from
 
     def batch_key(self) -> str:
         return batch_key(self.search, self.objective, self.length, self.max_length)
@@ -230,6 +231,7 @@ class InversionWorker:
             config_hash=task.config_hash,
             dataset_hash=task.dataset_hash,
             dataset_seed=task.dataset_seed,
+            dataset_source=task.dataset_source,
             shard=task.shard,
         )
         context.model = self.model_id

@@ -299,6 +299,7 @@ class TrialWorker:
             job=f"trial-{number:05d}",
             dataset_hash=self.dataset.get("hash"),
             dataset_seed=self.dataset.get("seed"),
+            dataset_source=self.dataset.get("source"),
         )
         context.model = self.spec.model.id
         texts = self.rows.get("text")
