@@ -2,6 +2,8 @@
 
     python benchmarks/paper_options.py --per-length 40 --steps 400
     python benchmarks/paper_options.py --model SMOLLM2.gguf --per-length 8 --steps 200
+    python benchmarks/paper_options.py --model SMOLLM2.gguf --per-length 8 --skip text \
+        --fluency-steps 300 --batch 16 --bos on
 
 Held-out validation split (seed 0; test sets use seed 1). Text loss: random inputs of lengths
 1-2, 5 output tokens observed as text, SODA with each form (`prob`: Eq. 5; `logprob`: the
@@ -53,11 +55,19 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list: text, fluency")
     parser.add_argument("--fluency-lengths", default="2-3")
     parser.add_argument("--fluency-steps", type=int, default=1000)
+    parser.add_argument(
+        "--bos",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="a BOS before the input (auto: as the tokenizer does). SmolLM2 and Qwen without one "
+        "put the input's first token in an attention sink (RESULTS.md, issue 14)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(args.threads)
-    model = sodaray.load_model(args.model, device="cpu")
+    bos = {"auto": None, "on": True, "off": False}[args.bos]
+    model = sodaray.load_model(args.model, device="cpu", bos=bos)
     name = Path(args.model).name
     rows: list[tuple[str, str, int, int, int, float]] = []
     skip = set(args.skip.split(","))
