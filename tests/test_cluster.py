@@ -27,7 +27,9 @@ import pytest
 from conftest import STORIES
 
 import sodaray
+from sodaray.experiment.replica import load_replica
 from sodaray.experiment.spec import MODEL_KEYS, ModelSpec, local_path
+from sodaray.models import ModelLoadError
 from sodaray.runner.spec import load_sweep
 from sodaray.tuner.study import open_storage
 
@@ -45,6 +47,15 @@ def test_resolved_model_carries_absolute_paths_and_keeps_its_id(tmp_path, monkey
     assert hub.source is None and hub.preset == "stories260k"  # no such path: a hub id
     assert local_path("../nowhere/at/all") is None
     assert "source" not in MODEL_KEYS  # set by the driver, never by a file
+
+
+def test_a_node_without_the_resolved_path_says_so_in_one_line():
+    spec = ModelSpec(id="../models/m", source="/no/such/node/path/m")
+    with pytest.raises(ModelLoadError) as caught:
+        load_replica(spec)
+    message = str(caught.value)
+    assert "\n" not in message and "/no/such/node/path/m" in message
+    assert "../models/m" in message and socket.gethostname() in message
 
 
 @pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
