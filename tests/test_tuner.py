@@ -197,20 +197,6 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
         load_tuning(write_tuning(tmp_path, start_from="no-such-preset"))
 
 
-def test_relative_storage_is_refused_with_an_address(tmp_path, capsys, monkeypatch):
-    # Nodes open the journal from their own working directory: a relative path is another file.
-    path = write_tuning(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    code = main(["tune", str(path), "--out", "rel-out", "--address", "127.0.0.1:6379"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1, err
-    assert "relative path" in err and "rel-out/tiny/study.journal" in err, err
-    assert not (tmp_path / "rel-out").exists()  # refused before anything is written
-    code = main(["tune", str(path), "--storage", "sqlite:///rel.db", "--address", "auto"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and "sqlite:///rel.db is a relative path" in err, err
-
-
 def test_a_run_where_no_trial_completed_exits_non_zero():
     from sodaray.tuner.cli import no_trial_completed
     from sodaray.tuner.study import TrialOutcome, TuneRun

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from sodaray.experiment.spec import ModelSpec
-from sodaray.models import LoadedModel
+from sodaray.models import LoadedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,22 @@ def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
     device = "cuda" if gpus and torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, int(num_cpus)))
+    where = spec.source or spec.id
+    if spec.source is not None and not os.path.exists(spec.source):
+        # Resolved on the driver (`ModelSpec.resolved`), absent on this node: say so in one line
+        # rather than transformers' hub lookup of a path.
+        raise ModelLoadError(
+            f"model {spec.id} is {spec.source} on the driver, which node {socket.gethostname()} "
+            "does not have: put the model at the same path on every node (a shared mount), or "
+            "give a hub id"
+        )
     model = load_model(
-        spec.id,
+        where,
         gguf_file=spec.gguf_file,
         device=device,
         dtype=spec.dtype,
         bos=spec.bos,
         trust_remote_code=spec.trust_remote_code,
     )
-    log.info("worker %d loaded %s on %s", os.getpid(), spec.id, device)
+    log.info("worker %d loaded %s on %s", os.getpid(), where, device)
     return model

@@ -9,9 +9,10 @@ naming the file and the field, whichever file kind it came from.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,11 @@ class ModelSpec:
     num_gpus: float = 0.0
     num_cpus: float = 1.0
     replicas: int = 1
+    # Not a file field: where actors load the model from, set on the driver by `resolved()` to
+    # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
+    # another node runs in that node's working directory, where `../models/x` is another folder
+    # or none; `id` itself stays as given, since job hashes and result rows carry it.
+    source: str | None = None
 
     @property
     def label(self) -> str:
@@ -76,6 +82,16 @@ class ModelSpec:
             num_cpus=self.num_cpus,
             replicas=self.replicas,
             dtype=self.dtype,
+        )
+
+    def resolved(self) -> ModelSpec:
+        """This entry as it crosses to Ray actors, resolved here on the driver, where its paths
+        were checked: `source` the model's absolute path, `preset_file` absolute (hub ids and
+        preset names stay as they are)."""
+        return replace(
+            self,
+            source=local_path(self.id),
+            preset_file=local_path(self.preset_file) or self.preset_file,
         )
 
     def identity(self) -> dict[str, Any]:
@@ -92,7 +108,16 @@ class DatasetSpec:
     )
 
 
-MODEL_KEYS = {f.name for f in fields(ModelSpec)}
+def local_path(path: str | None) -> str | None:
+    """`path` as an absolute path when it names a file or folder here, else None (a hub id).
+    Made absolute without following symlinks: a link that every node mounts stays that link."""
+    if not path:
+        return None
+    expanded = os.path.expanduser(path)
+    return os.path.abspath(expanded) if os.path.exists(expanded) else None
+
+
+MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"source"}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
 BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}

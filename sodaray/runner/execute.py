@@ -457,8 +457,10 @@ def _run_plans(
             # opt out below (a re-run generator would redo the shards it already returned).
             max_task_retries=max_attempts,
         )
+        # Local paths absolute, resolved here where they were checked: an actor on another
+        # node starts in that node's working directory.
         actors[key] = [
-            remote.options(**options).remote(spec, spec.num_cpus)
+            remote.options(**options).remote(spec.resolved(), spec.num_cpus)
             for _ in range(min(spec.replicas, len(q)))
         ]
     in_flight: dict[Any, _Call] = {}

@@ -4,7 +4,7 @@ search space, and how Optuna searches it. Validated on load: a bad field is a on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from sodaray.experiment.spec import (
     check_positive,
     check_top,
     coerce_scalars,
+    local_path,
     parse_dataset,
     parse_model,
     parse_objective,
@@ -103,6 +104,18 @@ class TuningSpec:
             if k.startswith(OBJECTIVE_PREFIX)
         }
         return Objective(**{**self.objective, **over})
+
+    def resolved(self) -> TuningSpec:
+        """This spec as it crosses to Ray actors: the model's local paths (`ModelSpec.resolved`),
+        the data file and the file's own path absolute, resolved on the driver where they were
+        checked (actors get the rows, not the data file, but no relative path should travel)."""
+        data_path = local_path(self.data.path) or self.data.path
+        return replace(
+            self,
+            path=self.path.absolute(),
+            model=self.model.resolved(),
+            data=replace(self.data, path=data_path),
+        )
 
     def distributions(self) -> dict[str, Any]:
         return {p.name: p.distribution() for p in self.space}

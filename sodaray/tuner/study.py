@@ -2,7 +2,9 @@
 
 The driver asks Optuna for a trial (ask/tell), hands its parameters to an idle actor, and tells
 Optuna the result. The actor reports the solved fraction at step checkpoints to the study's
-storage itself and stops a trial the pruner gives up on. A trial whose actor dies is marked
+storage itself and stops a trial the pruner gives up on; it reaches the storage through Optuna's
+gRPC storage proxy, which the driver serves, so an actor on any node needs neither the journal's
+path nor the database's address and credentials. A trial whose actor dies is marked
 failed and its parameters are enqueued again; trials left RUNNING by a driver that died are
 marked failed (and retried) when the study is resumed.
 """
@@ -39,26 +41,6 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
     return url
 
 
-def check_cluster_storage(url: str, address: str | None) -> None:
-    """With `address`, trial actors may run on other nodes, where they open the storage by the
-    same URL from their own working directory: a relative journal or SQLite file would be a
-    different (empty) file there, and every trial fails. Refuse it before anything starts."""
-    if address is None:
-        return
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
-    elif "://" in url:
-        return  # a database server: the same for every node
-    else:
-        path = url
-    if not Path(path).is_absolute():
-        raise ValueError(
-            f"storage {url} is a relative path, which nodes of the cluster at {address} resolve "
-            "in their own folders: give --out or --storage as an absolute path on a file system "
-            "every node mounts, or a database URL (postgresql://...)"
-        )
-
-
 def open_storage(url: str):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
     if "://" in url:
@@ -69,6 +51,55 @@ def open_storage(url: str):
 
     Path(url).parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(url))
+
+
+@dataclass(frozen=True)
+class StorageProxy:
+    """Where trial actors reach the study's storage: Optuna's gRPC storage proxy that the driver
+    serves (`serve_storage`). Actors on other nodes cannot open the driver's journal file (a
+    path on the driver's disk), and a database would need its address and credentials on every
+    node; the proxy needs neither."""
+
+    host: str
+    port: int
+
+    def connect(self) -> Any:
+        import warnings
+
+        import optuna
+        from optuna.storages import GrpcStorageProxy
+
+        with warnings.catch_warnings():  # experimental in Optuna 4-5: not the user's concern
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return GrpcStorageProxy(host=self.host, port=self.port)
+
+
+def serve_storage(storage: Any, host: str, tries: int = 5) -> tuple[Any, StorageProxy]:
+    """Serve `storage` (the driver's own storage object, so the driver and the actors see one
+    state) through Optuna's gRPC storage proxy on `host` and a free port, in gRPC's background
+    threads. Returns the server (`server.stop(grace)` ends it) and its address.
+
+    Built with the `make_server` that `optuna.storages.run_grpc_proxy_server` wraps: that
+    function blocks until the server terminates and offers no way to stop it, which would leave
+    a server per run in a process that tunes more than once (tests, notebooks)."""
+    import socket
+
+    from optuna.storages._grpc.server import make_server
+
+    for attempt in range(tries):
+        with socket.socket() as probe:  # a port free now; taken by another process is retried
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        try:
+            server = make_server(storage, host, port)
+        except RuntimeError:  # gRPC could not bind it after all
+            if attempt == tries - 1:
+                raise
+            continue
+        server.start()
+        log.info("study storage served at %s:%d (Optuna's gRPC proxy)", host, port)
+        return server, StorageProxy(host, port)
+    raise AssertionError("unreachable")
 
 
 def _check_rdb_url(url: str) -> None:
@@ -133,16 +164,18 @@ def spec_hash(spec: TuningSpec) -> str:
     )
 
 
-def open_study(spec: TuningSpec, url: str, study_name: str) -> tuple[Any, list[int]]:
-    """Create or resume the study: refuse one made by a different tuning file, re-seed the
-    sampler from the trials so far, and fail (then retry) trials a dead driver left RUNNING.
-    Returns the study and the numbers of those stale trials."""
+def open_study(
+    spec: TuningSpec, url: str, study_name: str, storage: Any = None
+) -> tuple[Any, list[int]]:
+    """Create or resume the study in `storage` (default: `open_storage(url)`): refuse one made by
+    a different tuning file, re-seed the sampler from the trials so far, and fail (then retry)
+    trials a dead driver left RUNNING. Returns the study and the numbers of those stale trials."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name=study_name,
-        storage=open_storage(url),
+        storage=open_storage(url) if storage is None else storage,
         sampler=make_sampler(spec),
         pruner=make_pruner(spec),
         direction="maximize",
@@ -211,7 +244,7 @@ class TrialWorker:
         self,
         spec: TuningSpec,
         study_name: str,
-        storage: str,
+        storage: StorageProxy,
         rows: dict[str, list[Any]],
         dataset: dict[str, Any] | None = None,
     ) -> None:
@@ -235,8 +268,11 @@ class TrialWorker:
         import optuna
 
         if self._study is None:
+            # The study's own pruner: `should_prune` asks the study this actor loads.
             self._study = optuna.load_study(
-                study_name=self.study_name, storage=open_storage(self.storage)
+                study_name=self.study_name,
+                storage=self.storage.connect(),
+                pruner=make_pruner(self.spec),
             )
         return self._study
 
@@ -389,9 +425,7 @@ def run_tuning(
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    # Both fail fast, before the study and the validation data.
-    check_cluster_storage(storage_url(spec, Path(out) / spec.name, storage), address)
-    check_address(address)
+    check_address(address)  # fails fast, before the study and the validation data
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
@@ -401,7 +435,9 @@ def run_tuning(
     url = storage_url(spec, out, storage)
     out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name
-    study, stale = open_study(spec, url, study_name)
+    # One storage object for the driver and the proxy that serves the actors: one state.
+    store = optuna.storages.get_storage(open_storage(url))
+    study, stale = open_study(spec, url, study_name, store)
     run = TuneRun(study_name, url, out, stale_failed=stale)
 
     if any((out / "datasets").glob("*.parquet")):
@@ -423,13 +459,24 @@ def run_tuning(
     distributions = spec.distributions()
     requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
     own_ray = start_ray(requests, address)
+    # Actors reach the study through the proxy on this (the driver's) node: on Ray's address
+    # for it, which every node reaches, unless Ray is our own local one.
+    host = "127.0.0.1" if own_ray and address is None else ray.util.get_node_ip_address()
+    try:
+        server, proxy = serve_storage(store, host)
+    except BaseException:
+        if own_ray:
+            ray.shutdown()
+        raise
     remote = ray.remote(TrialWorker).options(
         num_cpus=spec.model.num_cpus,
         num_gpus=spec.model.num_gpus,
         max_restarts=-1,
         max_task_retries=0,  # a dead worker's trial is failed and re-enqueued by the driver
     )
-    actors = [remote.remote(spec, study_name, url, rows, identity) for _ in range(workers)]
+    # Local paths made absolute here, where they were checked (`TuningSpec.resolved`).
+    on_actors = spec.resolved()
+    actors: list[Any] = []
     attempts: dict[str, int] = {}
     in_flight: dict[Any, tuple[int, Any, dict[str, Any], float]] = {}
     launched = 0
@@ -453,6 +500,9 @@ def run_tuning(
             on_launch(trial.number, pid)
 
     try:
+        actors.extend(
+            remote.remote(on_actors, study_name, proxy, rows, identity) for _ in range(workers)
+        )
         for slot in range(min(workers, n_trials)):
             launch(slot)
         while in_flight:
@@ -499,6 +549,7 @@ def run_tuning(
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
+        server.stop(grace=None)
         if own_ray:
             ray.shutdown()
 
