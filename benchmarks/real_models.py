@@ -2,7 +2,11 @@
 
     bash ../shared/models/fetch-real-models.sh          # once: Qwen2.5-0.5B and Gemma-3-270M GGUFs
     python benchmarks/real_models.py --models qwen2.5-0.5b --lengths 1-3 --per-length 16 \\
-        --steps 2000 --configs paper,paper+centred
+        --steps 2000 --bos on                    # sodaray's best configuration (RESULTS.md)
+    python benchmarks/real_models.py --models qwen2.5-0.5b --lengths 1 --bos off   # the paper's
+
+The best configuration measured (issue 14) is the paper's preset with raw logits and a BOS
+before the input; without one the input sits in Qwen's and SmolLM2's position-0 attention sink.
 
 Models: `qwen2.5-0.5b` and `gemma3-270m` (from `fetch-real-models.sh`, in $SODARAY_REAL_MODELS
 or ~/.cache/sodaray-real-models) and `smollm2-135m` (../shared). A GGUF is de-quantised once
