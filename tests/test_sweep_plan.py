@@ -35,6 +35,14 @@ def test_models_table_is_shown_as_the_long_job_it_is(capsys):
     assert "277.8 GPU-hours" in out  # 5e9 / 5000 per second / 3600
 
 
+def test_the_inverter_counts_one_step_per_sample():
+    """The learned inverter answers in one pass: its jobs' max_steps is not work to plan for."""
+    jobs = {j.algorithm: j for j in load_sweep(SWEEPS / "privacy.yaml").jobs()}
+    inverter, soda = job_cost(jobs["inverter"]), job_cost(jobs["soda"])
+    assert inverter.sample_steps == inverter.samples == 5000
+    assert soda.sample_steps == soda.samples * jobs["soda"].search.max_steps
+
+
 @pytest.mark.parametrize(("per_length", "limit"), [(None, None), (3, None), (None, 5), (2, 4)])
 def test_counts_match_the_runners_selection(per_length, limit):
     lengths = [1] * 4 + [2] * 3 + [3] * 1

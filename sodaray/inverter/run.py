@@ -31,6 +31,7 @@ class InverterConfig(SearchConfig):
 
     algorithm = "inverter"
     display_name = "T5 inverter"
+    stepwise = False  # one generation per sample, whatever max_steps says
 
     def validate(self) -> None:
         super().validate()

@@ -87,7 +87,7 @@ def job_cost(job: Job) -> JobCost:
         algorithm=job.algorithm,
         num_gpus=job.model.num_gpus,
         samples_by_length=counts,
-        max_steps=job.search.max_steps,
+        max_steps=job.search.step_budget(),
         lengths_per_sample=job.max_length if job.length == "auto" else 1,
         batch_size=job.search.max_batch_size or max(counts.values(), default=1),
     )

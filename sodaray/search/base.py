@@ -31,6 +31,12 @@ class SearchConfig:
     # Old parameter names -> new: refused with a message naming the new one.
     RENAMED: ClassVar[dict[str, str]] = {}
     display_name = "base"  # its name in reports
+    # Steps a sample may take: `max_steps` for a search; an algorithm that answers in one pass
+    # (the learned inverter) says 1, so a sweep plan does not count its `max_steps` as work.
+    stepwise: ClassVar[bool] = True
+
+    def step_budget(self) -> int:
+        return self.max_steps if self.stepwise else 1
 
     @classmethod
     def variant_label(cls, params: dict[str, Any]) -> str:
