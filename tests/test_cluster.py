@@ -243,14 +243,8 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
         assert tuned.returncode == 0, tuned.stderr[-3000:]
     finally:
         cluster.stop()
-    local = subprocess.run(
-        [str(BIN / "sodaray"), *sweep, "--out", str(tmp_path / "local-sweep")],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    # The same commands on a local Ray (no --address), with the same environment.
+    local = cluster.sodaray(*sweep, "--out", str(tmp_path / "local-sweep"), cwd=ROOT)
     assert local.returncode == 0, local.stderr[-3000:]
     cluster_rows = result_rows(hidden / "sweep-out")
     assert len(cluster_rows) == 4  # two jobs (temperatures), two samples each
@@ -258,14 +252,8 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
     assert {row[1] for row in cluster_rows} == {"../shared/models/stories260K"}
     assert cluster_rows == result_rows(tmp_path / "local-sweep")
 
-    tuned_local = subprocess.run(
-        [str(BIN / "sodaray"), "tune", "tune.yaml", "--out", str(tmp_path / "local-tune")]
-        + ["--json"],
-        cwd=hidden,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=400,
+    tuned_local = cluster.sodaray(
+        "tune", "tune.yaml", "--out", str(tmp_path / "local-tune"), "--json", cwd=hidden
     )
     assert tuned_local.returncode == 0, tuned_local.stderr[-3000:]
     board, board_local = json.loads(tuned.stdout), json.loads(tuned_local.stdout)
