@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from sodaray.validation import first_line
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -278,8 +280,7 @@ def load_model(
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
     except (OSError, ValueError, KeyError, *_weight_file_errors()) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load model {name_or_path!r}: {first}") from exc
+        raise ModelLoadError(f"cannot load model {name_or_path!r}: {first_line(exc)}") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -16,6 +16,7 @@ from torch import Tensor
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
 from sodaray.observations import observation, observed_in_space
+from sodaray.validation import first_line
 
 
 @dataclass
@@ -263,8 +264,7 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
 
         data = load_file(str(path))
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"cannot read logits file {path}: {first}") from exc
+        raise ValueError(f"cannot read logits file {path}: {first_line(exc)}") from exc
     key = "values" if "values" in data else "logits" if "logits" in data else None
     if key is None:
         raise ValueError(f"{path}: expected a tensor named 'values' or 'logits'")

@@ -5,7 +5,7 @@
 - Values coerced by their dataclass field's type (`float` takes `1e-3` and `3`, `int` takes
   `5.0`), NaN and infinity refused (`nan <= 0` is false, so they pass every range check).
 - Output paths checked before the work that produces them; memory estimated before allocating.
-- `first_line`: the message of an error as one line.
+- `first_line`, `last_line`: the message of an error as one line.
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ def first_line(exc: BaseException) -> str:
     """An error's message as one line (its type when the message is empty)."""
     text = str(exc).strip()
     return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+def last_line(exc: BaseException) -> str:
+    """The last line of an error's message: a Ray task error's message is the remote traceback,
+    whose last line is the error itself (its repr when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[-1].strip() if text else repr(exc)
 
 
 # ---- YAML -------------------------------------------------------------------------------------

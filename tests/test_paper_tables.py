@@ -312,11 +312,11 @@ def test_a_synthetic_dataset_names_its_source_in_the_result_rows():
 
     table = build_dataset(str(STORIES), "privacy", "15", 2, seed=0, source="synthetic")
     identity = dataset_identity(table)
-    assert identity["source"].startswith("synthetic (faker ")
+    assert identity.source.startswith("synthetic (faker ")
     model = tiny_model("gpt2")
     context = RunContext.for_model(model, sodaray.Objective(), dataset="privacy")
-    context = dataclasses.replace(context, dataset_source=identity["source"])
+    context = dataclasses.replace(context, dataset_source=identity.source)
     target = sodaray.make_targets(model, [[1, 2]])
     results = sodaray.invert(model, target, sodaray.SodaConfig(max_steps=1))
     rows = result_rows(results, context).to_pylist()
-    assert rows[0]["dataset_source"] == identity["source"]
+    assert rows[0]["dataset_source"] == identity.source

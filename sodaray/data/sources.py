@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.data.tokenizer import DatasetError
+from sodaray.validation import first_line
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,7 @@ def _open_hub(hub: HubSource):
     except RepositoryNotFoundError as exc:
         raise DatasetError(f"dataset {hub.repo} not found on the Hugging Face hub") from exc
     except Exception as exc:
-        text = str(exc).strip()
-        raise _unreachable(hub, text.splitlines()[0] if text else type(exc).__name__) from exc
+        raise _unreachable(hub, first_line(exc)) from exc
     return datasets.load_dataset(hub.repo, split=hub.split, streaming=True)
 
 
@@ -219,8 +219,7 @@ def read_hub_rows(hub: HubSource, limit: int, *, english_only: bool = False) -> 
     except DatasetError:
         raise
     except Exception as exc:  # the stream broke off: network errors come in many types
-        text = str(exc).strip()
-        raise _unreachable(hub, text.splitlines()[0] if text else type(exc).__name__) from exc
+        raise _unreachable(hub, first_line(exc)) from exc
     if not rows:
         raise DatasetError(f"no rows in {hub.repo} [{hub.split}]")
     return rows

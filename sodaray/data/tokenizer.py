@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from sodaray.validation import first_line
+
 log = logging.getLogger(__name__)
 
 
@@ -25,11 +27,6 @@ class TokenizerInfo:
     tokenizer: Any
     vocab_size: int
     name: str
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
@@ -58,7 +55,7 @@ def load_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DatasetError(
-            f"cannot load a tokenizer for {name_or_path!r}: {_first_line(exc)}"
+            f"cannot load a tokenizer for {name_or_path!r}: {first_line(exc)}"
         ) from exc
     vocab_size = None
     try:

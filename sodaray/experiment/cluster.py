@@ -5,6 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sodaray.experiment.spec import ModelSpec
+from sodaray.validation import first_line
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +54,8 @@ def init_ray(address: str | None) -> None:
             logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
         )
     except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"cannot connect to a Ray cluster at {address}: {first}; {connect_hint(exc)}"
+            f"cannot connect to a Ray cluster at {address}: {first_line(exc)}; {connect_hint(exc)}"
         ) from exc
 
 
@@ -79,6 +84,33 @@ def start_ray(requests: list[tuple[str, float, float]], address: str | None) -> 
     if address is not None or not own:  # a cluster: the autoscaler may add nodes
         check_resources(requests, address or "the running Ray")
     return own
+
+
+@contextmanager
+def ray_session(requests: list[tuple[str, float, float]], address: str | None) -> Iterator[bool]:
+    """`start_ray` for the block; Ray shut down after it when it was started here (yields
+    whether it was)."""
+    import ray
+
+    own = start_ray(requests, address)
+    try:
+        yield own
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def actor_class(cls: type, model: ModelSpec, task_retries: int) -> Any:
+    """`cls` as a Ray actor class that asks for a model entry's resources and is restarted
+    whenever it dies (`task_retries`: how often Ray itself re-runs a call it was in)."""
+    import ray
+
+    return ray.remote(cls).options(
+        num_cpus=model.num_cpus,
+        num_gpus=model.num_gpus,
+        max_restarts=-1,
+        max_task_retries=task_retries,
+    )
 
 
 def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:

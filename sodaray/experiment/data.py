@@ -4,6 +4,7 @@ job or a study uses."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,29 @@ from sodaray.experiment.spec import DatasetSpec, ModelSpec
 log = logging.getLogger(__name__)
 
 
-def dataset_identity(table: pa.Table) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DatasetIdentity:
     """What names a dataset's rows in result rows: its content hash, build seed and source
     (None where its metadata lacks them). The source tells a report whether privacy rows are
     the paper's ai4privacy records or the synthetic offline fallback."""
+
+    hash: str | None = None
+    seed: int | None = None
+    source: str | None = None
+
+    def context(self) -> dict[str, Any]:
+        """As `sodaray.results.RunContext` fields."""
+        return {"dataset_hash": self.hash, "dataset_seed": self.seed, "dataset_source": self.source}
+
+
+def dataset_identity(table: pa.Table) -> DatasetIdentity:
     from sodaray.data import dataset_hash, dataset_metadata
 
     meta = dataset_metadata(table)
     seed = meta["args"].get("seed")
-    return {
-        "hash": dataset_hash(table) or None,
-        "seed": None if seed is None else int(seed),
-        "source": meta["info"].get("source"),
-    }
+    return DatasetIdentity(
+        dataset_hash(table) or None, None if seed is None else int(seed), meta["info"].get("source")
+    )
 
 
 def select_rows(

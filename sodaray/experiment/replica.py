@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Sequence
+from typing import Any
 
 from sodaray.experiment.spec import ModelSpec
 from sodaray.models import LoadedModel, ModelLoadError
@@ -47,3 +49,27 @@ def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
     )
     log.info("worker %d loaded %s on %s", os.getpid(), where, device)
     return model
+
+
+def replica_rows(
+    model: LoadedModel,
+    spec: ModelSpec,
+    results: Sequence[Any],
+    objective: Any,
+    rows: dict[str, list[Any]],
+    picked: list[int] | None = None,
+    **context: Any,
+) -> Any:
+    """The result rows (a pyarrow Table) of `results` found on this replica of `spec`'s model:
+    the row context from the loaded model but the model id as the entry gives it, and true
+    texts and PII labels from the dataset `rows` at `picked` (default: all, in order)."""
+    from sodaray.results import RunContext, result_rows
+
+    run = RunContext.for_model(model, objective, **context)
+    run.model = spec.id
+
+    def column(name: str) -> list[Any] | None:
+        values = rows.get(name)
+        return values if values is None or picked is None else [values[i] for i in picked]
+
+    return result_rows(results, run, true_texts=column("text"), pii_labels=column("pii_labels"))

@@ -94,6 +94,10 @@ class ModelSpec:
             preset_file=local_path(self.preset_file) or self.preset_file,
         )
 
+    def request(self) -> tuple[str, float, float]:
+        """What one replica asks Ray for, as the resource checks take it: (label, CPUs, GPUs)."""
+        return (f"model {self.label}", self.num_cpus, self.num_gpus)
+
     def identity(self) -> dict[str, Any]:
         """What decides results (resources do not)."""
         return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sodaray.experiment.cluster import check_address, check_resources, start_ray
-from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
+from sodaray.experiment.cluster import actor_class, check_address, check_resources, ray_session
+from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.spec import ModelSpec
 from sodaray.results import write_table_atomic
 from sodaray.runner.spec import Job, Sweep
 from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask, batch_key
+from sodaray.validation import last_line
 
 log = logging.getLogger(__name__)
 
@@ -287,9 +290,7 @@ class JobPlan:
     pending: list[int]
     locked_by: dict[str, Any] | None = None
     corrupt: list[str] = field(default_factory=list)
-    dataset_hash: str | None = None  # the dataset file's content hash, for the rows
-    dataset_seed: int | None = None  # its build seed
-    dataset_source: str | None = None  # where its rows came from (hub, file, synthetic)
+    identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
 
 
 def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
@@ -301,7 +302,7 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
         table = dataset_table(job.model, job.dataset, root)
         identity = dataset_identity(table)
         if job.dataset.path is not None:  # its rows decide the results, not its path
-            job = dataclasses.replace(job, dataset_hash=identity["hash"] or "")
+            job = dataclasses.replace(job, dataset_hash=identity.hash or "")
         folder = root / job.name
         meta = meta_folder(root, job.name)
         rows = select_rows(table, job.samples_per_length, job.limit)
@@ -318,14 +319,13 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
             "shard_size": job.shard_size,
             "config": job.config(),
         }
-        ident = {f"dataset_{k}": v for k, v in identity.items()}
         if lock and (owner := acquire_lock(meta)) is not None:
             host, pid = owner.get("host"), owner.get("pid")
             log.warning("skipping %s: another driver runs it (%s pid %s)", job.name, host, pid)
-            plans.append(JobPlan(job, folder, meta, rows, shards, [], locked_by=owner, **ident))
+            plans.append(JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity))
             continue
         (meta / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        plan = JobPlan(job, folder, meta, rows, shards, [], **ident)
+        plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity)
         for i in range(shards):
             path = shard_path(folder, i)
             if not path.exists():
@@ -361,9 +361,7 @@ def shard_task(plan: JobPlan, index: int) -> ShardTask:
         max_length=job.max_length,
         rows={c: v[lo:hi] for c, v in plan.rows.items()},
         shard=index,
-        dataset_hash=plan.dataset_hash,
-        dataset_seed=plan.dataset_seed,
-        dataset_source=plan.dataset_source,
+        dataset_identity=plan.identity,
     )
 
 
@@ -412,153 +410,161 @@ def _run_plans(
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked_shards = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked_shards - sum(len(p.pending) for p in plans)
-    requests = [
-        (f"model {p.job.model.label}", p.job.model.num_cpus, p.job.model.num_gpus)
-        for p in plans
-        if p.pending
-    ]
+    pending = [p for p in plans if p.pending]
+    requests = [p.job.model.request() for p in pending]
     if address is None and not ray.is_initialized():
-        check_resources(requests, None)  # before Ray starts: it would wait forever
+        check_resources(requests, None)  # before Ray starts (it would wait forever) and bars
     run.job_samples = {
-        p.job.name: sum(hi - lo for lo, hi in (shard_bounds(p, i) for i in p.pending))
-        for p in plans
-        if p.pending
+        p.job.name: sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
+        for p in pending
     }
     if on_start is not None:
         on_start(run, sum(run.job_samples.values()))
-    if not any(p.pending for p in plans):
+    try:
+        if pending:
+            with ray_session(requests, address):
+                _Dispatch(pending, run, max_attempts, stream).drain(on_shard, held)
+    except KeyboardInterrupt as exc:
+        run.interrupted = True
+        raise SweepInterrupted(run) from exc
+    finally:
         run.seconds = time.perf_counter() - started
-        return run
+    return run
 
-    own_ray = start_ray(requests, address)
-    # One queue of calls and one group of actors per distinct model.
-    shards: dict[str, list[tuple[JobPlan, int]]] = {}
-    specs = {}
-    for p in plans:
-        key = json.dumps(p.job.model.identity(), sort_keys=True)
-        # Entries naming the same model (e.g. two presets) share its actors: the most replicas.
-        if key not in specs or p.job.model.replicas > specs[key].replicas:
-            specs[key] = p.job.model
-        shards.setdefault(key, []).extend((p, i) for i in p.pending)
-    queues = {
-        key: deque(plan_calls(items, specs[key].replicas, stream)) for key, items in shards.items()
-    }
-    remote = ray.remote(InversionWorker)
-    actors: dict[str, list[Any]] = {}
-    for key, q in queues.items():
-        if not q:
-            continue
-        spec = specs[key]
-        options = dict(
-            num_cpus=spec.num_cpus,
-            num_gpus=spec.num_gpus,
-            max_restarts=-1,
-            # Ray retries a one-shard call on the restarted actor by itself; streamed calls
-            # opt out below (a re-run generator would redo the shards it already returned).
-            max_task_retries=max_attempts,
-        )
-        # Local paths absolute, resolved here where they were checked: an actor on another
-        # node starts in that node's working directory.
-        actors[key] = [
-            remote.options(**options).remote(spec.resolved(), spec.num_cpus)
-            for _ in range(min(spec.replicas, len(q)))
-        ]
-    in_flight: dict[Any, _Call] = {}
-    attempts: dict[tuple[str, int], int] = {}
 
-    def submit(key: str, actor: Any) -> None:
-        if not queues[key]:
+class _Dispatch:
+    """One run's calls: a queue of calls and a group of actors per distinct model, the calls in
+    flight, and the tries each shard has had. Hands each idle actor the next call of its model
+    and writes each shard file as its rows come back."""
+
+    def __init__(self, plans: list[JobPlan], run: SweepRun, max_attempts: int, stream: bool):
+        self.run, self.max_attempts, self.stream = run, max_attempts, stream
+        shards: dict[str, list[tuple[JobPlan, int]]] = {}
+        models: dict[str, ModelSpec] = {}
+        for p in plans:
+            key = json.dumps(p.job.model.identity(), sort_keys=True)
+            # Entries naming the same model (e.g. two presets) share its actors: the most
+            # replicas.
+            if key not in models or p.job.model.replicas > models[key].replicas:
+                models[key] = p.job.model
+            shards.setdefault(key, []).extend((p, i) for i in p.pending)
+        self.queues = {
+            key: deque(plan_calls(items, models[key].replicas, stream))
+            for key, items in shards.items()
+        }
+        # Ray retries a one-shard call on the restarted actor by itself; streamed calls opt out
+        # in `submit` (a re-run generator would redo the shards it already returned).
+        self.actors = {
+            key: [
+                # Local paths absolute, resolved here where they were checked: an actor on
+                # another node starts in that node's working directory.
+                actor_class(InversionWorker, m, max_attempts).remote(m.resolved(), m.num_cpus)
+                for _ in range(min(m.replicas, len(self.queues[key])))
+            ]
+            for key, m in models.items()
+        }
+        self.in_flight: dict[Any, _Call] = {}
+        self.attempts: dict[tuple[str, int], int] = {}
+
+    def drain(self, on_shard: Callable[[ShardDone], None] | None, held: list[Path]) -> None:
+        """Run every call, keeping `held` locks fresh; Ctrl-C kills the actors."""
+        import ray
+
+        try:
+            for key, group in self.actors.items():
+                for actor in group:
+                    self.submit(key, actor)
+            refreshed = time.monotonic()
+            while self.in_flight:
+                ready, _ = ray.wait(
+                    list(self.in_flight), num_returns=1, timeout=LOCK_REFRESH_SECONDS
+                )
+                if time.monotonic() - refreshed >= LOCK_REFRESH_SECONDS:
+                    refresh_locks(held)  # our locks stay fresh for other hosts' drivers
+                    refreshed = time.monotonic()
+                done = self.receive(ready[0]) if ready else None
+                if done is not None and on_shard is not None:
+                    on_shard(done)
+        except KeyboardInterrupt:
+            for actor in (a for group in self.actors.values() for a in group):
+                ray.kill(actor, no_restart=True)
+            raise
+
+    def submit(self, key: str, actor: Any) -> None:
+        if not self.queues[key]:
             return
-        call = _Call(key, actor, dict(enumerate(queues[key].popleft())), time.perf_counter())
+        call = _Call(key, actor, dict(enumerate(self.queues[key].popleft())), time.perf_counter())
         tasks = [shard_task(plan, index) for plan, index in call.left.values()]
-        if stream:
+        if self.stream:
             method = actor.run_shards.options(num_returns="streaming", max_task_retries=0)
-            in_flight[method.remote(tasks)] = call
+            self.in_flight[method.remote(tasks)] = call
         else:
-            in_flight[actor.run_shard.remote(tasks[0])] = call
+            self.in_flight[actor.run_shard.remote(tasks[0])] = call
 
-    def failed(call: _Call, exc: BaseException) -> None:
-        message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+    def receive(self, waitable: Any) -> ShardDone | None:
+        """A ready call's next output, written as its shard file (None: the call ended or
+        failed; its actor gets the next call)."""
+        import ray
+
+        call = self.in_flight[waitable]
+        try:
+            if self.stream:
+                ref = next(waitable)  # ready: an output, an error, or the end
+            else:
+                ref = waitable  # a one-shard call: its only output
+                del self.in_flight[waitable]
+            output: ShardOutput = ray.get(ref)
+        except StopIteration:
+            del self.in_flight[waitable]
+            if call.left:  # the generator ended without them: never silently lost
+                self.fail(call, RuntimeError(f"the call ended with {len(call.left)} shards left"))
+            self.submit(call.key, call.actor)
+            return None
+        except (ray.exceptions.RayError, OSError) as exc:
+            self.in_flight.pop(waitable, None)
+            self.fail(call, exc)
+            self.submit(call.key, call.actor)
+            return None
+        plan, index = call.left.pop(output.index)
+        write_table_atomic(output.table, shard_path(plan.folder, index))
+        error_path(plan.meta, index).unlink(missing_ok=True)
+        done = ShardDone(
+            plan.job.name,
+            index,
+            len(output.table),
+            *found_exact(output.table),
+            output.seconds,
+            output.pid,
+            time.perf_counter() - call.submitted - output.seconds,
+            int(pc.sum(output.table["steps"]).as_py() or 0),
+            output.slot_steps,
+            output.batch_steps,
+            output.max_batch_size,
+        )
+        self.run.done.append(done)
+        if not self.stream:
+            self.submit(call.key, call.actor)
+        return done
+
+    def fail(self, call: _Call, exc: BaseException) -> None:
+        """The call's unfinished shards: queued again as one call, or failed for good (an
+        error file each) once they have had `max_attempts` tries."""
+        message = last_line(exc)
         retry = []
         for plan, index in call.left.values():
-            tries = attempts[(plan.job.name, index)] = attempts.get((plan.job.name, index), 0) + 1
-            if tries < max_attempts:
+            key = (plan.job.name, index)
+            tries = self.attempts[key] = self.attempts.get(key, 0) + 1
+            if tries < self.max_attempts:
                 log.warning("shard %d of %s failed (%s); retrying", index, plan.job.name, message)
                 retry.append((plan, index))
             else:
                 failure = ShardFailed(plan.job.name, index, tries, message)
-                run.failed.append(failure)
+                self.run.failed.append(failure)
                 error_path(plan.meta, index).write_text(
                     json.dumps(failure.__dict__, indent=2) + "\n"
                 )
         if retry:
-            queues[call.key].append(retry)
-
-    try:
-        for key, group in actors.items():
-            for actor in group:
-                submit(key, actor)
-        refreshed = time.monotonic()
-        while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=LOCK_REFRESH_SECONDS)
-            if time.monotonic() - refreshed >= LOCK_REFRESH_SECONDS:
-                refresh_locks(held)  # our locks stay fresh for other hosts' drivers
-                refreshed = time.monotonic()
-            if not ready:
-                continue
-            waitable = ready[0]
-            call = in_flight[waitable]
-            try:
-                if stream:
-                    ref = next(waitable)  # ready: an output, an error, or the end
-                else:
-                    del in_flight[waitable]
-                    ref = waitable
-                output: ShardOutput = ray.get(ref)
-            except StopIteration:
-                del in_flight[waitable]
-                if call.left:  # the generator ended without them: never silently lost
-                    failed(call, RuntimeError(f"the call ended with {len(call.left)} shards left"))
-                submit(call.key, call.actor)
-                continue
-            except (ray.exceptions.RayError, OSError) as exc:
-                in_flight.pop(waitable, None)
-                failed(call, exc)
-                submit(call.key, call.actor)
-                continue
-            plan, index = call.left.pop(output.index)
-            write_table_atomic(output.table, shard_path(plan.folder, index))
-            error_path(plan.meta, index).unlink(missing_ok=True)
-            done = ShardDone(
-                plan.job.name,
-                index,
-                len(output.table),
-                *found_exact(output.table),
-                output.seconds,
-                output.pid,
-                time.perf_counter() - call.submitted - output.seconds,
-                int(pc.sum(output.table["steps"]).as_py() or 0),
-                output.slot_steps,
-                output.batch_steps,
-                output.max_batch_size,
-            )
-            run.done.append(done)
-            if not stream:
-                submit(call.key, call.actor)
-            if on_shard is not None:
-                on_shard(done)
-    except KeyboardInterrupt as exc:
-        run.interrupted = True
-        run.seconds = time.perf_counter() - started
-        for group in actors.values():
-            for actor in group:
-                ray.kill(actor, no_restart=True)
-        raise SweepInterrupted(run) from exc
-    finally:
-        if own_ray:
-            ray.shutdown()
-    run.seconds = time.perf_counter() - started
-    return run
+            self.queues[call.key].append(retry)
 
 
 @dataclass

@@ -23,7 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sodaray.experiment.replica import load_replica
+from sodaray.experiment.data import DatasetIdentity
+from sodaray.experiment.replica import load_replica, replica_rows
 from sodaray.experiment.spec import ModelSpec
 from sodaray.objectives import Objective
 from sodaray.search.base import InversionResult, SearchConfig
@@ -47,9 +48,7 @@ class ShardTask:
     max_length: int
     rows: dict[str, list[Any]]
     shard: int | None = None  # the shard's index in its job
-    dataset_hash: str | None = None  # the dataset file's content hash
-    dataset_seed: int | None = None  # its build seed
-    dataset_source: str | None = None  # where its rows came from
+    dataset_identity: DatasetIdentity = DatasetIdentity()
 
     def batch_key(self) -> str:
         return batch_key(self.search, self.objective, self.length, self.max_length)
@@ -110,7 +109,7 @@ class InversionWorker:
     """
 
     def __init__(self, model: ModelSpec, num_cpus: float = 1.0) -> None:
-        self.model_id = model.id
+        self.spec = model
         self.model = load_replica(model, num_cpus)
 
     def pid(self) -> int:
@@ -217,28 +216,21 @@ class InversionWorker:
         )
 
     def _table(self, task: ShardTask, results: list[InversionResult]) -> pa.Table:
-        from sodaray.results import RunContext, result_rows
-
-        auto = task.length == "auto"
-        assumed = task.length.isdigit()
-        context = RunContext.for_model(
+        length = task.length
+        return replica_rows(
             self.model,
+            self.spec,
+            results,
             task.objective,
+            task.rows,
             dataset=task.dataset,
-            length_mode="auto" if auto else "assumed" if assumed else "fixed",
+            length_mode="auto" if length == "auto" else "assumed" if length.isdigit() else "fixed",
             sweep=task.sweep,
             job=task.job,
             config_hash=task.config_hash,
-            dataset_hash=task.dataset_hash,
-            dataset_seed=task.dataset_seed,
-            dataset_source=task.dataset_source,
             shard=task.shard,
-        )
-        context.model = self.model_id
-        context.model_name = task.model_name
-        rows = task.rows
-        return result_rows(
-            results, context, true_texts=rows.get("text"), pii_labels=rows.get("pii_labels")
+            model_name=task.model_name,
+            **task.dataset_identity.context(),
         )
 
 

@@ -23,12 +23,13 @@ from typing import Any
 
 import yaml
 
-from sodaray.experiment.cluster import check_address, start_ray
-from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
+from sodaray.experiment.cluster import actor_class, check_address, ray_session
+from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.objectives import Objective
 from sodaray.results import write_table_atomic
 from sodaray.search.base import SearchConfig
 from sodaray.tuner.spec import TuningSpec
+from sodaray.validation import first_line, last_line
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,8 @@ def _check_rdb_url(url: str) -> None:
     except ImportError as exc:
         raise ValueError(f"storage {url}: {exc} (install the database driver)") from exc
     except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(
-            f"storage {url}: {first} (an Optuna RDB URL: sqlite:///study.db, "
+            f"storage {url}: {first_line(exc)} (an Optuna RDB URL: sqlite:///study.db, "
             "postgresql://user@host/db, ...)"
         ) from exc
 
@@ -246,13 +246,13 @@ class TrialWorker:
         study_name: str,
         storage: StorageProxy,
         rows: dict[str, list[Any]],
-        dataset: dict[str, Any] | None = None,
+        dataset: DatasetIdentity,
     ) -> None:
         from sodaray.experiment.replica import load_replica
         from sodaray.targets import make_targets
 
         self.spec, self.study_name, self.storage = spec, study_name, storage
-        self.dataset = dataset or {}  # the data's identity for the rows: hash and seed
+        self.dataset = dataset  # the data's identity, for the rows
         self.model = load_replica(spec.model, spec.model.num_cpus)
         self.rows = rows
         self.targets = make_targets(self.model, rows["tokens"], objective=spec.objective_for({}))
@@ -280,7 +280,7 @@ class TrialWorker:
         import optuna
 
         from sodaray.api import invert
-        from sodaray.results import RunContext, result_rows
+        from sodaray.experiment.replica import replica_rows
 
         study = self.study()
         trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
@@ -327,24 +327,17 @@ class TrialWorker:
         )
         index = {sid: i for i, sid in enumerate(self.rows["sample_id"])}
         picked = [index[r.sample_id] for r in finished]
-        context = RunContext.for_model(
+        table = replica_rows(
             self.model,
+            self.spec.model,
+            finished,
             objective,
+            self.rows,
+            picked,
             dataset=self.spec.data.name,
             sweep=f"tune:{self.spec.name}",
             job=f"trial-{number:05d}",
-            dataset_hash=self.dataset.get("hash"),
-            dataset_seed=self.dataset.get("seed"),
-            dataset_source=self.dataset.get("source"),
-        )
-        context.model = self.spec.model.id
-        texts = self.rows.get("text")
-        labels = self.rows.get("pii_labels")
-        table = result_rows(
-            finished,
-            context,
-            true_texts=None if texts is None else [texts[i] for i in picked],
-            pii_labels=None if labels is None else [labels[i] for i in picked],
+            **self.dataset.context(),
         )
         return TrialResult(state, value, exact, total, seconds, table, error)
 
@@ -439,7 +432,41 @@ def run_tuning(
     store = optuna.storages.get_storage(open_storage(url))
     study, stale = open_study(spec, url, study_name, store)
     run = TuneRun(study_name, url, out, stale_failed=stale)
+    rows, identity = validation_rows(spec, study, out)
+    with ray_session([spec.model.request()], address) as own_ray:
+        # Actors reach the study through the proxy on this (the driver's) node: on Ray's
+        # address for it, which every node reaches, unless Ray is our own local one.
+        host = "127.0.0.1" if own_ray and address is None else ray.util.get_node_ip_address()
+        server, proxy = serve_storage(store, host)
+        # A dead worker's trial is failed and re-enqueued by the driver, not re-run by Ray.
+        remote = actor_class(TrialWorker, spec.model, 0)
+        loop = _Trials(spec, study, run, n_trials, max_attempts, on_launch)
+        try:
+            # Local paths made absolute here, where they were checked (`TuningSpec.resolved`).
+            for _ in range(workers):
+                loop.actors.append(
+                    remote.remote(spec.resolved(), study_name, proxy, rows, identity)
+                )
+            loop.drain(on_trial, callbacks)
+        finally:
+            for actor in loop.actors:
+                ray.kill(actor, no_restart=True)
+            server.stop(grace=None)
 
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if complete:
+        best = max(complete, key=lambda t: t.value)
+        run.best_value, run.best_params = best.value, dict(best.params)
+        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
+    run.plots = save_plots(study, out / "plots")
+    return run
+
+
+def validation_rows(
+    spec: TuningSpec, study: Any, out: Path
+) -> tuple[dict[str, list[Any]], DatasetIdentity]:
+    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/)
+    and the data's identity; the data's hash is recorded in the study."""
     if any((out / "datasets").glob("*.parquet")):
         # Not refused: the study resumes as it was; only readers other than sodaray's trip.
         log.warning(
@@ -449,117 +476,104 @@ def run_tuning(
             out / ".sodaray" / "datasets",
             out,
         )
-    # The validation rows (built once per model into OUT/<name>/.sodaray/datasets/).
     table = dataset_table(spec.model, spec.data, out)
-    rows = select_rows(table, None, None)
     identity = dataset_identity(table)
-    if identity["hash"] and "dataset_hash" not in study.user_attrs:
+    if identity.hash and "dataset_hash" not in study.user_attrs:
         # The rows the trials ran on: the data spec names a build, the hash its result.
-        study.set_user_attr("dataset_hash", identity["hash"])
-    distributions = spec.distributions()
-    requests = [(f"model {spec.model.label}", spec.model.num_cpus, spec.model.num_gpus)]
-    own_ray = start_ray(requests, address)
-    # Actors reach the study through the proxy on this (the driver's) node: on Ray's address
-    # for it, which every node reaches, unless Ray is our own local one.
-    host = "127.0.0.1" if own_ray and address is None else ray.util.get_node_ip_address()
-    try:
-        server, proxy = serve_storage(store, host)
-    except BaseException:
-        if own_ray:
-            ray.shutdown()
-        raise
-    remote = ray.remote(TrialWorker).options(
-        num_cpus=spec.model.num_cpus,
-        num_gpus=spec.model.num_gpus,
-        max_restarts=-1,
-        max_task_retries=0,  # a dead worker's trial is failed and re-enqueued by the driver
-    )
-    # Local paths made absolute here, where they were checked (`TuningSpec.resolved`).
-    on_actors = spec.resolved()
-    actors: list[Any] = []
-    attempts: dict[str, int] = {}
-    in_flight: dict[Any, tuple[int, Any, dict[str, Any], float]] = {}
-    launched = 0
+        study.set_user_attr("dataset_hash", identity.hash)
+    return select_rows(table, None, None), identity
 
-    def launch(slot: int) -> None:
-        nonlocal launched
-        trial = ask_trial(study, distributions)
-        launched += 1
-        try:
-            config = spec.config(trial.params)
-            # Wait until the worker answers (after a crash Ray is restarting it); its pid is
-            # for callers that watch (or, in tests, kill) it.
-            pid = wait_ready(actors[slot])
-            objective = spec.objective_for(trial.params)
-            ref = actors[slot].run_trial.remote(trial.number, config, objective)
-        except BaseException:  # never leave it RUNNING with nobody working on it
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-            raise
-        in_flight[ref] = (slot, trial.number, trial.params, time.perf_counter())
-        if on_launch is not None:
-            on_launch(trial.number, pid)
 
-    try:
-        actors.extend(
-            remote.remote(on_actors, study_name, proxy, rows, identity) for _ in range(workers)
-        )
-        for slot in range(min(workers, n_trials)):
-            launch(slot)
-        while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            ref = ready[0]
-            slot, number, params, started = in_flight.pop(ref)
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-                study.tell(number, state=optuna.trial.TrialState.FAIL)
-                outcome = TrialOutcome(
-                    number, "failed", None, params, time.perf_counter() - started, message
-                )
-                key = repr(sorted(params.items()))
-                attempts[key] = attempts.get(key, 0) + 1
-                if attempts[key] < max_attempts:
-                    study.enqueue_trial(params, skip_if_exists=False)
-                    launched -= 1  # the retry replaces it
-                log.warning("trial %d failed (%s)", number, message)
-            else:
-                trial_file = out / "trials" / f"trial-{number:05d}.parquet"
-                write_table_atomic(result.table, trial_file)
-                set_trial_attrs(study, number, result, trial_file)
-                if result.state == "pruned":
-                    study.tell(number, state=optuna.trial.TrialState.PRUNED)
-                else:
-                    study.tell(number, result.value)
-                outcome = TrialOutcome(
-                    number,
-                    result.state,
-                    result.value,
-                    params,
-                    result.seconds,
-                    result.note,
-                )
-            run.outcomes.append(outcome)
+class _Trials:
+    """One run's trials: asked from the study, handed to idle actors, told when they return; a
+    trial whose actor died is failed and its parameters enqueued again (`max_attempts` tries)."""
+
+    def __init__(
+        self,
+        spec: TuningSpec,
+        study: Any,
+        run: TuneRun,
+        n_trials: int,
+        max_attempts: int,
+        on_launch: Callable[[int, int], None] | None,
+    ) -> None:
+        self.spec, self.study, self.run = spec, study, run
+        self.n_trials, self.max_attempts, self.on_launch = n_trials, max_attempts, on_launch
+        self.distributions = spec.distributions()
+        self.actors: list[Any] = []
+        self.attempts: dict[str, int] = {}
+        self.in_flight: dict[Any, tuple[int, int, dict[str, Any], float]] = {}
+        self.launched = 0
+
+    def drain(
+        self,
+        on_trial: Callable[[TrialOutcome], None] | None,
+        callbacks: Sequence[Callable[[Any, Any], None]],
+    ) -> None:
+        import ray
+
+        for slot in range(min(len(self.actors), self.n_trials)):
+            self.launch(slot)
+        while self.in_flight:
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1)
+            slot, outcome = self.receive(ready[0])
+            self.run.outcomes.append(outcome)
             for callback in callbacks:
-                callback(study, study.get_trials(deepcopy=False)[number])
+                callback(self.study, self.study.get_trials(deepcopy=False)[outcome.number])
             if on_trial is not None:
                 on_trial(outcome)
-            if launched < n_trials:
-                launch(slot)
-    finally:
-        for actor in actors:
-            ray.kill(actor, no_restart=True)
-        server.stop(grace=None)
-        if own_ray:
-            ray.shutdown()
+            if self.launched < self.n_trials:
+                self.launch(slot)
 
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if complete:
-        best = max(complete, key=lambda t: t.value)
-        run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
-    run.plots = save_plots(study, out / "plots")
-    return run
+    def launch(self, slot: int) -> None:
+        import optuna
+
+        trial = ask_trial(self.study, self.distributions)
+        self.launched += 1
+        try:
+            config = self.spec.config(trial.params)
+            # Wait until the worker answers (after a crash Ray is restarting it); its pid is
+            # for callers that watch (or, in tests, kill) it.
+            pid = wait_ready(self.actors[slot])
+            objective = self.spec.objective_for(trial.params)
+            ref = self.actors[slot].run_trial.remote(trial.number, config, objective)
+        except BaseException:  # never leave it RUNNING with nobody working on it
+            self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            raise
+        self.in_flight[ref] = (slot, trial.number, trial.params, time.perf_counter())
+        if self.on_launch is not None:
+            self.on_launch(trial.number, pid)
+
+    def receive(self, ref: Any) -> tuple[int, TrialOutcome]:
+        """A returned trial, told to the study (its rows written first); its actor's slot."""
+        import optuna
+        import ray
+
+        slot, number, params, started = self.in_flight.pop(ref)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            message = last_line(exc)
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+            key = repr(sorted(params.items()))
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            if self.attempts[key] < self.max_attempts:
+                self.study.enqueue_trial(params, skip_if_exists=False)
+                self.launched -= 1  # the retry replaces it
+            log.warning("trial %d failed (%s)", number, message)
+            seconds = time.perf_counter() - started
+            return slot, TrialOutcome(number, "failed", None, params, seconds, message)
+        trial_file = self.run.out / "trials" / f"trial-{number:05d}.parquet"
+        write_table_atomic(result.table, trial_file)
+        set_trial_attrs(self.study, number, result, trial_file)
+        if result.state == "pruned":
+            self.study.tell(number, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self.study.tell(number, result.value)
+        outcome = TrialOutcome(
+            number, result.state, result.value, params, result.seconds, result.note
+        )
+        return slot, outcome
 
 
 def study_attrs(spec: TuningSpec) -> dict[str, Any]:
