@@ -17,7 +17,7 @@ from sodaray.cli import main
 from sodaray.data import dataset_hash, read_dataset
 from sodaray.presets import load_preset_file
 from sodaray.tuner import load_tuning, run_tuning
-from sodaray.tuner.cli import leaderboard
+from sodaray.tuner.cli import leaderboard, print_leaderboard
 from sodaray.tuner.study import open_storage
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -48,7 +48,7 @@ def load(run) -> optuna.Study:
     return optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
 
 
-def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
+def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, capsys):
     spec = load_tuning(write_tuning(tmp_path))
     run = run_tuning(spec, tmp_path / "out", workers=2)
     assert [o.state for o in run.outcomes] == ["complete", "complete"]
@@ -90,6 +90,11 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray):
     assert board["states"] == {"complete": 2} and len(board["top"]) == 2
     assert board["top"][0]["params"] == run.best_params
     assert board["top"][0]["value"] == pytest.approx(run.best_value)
+    # The printed leaderboard says the same: counts, then the best trial first.
+    print_leaderboard(run)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(": 2 trials: 2 complete")
+    assert lines[1].startswith(f"  1. trial {board['top'][0]['trial']:>4}  {run.best_value:.4f}")
     # The same command again resumes: the study grows, numbering goes on.
     again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
     assert [o.number for o in again.outcomes] == [2]

@@ -99,6 +99,26 @@ class Job:
         return f"{slug}-{self.config_hash[:8]}"
 
 
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """An `algorithms:` entry: an algorithm, its parameters, a `grid` of values to try (each
+    combination a variant) and its own step budget (None: the sweep's `max_steps`)."""
+
+    name: str
+    label: str = ""  # the variant label's stem (default: the name)
+    params: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    max_steps: int | None = None
+
+    def variants(self) -> list[tuple[str, dict[str, Any]]]:
+        """(label, parameters) of each grid combination: `soda-lr0.1-decay0.9`."""
+        out = []
+        for values in grid(self.grid):
+            suffix = "".join(f"-{k}{_short(v)}" for k, v in values.items())
+            out.append(((self.label or self.name) + suffix, {**self.params, **values}))
+        return out
+
+
 @dataclass
 class Sweep:
     name: str
@@ -106,8 +126,8 @@ class Sweep:
     description: str = ""
     models: list[ModelSpec] = field(default_factory=list)
     datasets: list[DatasetSpec] = field(default_factory=list)
-    algorithms: list[dict[str, Any]] = field(default_factory=list)
-    objectives: list[dict[str, Any]] = field(default_factory=list)
+    algorithms: list[AlgorithmEntry] = field(default_factory=list)
+    objectives: list[Objective] = field(default_factory=list)  # each grid expanded
     max_steps: int = 2000  # the step budget of every algorithm entry without its own
     seeds: list[int] = field(default_factory=lambda: [0])
     samples_per_length: int | None = None
@@ -123,7 +143,7 @@ class Sweep:
         `max_steps`, every step budget capped at it."""
         cap = max_steps or self.max_steps
         entries = [
-            {**e, "max_steps": min(int(e.get("max_steps", self.max_steps)), cap)}
+            dataclasses.replace(e, max_steps=min(e.max_steps or self.max_steps, cap))
             for e in self.algorithms
         ]
         return dataclasses.replace(
@@ -140,21 +160,18 @@ class Sweep:
         if model is not None:
             models = [self.models[0].with_id(model)]
         jobs = []
-        for m, ds, (algo, variant, params, steps), obj, seed, length in itertools.product(
-            models,
-            self.datasets,
-            self._variants(),
-            self._objectives(),
-            self.seeds,
-            self.length_modes(),
+        variants = [(e, *v) for e in self.algorithms for v in e.variants()]
+        for m, ds, (entry, variant, params), obj, seed, length in itertools.product(
+            models, self.datasets, variants, self.objectives, self.seeds, self.length_modes()
         ):
-            config = algorithm_config(algo, params, m, seed=seed, steps=steps)
+            steps = entry.max_steps or self.max_steps
+            config = algorithm_config(entry.name, params, m, seed=seed, steps=steps)
             jobs.append(
                 Job(
                     self.name,
                     m,
                     ds,
-                    algo,
+                    entry.name,
                     variant,
                     config,
                     obj,
@@ -167,21 +184,6 @@ class Sweep:
             )
         return jobs
 
-    # ---- expansion --------------------------------------------------------------------------
-    def _variants(self) -> list[tuple[str, str, dict[str, Any], int]]:
-        out = []
-        for entry in self.algorithms:
-            for values in grid(entry.get("grid") or {}):
-                label = entry.get("label") or entry["name"]
-                if values:
-                    label += "-" + "-".join(f"{k}{_short(v)}" for k, v in values.items())
-                params = {**(entry.get("params") or {}), **values}
-                out.append((entry["name"], label, params, entry.get("max_steps", self.max_steps)))
-        return out
-
-    def _objectives(self) -> list[Objective]:
-        return [Objective(**o) for entry in self.objectives for o in expand_objective(entry)]
-
 
 def _short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -189,7 +191,7 @@ def _short(value: Any) -> str:
 
 # ---- loading and validation -------------------------------------------------------------------
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
-ALGORITHM_KEYS = {"name", "label", "params", "grid", "max_steps"}  # max_steps: its own budget
+ALGORITHM_KEYS = {f.name for f in fields(AlgorithmEntry)}
 
 
 def load_sweep(path: str | Path, model: str | None = None) -> Sweep:
@@ -216,8 +218,9 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         for i, e in enumerate(entries(data, "algorithms", fail))
     ]
     objectives = [
-        parse_objective(e, f"objectives[{i}]", fail)
+        Objective(**o)
         for i, e in enumerate(data.get("objectives") or [{"kind": "logits"}])
+        for o in expand_objective(parse_objective(e, f"objectives[{i}]", fail))
     ]
     assumed: list[int] = []
     if isinstance(data.get("length"), (int, list)) and not isinstance(data["length"], bool):
@@ -256,23 +259,17 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         )
     # Expand once so every algorithm parameter is checked now, with each model's preset.
     for i, entry in enumerate(algorithms):
-        for values in grid(entry.get("grid") or {}):
-            for m in models:
-                try:
-                    algorithm_config(
-                        entry["name"],
-                        {**(entry.get("params") or {}), **values},
-                        m,
-                        seed=sweep.seeds[0],
-                        steps=entry.get("max_steps", sweep.max_steps),
-                    )
-                except (TypeError, ValueError) as exc:
-                    message = str(exc).removeprefix("config: ")
-                    raise fail(f"algorithms[{i}]", message) from exc
+        steps = entry.max_steps or sweep.max_steps
+        for (_, params), m in itertools.product(entry.variants(), models):
+            try:
+                algorithm_config(entry.name, params, m, seed=sweep.seeds[0], steps=steps)
+            except (TypeError, ValueError) as exc:
+                message = str(exc).removeprefix("config: ")
+                raise fail(f"algorithms[{i}]", message) from exc
     return sweep
 
 
-def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> dict[str, Any]:
+def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> AlgorithmEntry:
     known_fields(entry, ALGORITHM_KEYS, where, fail)
     if entry.get("name") not in ALGORITHMS:
         raise fail(
@@ -290,4 +287,4 @@ def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> dict[str,
     check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
     if "max_steps" in entry:
         check_positive(entry["max_steps"], f"{where}.max_steps", fail)
-    return entry
+    return AlgorithmEntry(**{k: v for k, v in entry.items() if v is not None})

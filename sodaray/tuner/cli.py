@@ -135,26 +135,19 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
 
 
 def print_leaderboard(run, top: int = 10) -> None:
-    import optuna
-
-    from sodaray.tuner.study import open_storage
-
-    study = optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
-    trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in optuna.trial.TrialState}
+    board = leaderboard(run, top)
     print(
-        f"study {run.study_name} ({run.storage}): {len(trials)} trials: "
-        + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        f"study {board['study']} ({board['storage']}): {board['trials']} trials: "
+        + ", ".join(f"{v} {k}" for k, v in board["states"].items())
     )
     if run.stale_failed:
         print(
             f"  trials {run.stale_failed} were left running by an earlier run: "
             "marked failed, retried"
         )
-    for rank, t in enumerate(sorted(done, key=lambda t: -t.value)[:top], start=1):
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items())
-        print(f"{rank:>3}. trial {t.number:>4}  {t.value:.4f}  {params}")
+    for t in board["top"]:
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
+        print(f"{t['rank']:>3}. trial {t['trial']:>4}  {t['value']:.4f}  {params}")
     if run.preset_path:
         print(f"best preset: {run.preset_path}")
     for plot in run.plots:
