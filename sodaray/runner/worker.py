@@ -116,20 +116,10 @@ class InversionWorker:
         return os.getpid()
 
     def run_shard(self, task: ShardTask) -> ShardOutput:
-        """One shard, one `invert` call (the runner's `stream=False` path)."""
-        start = time.perf_counter()
-        occupancy = _Occupancy()
-        results = self._invert([task], on_batch=occupancy.add)
-        slot_steps, batch_steps = occupancy.take()
-        return ShardOutput(
-            self._table(task, results),
-            os.getpid(),
-            time.perf_counter() - start,
-            0,
-            slot_steps,
-            batch_steps,
-            task.search.max_batch_size,
-        )
+        """One shard, one `invert` call (the runner's `stream=False` path): its pool refills
+        only from this shard."""
+        (output,) = self.run_shards([task])
+        return output
 
     def run_shards(self, tasks: list[ShardTask]) -> Iterator[ShardOutput]:
         """Invert `tasks` (equal `batch_key`) in one refilling pool; yield each shard's output
