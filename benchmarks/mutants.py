@@ -1,7 +1,8 @@
 """A hand-written mutation pass over the engine: does the fast test set notice each fault?
 
-    python benchmarks/mutants.py                 # every mutant, one line each
+    python benchmarks/mutants.py                 # every engine mutant, one line each
     python benchmarks/mutants.py --only found    # mutants whose name contains "found"
+    python benchmarks/mutants.py --set loops     # the sweep and tuning loops (Ray; minutes each)
 
 Each mutant is one textual edit to a file of `sodaray/` (the kind of slip a refactor makes: a
 dropped term, a flipped comparison, a lost reset). The committed tree is copied beside this
@@ -31,6 +32,16 @@ FAST_TESTS = [
     "tests/test_objectives.py",
     "tests/test_invert.py",
     "tests/test_reported_results.py",
+]
+
+
+# The tests that drive the runner's and the tuner's loops on a real local Ray.
+LOOP_TESTS = [
+    "tests/test_runner.py",
+    "tests/test_stream.py",
+    "tests/test_resume.py",
+    "tests/test_tuner.py",
+    "tests/test_study_resume.py",
 ]
 
 
@@ -166,7 +177,87 @@ MUTANTS = [
 ]
 
 
-def run(mutant: Mutant, base: Path, timeout: float) -> tuple[str, float]:
+# Faults in the loops over Ray (`runner/execute.py`'s `_Dispatch`, `tuner/study.py`'s `_Trials`)
+# and what they share (`experiment/`): a lost retry, a miscounted try, a wrong state told.
+LOOP_MUTANTS = [
+    Mutant(
+        "runner: a failed call's shards never retried",
+        "sodaray/runner/execute.py",
+        "        if retry:\n            self.queues[call.key].append(retry)",
+        "        if False:\n            self.queues[call.key].append(retry)",
+    ),
+    Mutant(
+        "runner: tries not counted (a failing shard retried forever)",
+        "sodaray/runner/execute.py",
+        "tries = self.attempts[key] = self.attempts.get(key, 0) + 1",
+        "tries = self.attempts[key] = 1",
+    ),
+    Mutant(
+        "runner: a call ending with shards left is not a failure",
+        "sodaray/runner/execute.py",
+        "            if call.left:  # the generator ended",
+        "            if False:  # the generator ended",
+    ),
+    Mutant(
+        "runner: an earlier run's error file kept after success",
+        "sodaray/runner/execute.py",
+        "        error_path(plan.meta, index).unlink(missing_ok=True)\n        done",
+        "        done",
+    ),
+    Mutant(
+        "runner: a failed shard leaves no error file",
+        "sodaray/runner/execute.py",
+        "                error_path(plan.meta, index).write_text(",
+        "                (plan.meta / 'ignored.json').write_text(",
+    ),
+    Mutant(
+        "runner: occupancy counts not passed on",
+        "sodaray/runner/execute.py",
+        "            output.slot_steps,\n            output.batch_steps,",
+        "            0,\n            output.batch_steps,",
+    ),
+    Mutant(
+        "tuner: a dead actor's trial not enqueued again",
+        "sodaray/tuner/study.py",
+        "                self.study.enqueue_trial(params, skip_if_exists=False)",
+        "                pass",
+    ),
+    Mutant(
+        "tuner: a retried trial counted as a new one",
+        "sodaray/tuner/study.py",
+        "                self.launched -= 1  # the retry replaces it",
+        "                pass",
+    ),
+    Mutant(
+        "tuner: a pruned trial told as complete",
+        "sodaray/tuner/study.py",
+        '        if result.state == "pruned":',
+        "        if False:",
+    ),
+    Mutant(
+        "tuner: trial attributes not set",
+        "sodaray/tuner/study.py",
+        "        set_trial_attrs(self.study, number, result, trial_file)",
+        "        pass",
+    ),
+    Mutant(
+        "replica rows: a trial's texts not matched to its results",
+        "sodaray/experiment/replica.py",
+        "values if values is None or picked is None else [values[i] for i in picked]",
+        "values",
+    ),
+    Mutant(
+        "replica rows: the loaded model's name instead of the entry's id",
+        "sodaray/experiment/replica.py",
+        "    run.model = spec.id\n",
+        "",
+    ),
+]
+
+SETS = {"engine": (MUTANTS, FAST_TESTS), "loops": (LOOP_MUTANTS, LOOP_TESTS)}
+
+
+def run(mutant: Mutant, base: Path, timeout: float, tests: list[str]) -> tuple[str, float]:
     tree = Path(tempfile.mkdtemp(prefix="mutant-", dir=ROOT.parent))
     try:
         shutil.copytree(base, tree, dirs_exist_ok=True)
@@ -176,7 +267,7 @@ def run(mutant: Mutant, base: Path, timeout: float) -> tuple[str, float]:
             return f"NOT APPLIED (the text occurs {text.count(mutant.old)} times)", 0.0
         target.write_text(text.replace(mutant.old, mutant.new))
         env = dict(os.environ, PYTHONPATH=str(tree))
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *FAST_TESTS]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
@@ -196,8 +287,10 @@ def run(mutant: Mutant, base: Path, timeout: float) -> tuple[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="run mutants whose name contains this")
+    parser.add_argument("--set", choices=sorted(SETS), default="engine", help="which mutants")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
+    mutants, tests = SETS[args.set]
     base = Path(tempfile.mkdtemp(prefix="mutant-base-", dir=ROOT.parent))
     try:
         # The committed tree only (no .venv, no results): git archive of HEAD.
@@ -206,19 +299,18 @@ def main() -> None:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         # The unmutated tree first: a mutant can only count as killed if this passes.
-        outcome, wall = run(
-            Mutant("baseline", "sodaray/api.py", "def invert(", "def invert("), base, args.timeout
-        )
+        baseline = Mutant("baseline", "sodaray/api.py", "def invert(", "def invert(")
+        outcome, wall = run(baseline, base, args.timeout, tests)
         print(f"{'baseline (no change)':50s} {outcome}  ({wall:.0f}s)", flush=True)
         if outcome != "SURVIVED":
             raise SystemExit("the fast tests fail on the unmutated tree; nothing to measure")
         survived = 0
-        chosen = [m for m in MUTANTS if args.only in m.name]
+        chosen = [m for m in mutants if args.only in m.name]
         for mutant in chosen:
-            outcome, wall = run(mutant, base, args.timeout)
+            outcome, wall = run(mutant, base, args.timeout, tests)
             survived += outcome == "SURVIVED"
             print(f"{mutant.name:50s} {outcome}  ({wall:.0f}s)", flush=True)
-        print(f"# {len(chosen) - survived} of {len(chosen)} mutants killed by the fast tests")
+        print(f"# {len(chosen) - survived} of {len(chosen)} mutants killed by {', '.join(tests)}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
