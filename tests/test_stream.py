@@ -17,8 +17,15 @@ from oracle import misreports
 
 from sodaray.experiment.spec import ModelSpec
 from sodaray.results import read_results
-from sodaray.runner import load_sweep, run_sweep
-from sodaray.runner.execute import mean_occupancy, plan_calls, plan_jobs, shard_path, shard_task
+from sodaray.runner import load_sweep, run_sweep, sweep_status
+from sodaray.runner.execute import (
+    mean_occupancy,
+    meta_folder,
+    plan_calls,
+    plan_jobs,
+    shard_path,
+    shard_task,
+)
 from sodaray.runner.worker import InversionWorker
 from sodaray.targets import make_targets
 
@@ -109,6 +116,55 @@ def test_a_killed_actor_retries_only_its_unfinished_shards(tmp_path, local_ray):
     assert sorted(rows["sample_id"].to_pylist()) == list(range(2 * SHARDS))
 
 
+def test_shards_failed_for_good_leave_error_files_that_the_next_run_clears(tmp_path, local_ray):
+    """One try per shard: the kill fails the call's unfinished shards for good (an error file
+    each, counted by `sweep status`); the next run computes exactly those and clears the files."""
+    sweep = load_sweep(write_sweep(tmp_path, max_steps=300))
+    killed: list[int] = []
+
+    def kill_once(done) -> None:
+        if not killed:
+            killed.append(done.pid)
+            os.kill(done.pid, signal.SIGKILL)
+
+    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, max_attempts=1)
+    failed = sorted(f.shard for f in run.failed)
+    assert killed and failed and all(f.attempts == 1 for f in run.failed)
+    assert sorted(d.shard for d in run.done) + failed == sorted(range(SHARDS))
+    meta = meta_folder(tmp_path / "out" / "s", sweep.jobs()[0].name)
+    errors = sorted(meta.glob("shard-*.error.json"))
+    assert [int(e.name[6:11]) for e in errors] == failed
+    (status,) = sweep_status(tmp_path / "out")
+    assert (status.failed, status.pending) == (len(failed), len(failed))
+
+    again = run_sweep(sweep, tmp_path / "out")
+    assert sorted(d.shard for d in again.done) == failed and not again.failed
+    assert not list(meta.glob("shard-*.error.json"))
+    (status,) = sweep_status(tmp_path / "out")
+    assert (status.failed, status.pending, status.samples_done) == (0, 0, 2 * SHARDS)
+
+
+def test_a_shard_that_fails_every_try_is_tried_max_attempts_times(tmp_path, local_ray):
+    """Inputs holding a token id past the vocabulary: `invert` fails on every try, so each
+    shard is failed after exactly `max_attempts` tries, never retried without end."""
+    from sodaray.data import build_dataset, read_dataset, write_dataset
+
+    good = build_dataset(str(STORIES), "random", "1-2", 2, progress=False)
+    bad = good.set_column(
+        good.column_names.index("tokens"),
+        "tokens",
+        [[[t + 10_000 for t in row] for row in good["tokens"].to_pylist()]],
+    )
+    data = write_dataset(bad, tmp_path / "bad.pq")
+    assert read_dataset(data)["tokens"].to_pylist()[0][0] >= 10_000
+    spec = yaml.safe_load(write_sweep(tmp_path, max_steps=5).read_text())
+    spec["datasets"] = [{"name": "bad", "path": str(data)}]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    run = run_sweep(load_sweep(tmp_path / "bad.yaml"), tmp_path / "out", max_attempts=2)
+    assert not run.done and sorted(f.shard for f in run.failed) == [0, 1]
+    assert all(f.attempts == 2 and f.error for f in run.failed)
+
+
 def test_shards_whose_sample_ids_repeat_share_a_pool_and_keep_their_rows(tmp_path):
     """Two jobs on datasets numbered alike: results go back to shards by row, not by id."""
     sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
@@ -117,7 +173,9 @@ def test_shards_whose_sample_ids_repeat_share_a_pool_and_keep_their_rows(tmp_pat
     other = dataclasses.replace(
         second, job="other", rows={**second.rows, "sample_id": first.rows["sample_id"]}
     )
-    worker = InversionWorker(ModelSpec(str(STORIES)), 1)
+    # A relative id, as a file gives it: loaded from its absolute path, named as given.
+    model_id = os.path.relpath(STORIES)
+    worker = InversionWorker(ModelSpec(model_id).resolved(), 1)
     outputs = list(worker.run_shards([first, other]))
     assert sorted(o.index for o in outputs) == [0, 1]
     for out in outputs:
@@ -125,6 +183,7 @@ def test_shards_whose_sample_ids_repeat_share_a_pool_and_keep_their_rows(tmp_pat
         assert out.table["job"].to_pylist() == [task.job] * SHARD_SIZE
         assert out.table["sample_id"].to_pylist() == task.rows["sample_id"]
         assert out.table["true_tokens"].to_pylist() == task.rows["tokens"]
+        assert out.table["model"].to_pylist() == [model_id] * SHARD_SIZE
     steps = sum(sum(o.table["steps"].to_pylist()) for o in outputs)
     assert sum(o.slot_steps for o in outputs) == steps
     mixed = dataclasses.replace(other, search=dataclasses.replace(other.search, seed=7))

@@ -75,6 +75,13 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     rows = sodaray.results.read_results(tmp_path / "out" / "tiny" / "trials")
     assert len(rows) == 2 * 6 and set(rows["job"].to_pylist()) == {"trial-00000", "trial-00001"}
     assert set(rows["dataset_hash"].to_pylist()) == {data_hash}
+    # Each row's true text is its own sample's (results come back in finishing order).
+    data = read_dataset(data_file)
+    texts = dict(zip(data["sample_id"].to_pylist(), data["text"].to_pylist(), strict=True))
+    assert all(texts[r["sample_id"]] for r in rows.to_pylist())
+    assert [r["true_text"] for r in rows.to_pylist()] == [
+        texts[r["sample_id"]] for r in rows.to_pylist()
+    ]
     assert set(rows["dataset_seed"].to_pylist()) == {0} and set(rows["shard"].to_pylist()) == {None}
     assert all(r.startswith("sha256:") for r in rows["model_revision"].to_pylist())
     # The trials' files are the only Parquet files: no dataset copy among them.
@@ -217,3 +224,32 @@ def test_a_run_where_no_trial_completed_exits_non_zero():
     assert "Record does not exist" in message
     run.outcomes.append(TrialOutcome(2, "complete", 0.5, {}))
     assert no_trial_completed(run) is None
+
+
+def test_a_returned_trial_is_told_in_its_own_state_after_its_rows_are_written(tmp_path, local_ray):
+    """The driver's side of a trial (`_Trials.receive`) on real Ray objects and a real journal:
+    a pruned trial is told PRUNED, a completed one COMPLETE with its value; both have their
+    rows written and their attributes set first."""
+    import optuna
+    import pyarrow as pa
+    import ray
+
+    from sodaray.tuner.study import TrialResult, TuneRun, _Trials, open_study
+
+    spec = load_tuning(write_tuning(tmp_path))
+    out = tmp_path / "out"
+    study, _ = open_study(spec, str(out / "study.journal"), "s")
+    loop = _Trials(spec, study, TuneRun("s", "-", out), 2, 1, None)
+    states = {}
+    for state, exact in (("pruned", [True, False]), ("complete", [True, True])):
+        trial = study.ask(spec.distributions())
+        table = pa.table({"exact": exact})
+        ref = ray.put(TrialResult(state, sum(exact) / 2, sum(exact), 2, 1.5, table, None))
+        loop.in_flight[ref] = (3, trial.number, trial.params, 0.0)
+        slot, outcome = loop.receive(ref)
+        assert (slot, outcome.number, outcome.state) == (3, trial.number, state)
+        frozen = study.get_trials(deepcopy=False)[trial.number]
+        states[state] = (frozen.state, frozen.value, frozen.user_attrs["exact"])
+        assert (out / "trials" / f"trial-{trial.number:05d}.parquet").is_file()
+    assert states["pruned"] == (optuna.trial.TrialState.PRUNED, None, 1)
+    assert states["complete"] == (optuna.trial.TrialState.COMPLETE, 1.0, 2)
