@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -49,6 +51,19 @@ def write_sweep(tmp_path: Path, max_steps: int = 60) -> Path:
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def killer() -> tuple[list[int], Callable[[Any], None]]:
+    """An `on_shard` callback that kills the actor of the first finished shard (SIGKILL, while
+    it still runs the rest of its call), and the list it records that actor's pid in."""
+    killed: list[int] = []
+
+    def kill_once(done: Any) -> None:
+        if not killed:
+            killed.append(done.pid)
+            os.kill(done.pid, signal.SIGKILL)
+
+    return killed, kill_once
 
 
 def shard_ids(folder: Path) -> dict[str, list[int]]:
@@ -100,13 +115,7 @@ def test_one_actor_streams_each_shard_once_from_a_full_batch(tmp_path, local_ray
 def test_a_killed_actor_retries_only_its_unfinished_shards(tmp_path, local_ray):
     # 300 steps: the length-2 shards are still running when the first length-1 shard is done.
     sweep = load_sweep(write_sweep(tmp_path, max_steps=300))
-    killed: list[int] = []
-
-    def kill_once(done) -> None:
-        if not killed:
-            killed.append(done.pid)
-            os.kill(done.pid, signal.SIGKILL)
-
+    killed, kill_once = killer()
     run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once)
     assert killed and not run.failed
     assert sorted(d.shard for d in run.done) == list(range(SHARDS))  # each written once
@@ -120,13 +129,7 @@ def test_shards_failed_for_good_leave_error_files_that_the_next_run_clears(tmp_p
     """One try per shard: the kill fails the call's unfinished shards for good (an error file
     each, counted by `sweep status`); the next run computes exactly those and clears the files."""
     sweep = load_sweep(write_sweep(tmp_path, max_steps=300))
-    killed: list[int] = []
-
-    def kill_once(done) -> None:
-        if not killed:
-            killed.append(done.pid)
-            os.kill(done.pid, signal.SIGKILL)
-
+    killed, kill_once = killer()
     run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, max_attempts=1)
     failed = sorted(f.shard for f in run.failed)
     assert killed and failed and all(f.attempts == 1 for f in run.failed)
