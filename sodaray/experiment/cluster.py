@@ -70,10 +70,12 @@ def connect_hint(exc: BaseException) -> str:
     return ADDRESS_HINT
 
 
-def start_ray(requests: list[tuple[str, float, float]], address: str | None) -> bool:
-    """Ray ready for actors making `requests` (label, num_cpus, num_gpus): started here (True:
-    the caller shuts it down) unless it already runs. Requests are checked before a local Ray
-    starts (it would wait forever for what the machine lacks) and against a cluster after."""
+@contextmanager
+def ray_session(requests: list[tuple[str, float, float]], address: str | None) -> Iterator[bool]:
+    """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: started
+    here unless it already runs, and then shut down after it (yields whether it was started
+    here). Requests are checked before a local Ray starts (it would wait forever for what the
+    machine lacks) and against a cluster after."""
     import ray
 
     own = not ray.is_initialized()
@@ -83,16 +85,6 @@ def start_ray(requests: list[tuple[str, float, float]], address: str | None) -> 
         init_ray(address)
     if address is not None or not own:  # a cluster: the autoscaler may add nodes
         check_resources(requests, address or "the running Ray")
-    return own
-
-
-@contextmanager
-def ray_session(requests: list[tuple[str, float, float]], address: str | None) -> Iterator[bool]:
-    """`start_ray` for the block; Ray shut down after it when it was started here (yields
-    whether it was)."""
-    import ray
-
-    own = start_ray(requests, address)
     try:
         yield own
     finally:

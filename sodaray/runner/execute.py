@@ -454,17 +454,17 @@ class _Dispatch:
         }
         # Ray retries a one-shard call on the restarted actor by itself; streamed calls opt out
         # in `submit` (a re-run generator would redo the shards it already returned).
-        self.actors = {
-            key: [
-                # Local paths absolute, resolved here where they were checked: an actor on
-                # another node starts in that node's working directory.
-                actor_class(InversionWorker, m, max_attempts).remote(m.resolved(), m.num_cpus)
-                for _ in range(min(m.replicas, len(self.queues[key])))
-            ]
-            for key, m in models.items()
-        }
+        self.actors = {key: self._start(m, len(self.queues[key])) for key, m in models.items()}
         self.in_flight: dict[Any, _Call] = {}
         self.attempts: dict[tuple[str, int], int] = {}
+
+    def _start(self, model: ModelSpec, calls: int) -> list[Any]:
+        """`model`'s actors: one per replica, no more than it has calls. Local paths made
+        absolute once, here where they were checked: an actor on another node starts in that
+        node's working directory."""
+        on_actors = model.resolved()
+        remote = actor_class(InversionWorker, model, self.max_attempts)
+        return [remote.remote(on_actors, model.num_cpus) for _ in range(min(model.replicas, calls))]
 
     def drain(self, on_shard: Callable[[ShardDone], None] | None, held: list[Path]) -> None:
         """Run every call, keeping `held` locks fresh; Ctrl-C kills the actors."""

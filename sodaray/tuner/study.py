@@ -443,10 +443,9 @@ def run_tuning(
         loop = _Trials(spec, study, run, n_trials, max_attempts, on_launch)
         try:
             # Local paths made absolute here, where they were checked (`TuningSpec.resolved`).
+            on_actors = spec.resolved()
             for _ in range(workers):
-                loop.actors.append(
-                    remote.remote(spec.resolved(), study_name, proxy, rows, identity)
-                )
+                loop.actors.append(remote.remote(on_actors, study_name, proxy, rows, identity))
             loop.drain(on_trial, callbacks)
         finally:
             for actor in loop.actors:
