@@ -42,6 +42,7 @@ LOOP_TESTS = [
     "tests/test_resume.py",
     "tests/test_tuner.py",
     "tests/test_study_resume.py",
+    "tests/test_experiment_layer.py",
 ]
 
 

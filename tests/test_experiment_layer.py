@@ -137,3 +137,31 @@ def test_the_old_step_flag_names_the_new_one(capsys):
     assert main(["sweep", "plan", sweep, "--steps", "5", "--rate", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--steps is now --max-steps" in err
+
+
+def test_replica_rows_match_texts_to_results_that_finish_out_of_order(tiny_llama):
+    """A trial's results come back in finishing order: each row's true text and PII labels
+    are its own sample's, taken at `picked`, not the dataset's order."""
+    import sodaray
+    from sodaray.experiment.replica import replica_rows
+    from sodaray.experiment.spec import ModelSpec
+
+    tokens = [[3], [5, 7], [11]]
+    targets = sodaray.make_targets(tiny_llama, tokens)
+    targets.sample_ids = [10, 11, 12]
+    results = sodaray.invert(tiny_llama, targets, sodaray.SodaConfig(max_steps=2))
+    assert [r.sample_id for r in results] == [10, 11, 12]
+    rows = {
+        "sample_id": [10, 11, 12],
+        "text": ["ten", "eleven", "twelve"],
+        "pii_labels": [["a"], ["b"], ["c"]],
+    }
+    finished = results[::-1]  # as if the last sample finished first
+    table = replica_rows(
+        tiny_llama, ModelSpec(id="tiny"), finished, Objective(), rows, [2, 1, 0], dataset="d"
+    )
+    out = table.to_pylist()
+    assert [r["sample_id"] for r in out] == [12, 11, 10]
+    assert [r["true_text"] for r in out] == ["twelve", "eleven", "ten"]
+    assert [r["pii_labels"] for r in out] == [["c"], ["b"], ["a"]]
+    assert {r["model"] for r in out} == {"tiny"}
