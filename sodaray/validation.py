@@ -145,14 +145,29 @@ def _number(name: str, value: Any, what: str) -> int | float:
 
 
 def coerce_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `data` with each value coerced by `cls`'s (a dataclass) field type; keys that
-    are not fields are left for the caller to report."""
+    """A copy of `data` with each value coerced by `cls`'s (a dataclass) field type and checked
+    against the bounds the field declares (`field(metadata=AT_LEAST_1)`); keys that are not
+    fields are left for the caller to report."""
     assert is_dataclass(cls)
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
+    meta = {f.name: f.metadata for f in fields(cls)}
     return {
-        k: coerce_value(k, v, hints[k]) if k in names and k in hints else v for k, v in data.items()
+        k: in_bounds(k, coerce_value(k, v, hints[k]), meta[k]) if k in meta and k in hints else v
+        for k, v in data.items()
     }
+
+
+# Bounds a dataclass field declares in its metadata: `min` inclusive, `above` exclusive.
+AT_LEAST_1 = {"min": 1}  # counts and step budgets
+
+
+def in_bounds(name: str, value: Any, bounds: typing.Mapping[str, Any]) -> Any:
+    """`value` (None passes) within the field's declared bounds."""
+    if value is not None and "min" in bounds and value < bounds["min"]:
+        raise ValueError(f"{name} must be at least {bounds['min']}, not {value!r}")
+    if value is not None and "above" in bounds and not value > bounds["above"]:
+        raise ValueError(f"{name} must be above {bounds['above']}, not {value!r}")
+    return value
 
 
 def check_fields_finite(obj: Any) -> None:

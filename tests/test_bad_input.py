@@ -256,7 +256,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "sweep-num-gpus-nan",
         ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
-        "num_gpus must be a finite number",
+        "models[0].num_gpus: must be a finite number",
         sweep(resources=", num_gpus: .nan"),
     ),
     (
@@ -276,7 +276,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "tune-nan-low",
         ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o"],
-        "a number",
+        "space.learning_rate.low: must be a finite number",
         tuning("{learning_rate: {low: .nan, high: 0.1}}"),
     ),
     (
@@ -543,5 +543,10 @@ def test_integral_numbers_in_integer_fields(tmp_path):
     from sodaray.validation import yaml_load
 
     text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")
-    sweep_ = parse_sweep(yaml_load(text.replace("max_steps: 5", "max_steps: 1e2")), Path("s.yaml"))
+    text = text.replace("max_steps: 5", "max_steps: 1e2").replace("params: {}", "max_steps: 3e1")
+    sweep_ = parse_sweep(yaml_load(text), Path("s.yaml"))
     assert sweep_.max_steps == 100 and isinstance(sweep_.max_steps, int)
+    # An algorithm entry's own step budget by the same rule.
+    (entry,) = sweep_.algorithms
+    assert entry.max_steps == 30 and isinstance(entry.max_steps, int)
+    assert [job.search.max_steps for job in sweep_.jobs()] == [30]

@@ -25,8 +25,21 @@ BAD_SWEEPS = [
         "algorithms[0]: unknown soda parameter 'lr'",
     ),
     ({"algorithms": [{"name": "soda", "params": {"decay": 2.0}}]}, "algorithms[0]: decay"),
-    ({"max_steps": 0}, "max_steps: a positive integer"),
+    ({"max_steps": 0}, "max_steps: must be at least 1, not 0"),
     ({"steps": 10}, "steps: renamed: use `max_steps`"),
+    ({"shard_size": 0}, "shard_size: must be at least 1, not 0"),
+    ({"samples_per_length": -2}, "samples_per_length: must be at least 1, not -2"),
+    ({"models": [{"id": str(STORIES), "replicas": 0}]}, "models[0].replicas: must be at least 1"),
+    ({"models": [{"id": str(STORIES), "num_cpus": 0}]}, "models[0].num_cpus: must be above 0"),
+    ({"models": [{"id": str(STORIES), "num_gpus": -1}]}, "models[0].num_gpus: must be at least 0"),
+    (
+        {"models": [{"id": str(STORIES), "dtype": "float16"}]},
+        "models[0].dtype: must be one of float32, bfloat16, not 'float16'",
+    ),
+    (
+        {"algorithms": [{"name": "soda", "max_steps": 0}]},
+        "algorithms[0].max_steps: must be at least 1, not 0",
+    ),
     ({"objectives": [{"kind": "logits", "top_k": 0}]}, "objectives[0]: top_k"),
     (
         {"datasets": [{"name": "random", "path": "missing.parquet"}]},

@@ -12,9 +12,9 @@ import itertools
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -22,7 +22,7 @@ from sodaray.api import make_config
 from sodaray.objectives import Objective
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
-from sodaray.validation import coerce_fields, make_objective, yaml_load
+from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective, yaml_load
 
 Fail = Callable[[str, str], ValueError]
 
@@ -57,13 +57,13 @@ class ModelSpec:
     preset: str | None = None  # paper preset for SODA's parameters on this model
     preset_file: str | None = None  # or a preset YAML (e.g. from `sodaray tune`)
     gguf_file: str | None = None
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     bos: bool | None = None
     trust_remote_code: bool = False
     # Resources one replica needs (Ray places actors by them); fractional GPUs share a device.
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
-    replicas: int = 1
+    num_gpus: float = field(default=0.0, metadata={"min": 0})
+    num_cpus: float = field(default=1.0, metadata={"above": 0})
+    replicas: int = field(default=1, metadata=AT_LEAST_1)
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
     # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
     # another node runs in that node's working directory, where `../models/x` is another folder
@@ -157,14 +157,15 @@ def check_top(
     return fail, name
 
 
-def coerce_scalars(cls: type, values: dict[str, Any], fail) -> dict[str, Any]:
-    """Top-level fields by `cls`'s field types, each error naming its field."""
-    out = {}
+def coerce_scalars(cls: type, values: dict[str, Any], fail, where: str = "") -> dict[str, Any]:
+    """Fields (of the entry at `where`; default: the file's top level) by `cls`'s field types
+    and declared bounds, each error naming its field."""
+    out, prefix = {}, f"{where}." if where else ""
     for key, value in values.items():
         try:
             out[key] = coerce_fields(cls, {key: value})[key]
         except ValueError as exc:
-            raise fail(key, str(exc).removeprefix(f"{key} ")) from exc
+            raise fail(prefix + key, str(exc).removeprefix(f"{key} ")) from exc
     return out
 
 
@@ -200,10 +201,7 @@ def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) ->
     known_fields(entry, MODEL_KEYS, where, fail)
     if "id" not in entry:
         raise fail(f"{where}.id", "required field missing")
-    try:
-        spec = ModelSpec(**coerce_fields(ModelSpec, entry))  # num_gpus: .nan refused
-    except (TypeError, ValueError) as exc:
-        raise fail(where, str(exc)) from exc
+    spec = ModelSpec(**coerce_scalars(ModelSpec, entry, fail, where))  # num_gpus: .nan refused
     if model is not None:
         spec = spec.with_id(model)
         where = f"--model (for {where})"
@@ -295,13 +293,6 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
             load_preset_file(spec.preset_file)
         except (OSError, ValueError) as exc:
             raise fail(f"{where}.preset_file", str(exc)) from exc
-    if spec.dtype not in ("float32", "bfloat16"):
-        raise fail(f"{where}.dtype", f"float32 or bfloat16, not {spec.dtype!r}")
-    if not isinstance(spec.num_gpus, (int, float)) or spec.num_gpus < 0:
-        raise fail(f"{where}.num_gpus", f"a non-negative number, not {spec.num_gpus!r}")
-    if not isinstance(spec.num_cpus, (int, float)) or spec.num_cpus <= 0:
-        raise fail(f"{where}.num_cpus", f"a positive number, not {spec.num_cpus!r}")
-    check_positive(spec.replicas, f"{where}.replicas", fail)
 
 
 def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:

@@ -41,6 +41,7 @@ from sodaray.objectives import Objective
 from sodaray.observations import observation
 from sodaray.results import config_hash
 from sodaray.search.base import SearchConfig
+from sodaray.validation import AT_LEAST_1
 
 __all__ = ["DatasetSpec", "Job", "ModelSpec", "Sweep", "SweepError", "load_sweep", "parse_sweep"]
 
@@ -108,7 +109,7 @@ class AlgorithmEntry:
     label: str = ""  # the variant label's stem (default: the name)
     params: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
-    max_steps: int | None = None
+    max_steps: int | None = field(default=None, metadata=AT_LEAST_1)
 
     def variants(self) -> list[tuple[str, dict[str, Any]]]:
         """(label, parameters) of each grid combination: `soda-lr0.1-decay0.9`."""
@@ -128,12 +129,13 @@ class Sweep:
     datasets: list[DatasetSpec] = field(default_factory=list)
     algorithms: list[AlgorithmEntry] = field(default_factory=list)
     objectives: list[Objective] = field(default_factory=list)  # each grid expanded
-    max_steps: int = 2000  # the step budget of every algorithm entry without its own
+    # The step budget of every algorithm entry without its own.
+    max_steps: int = field(default=2000, metadata=AT_LEAST_1)
     seeds: list[int] = field(default_factory=lambda: [0])
-    samples_per_length: int | None = None
-    shard_size: int = 100
+    samples_per_length: int | None = field(default=None, metadata=AT_LEAST_1)
+    shard_size: int = field(default=100, metadata=AT_LEAST_1)
     length: str = "fixed"
-    max_length: int = 10
+    max_length: int = field(default=10, metadata=AT_LEAST_1)
     # Assumed lengths: each one a job searching every sample at that length, whatever its true
     # length (the paper's length table; `length: [1, 2, 3]` in the file).
     assumed_lengths: list[int] = field(default_factory=list)
@@ -249,10 +251,6 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
             raise fail("seeds", "a list of integers")
         sweep.seeds = seeds
-    for key in ("max_steps", "shard_size", "max_length"):
-        check_positive(getattr(sweep, key), key, fail)
-    if sweep.samples_per_length is not None:
-        check_positive(sweep.samples_per_length, "samples_per_length", fail)
     if sweep.length not in ("fixed", "auto"):
         raise fail(
             "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
@@ -285,6 +283,5 @@ def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> Algorithm
                 f"{where}.params.{key}", "set it beside `params` (max_steps) or with `seeds`"
             )
     check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
-    if "max_steps" in entry:
-        check_positive(entry["max_steps"], f"{where}.max_steps", fail)
-    return AlgorithmEntry(**{k: v for k, v in entry.items() if v is not None})
+    values = {k: v for k, v in entry.items() if v is not None}
+    return AlgorithmEntry(**coerce_scalars(AlgorithmEntry, values, fail, where))

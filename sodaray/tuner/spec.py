@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sodaray.api import ALGORITHMS
 from sodaray.experiment.spec import (
@@ -14,9 +14,9 @@ from sodaray.experiment.spec import (
     ModelSpec,
     TuningError,
     algorithm_config,
-    check_positive,
     check_top,
     coerce_scalars,
+    known_fields,
     local_path,
     parse_dataset,
     parse_model,
@@ -26,23 +26,19 @@ from sodaray.experiment.spec import (
 from sodaray.objectives import Objective
 from sodaray.presets import preset_params
 from sodaray.search.base import SearchConfig
+from sodaray.validation import AT_LEAST_1
 
 __all__ = ["ParamSpace", "TuningError", "TuningSpec", "load_tuning", "parse_tuning"]
-
-SAMPLERS = ("tpe", "random", "grid", "cmaes")
-PRUNERS = ("median", "hyperband", "none")
-METRICS = ("exact", "exact_per_second", "exact_then_loss")
-PARAM_TYPES = ("float", "int", "categorical")
 
 
 @dataclass(frozen=True)
 class ParamSpace:
     name: str
-    type: str
-    low: float | None = None
-    high: float | None = None
+    type: Literal["float", "int", "categorical"]
+    low: int | float | None = None  # int | float: an int bound stays an int (the study's hash)
+    high: int | float | None = None
     log: bool = False
-    step: float | None = None
+    step: int | float | None = field(default=None, metadata={"above": 0})
     choices: list[Any] | None = None
 
     def distribution(self):
@@ -75,12 +71,12 @@ class TuningSpec:
     objective: dict[str, Any] = field(default_factory=lambda: {"kind": "logits"})
     fixed: dict[str, Any] = field(default_factory=dict)
     space: list[ParamSpace] = field(default_factory=list)
-    max_steps: int = 600
-    trials: int = 20
-    metric: str = "exact"
-    sampler: str = "tpe"
-    pruner: str = "median"
-    checkpoints: int = 4  # pruning reports per input length
+    max_steps: int = field(default=600, metadata=AT_LEAST_1)
+    trials: int = field(default=20, metadata=AT_LEAST_1)
+    metric: Literal["exact", "exact_per_second", "exact_then_loss"] = "exact"
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    checkpoints: int = field(default=4, metadata=AT_LEAST_1)  # pruning reports per input length
     seed: int = 0
     storage: str | None = None
     study_name: str | None = None
@@ -189,11 +185,6 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         space=space,
         **coerce_scalars(TuningSpec, scalars, fail),  # max_steps: 1e3 is 1000
     )
-    for key in ("max_steps", "trials", "checkpoints"):
-        check_positive(getattr(spec, key), key, fail)
-    for key, choices in (("metric", METRICS), ("sampler", SAMPLERS), ("pruner", PRUNERS)):
-        if getattr(spec, key) not in choices:
-            raise fail(key, f"{getattr(spec, key)!r} is not one of {', '.join(choices)}")
     if spec.sampler == "cmaes":
         try:
             import cmaes  # noqa: F401
@@ -250,35 +241,22 @@ def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:
             "a mapping: {type: float|int|categorical, low, high, log, step} or "
             "{type: categorical, choices: [...]}",
         )
-    unknown = sorted(set(entry) - PARAM_KEYS)
-    if unknown:
-        raise fail(
-            f"{where}.{unknown[0]}", f"unknown field (known: {', '.join(sorted(PARAM_KEYS))})"
-        )
+    known_fields(entry, PARAM_KEYS, where, fail)
     kind = entry.get("type", "categorical" if "choices" in entry else "float")
-    if kind not in PARAM_TYPES:
-        raise fail(f"{where}.type", f"{kind!r} is not one of {', '.join(PARAM_TYPES)}")
-    if kind == "categorical":
-        choices = entry.get("choices")
-        if not isinstance(choices, list) or not choices:
+    p = ParamSpace(name, **coerce_scalars(ParamSpace, {**entry, "type": kind}, fail, where))
+    if p.type == "categorical":
+        if not p.choices:
             raise fail(f"{where}.choices", "a non-empty list")
-        return ParamSpace(name, kind, choices=choices)
-    low, high = entry.get("low"), entry.get("high")
-    for key, value in (("low", low), ("high", high)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            raise fail(f"{where}.{key}", f"a number, not {value!r}")
-        if abs(value) == float("inf"):
-            raise fail(f"{where}.{key}", f"a finite number, not {value!r}")
-    if not low < high:
-        raise fail(where, f"low ({low}) must be below high ({high})")
-    log = bool(entry.get("log", False))
-    if log and low <= 0:
+        return ParamSpace(name, p.type, choices=p.choices)  # a range's fields do not apply
+    for key in ("low", "high"):
+        if getattr(p, key) is None:
+            raise fail(f"{where}.{key}", "required field missing (a number)")
+    if not p.low < p.high:
+        raise fail(where, f"low ({p.low}) must be below high ({p.high})")
+    if p.log and p.low <= 0:
         raise fail(f"{where}.low", "a log-scale range must start above 0")
-    step = entry.get("step")
-    if step is not None and (not isinstance(step, (int, float)) or not 0 < step < float("inf")):
-        raise fail(f"{where}.step", f"a positive number, not {step!r}")
-    if log and step is not None:
+    if p.log and p.step is not None:
         raise fail(f"{where}.step", "log scale and step cannot be combined (Optuna's rule)")
-    if kind == "int" and not all(float(v).is_integer() for v in (low, high)):
+    if p.type == "int" and not all(float(v).is_integer() for v in (p.low, p.high)):
         raise fail(where, "an int range needs integer low and high")
-    return ParamSpace(name, kind, low=low, high=high, log=log, step=step)
+    return replace(p, choices=None)
