@@ -3,7 +3,8 @@
 - YAML read with the number forms YAML 1.2 and people write (`1e-3`, `1E-3`, `.5`, `5.`);
   YAML 1.1 reads `1e-3` as a string.
 - Values coerced by their dataclass field's type (`float` takes `1e-3` and `3`, `int` takes
-  `5.0`), NaN and infinity refused (`nan <= 0` is false, so they pass every range check).
+  `5.0`), NaN and infinity refused (`nan <= 0` is false, so they pass every range check), and
+  held to the bounds the field declares (`field(metadata={"min": 1})`): a rule lives on its field.
 - Output paths checked before the work that produces them; memory estimated before allocating.
 - `first_line`, `last_line`: the message of an error as one line.
 """
