@@ -22,7 +22,7 @@ from sodaray.api import make_config
 from sodaray.objectives import Objective
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective, yaml_load
+from sodaray.validation import AT_LEAST_1, coerce_fields, first_line, make_objective, yaml_load
 
 Fail = Callable[[str, str], ValueError]
 
@@ -135,7 +135,7 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
     try:
         data = yaml_load(path.read_text(encoding="utf-8"))  # YAML 1.2 numbers: 1e-3 a float
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+        raise error(f"{path}: not valid YAML ({first_line(exc)})") from exc
     return data, path
 
 

@@ -213,6 +213,7 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import calibrate, format_duration, job_cost
+    from sodaray.validation import first_line
 
     if args.rate is not None and not args.rate > 0:
         raise ValueError(f"--rate must be a positive number, not {args.rate}")
@@ -237,7 +238,7 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
                 try:
                     rates[key] = calibrate(job, cost)
                 except Exception as exc:  # a model not loadable here: say why, go on
-                    print(f"  no calibration for {job.model.label}: {exc}".splitlines()[0])
+                    print(f"  no calibration for {job.model.label}: {first_line(exc)}")
                     unloadable.add(job.model.label)
                     rates[key] = "-"
         rate = rates[key]

@@ -55,10 +55,10 @@ import pyarrow.parquet as pq
 from sodaray.experiment.cluster import actor_class, check_address, check_resources, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.spec import ModelSpec
-from sodaray.results import write_table_atomic
+from sodaray.results import VERSION_KEY, write_table_atomic
 from sodaray.runner.spec import Job, Sweep
 from sodaray.runner.worker import InversionWorker, ShardOutput, ShardTask, batch_key
-from sodaray.validation import last_line
+from sodaray.validation import first_line, last_line
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,6 @@ def shard_problem(
 ) -> str | None:
     """Why a shard file cannot be trusted, or None: it must read as Parquet in the result schema
     and hold exactly `sample_ids` (when given), or `rows` rows (else at least one)."""
-    from sodaray.results import VERSION_KEY
-    from sodaray.validation import first_line
-
     try:
         schema = pq.read_schema(path)
         if VERSION_KEY not in (schema.metadata or {}):
