@@ -88,12 +88,14 @@ __all__ = [
 _SUBMODULES = frozenset(
     {
         "api",
+        "errors",
         "metrics",
         "models",
         "objectives",
         "observations",
         "presets",
         "results",
+        "scoring",
         "search",
         "targets",
         "validation",

@@ -52,7 +52,8 @@ def _parse_param(text: str) -> tuple[str, Any]:
 
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
-    from sodaray.validation import first_line, yaml_load
+    from sodaray.errors import first_line
+    from sodaray.validation import yaml_load
 
     key, value = text.split("=", 1)
     try:  # YAML 1.2 numbers: 3e-6 is a float, not a string
@@ -444,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("sodaray: interrupted\n")
         return 130
     except _edge_errors() as exc:
-        from sodaray.validation import first_line
+        from sodaray.errors import first_line
 
         sys.stderr.write(f"sodaray: error: {first_line(exc)}\n")
         return EXIT_USAGE

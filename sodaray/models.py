@@ -17,11 +17,52 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from sodaray.validation import first_line
+from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# What makes a row's arithmetic depend on the other rows of a batch, and how a pass avoids it.
+# A matmul over few rows takes other BLAS kernels, which round differently: MKL on this
+# project's machines gives every row the same bits from 4 rows up on one thread, 12 on two, 32
+# on sixteen. And an elementwise kernel computes the last (size mod vector width) elements of a
+# tensor in scalar code, which rounds transcendental functions (SiLU's exp) differently from
+# its vector code. So every pass gets zero rows appended: at least one (the tail falls on it)
+# and enough to reach this machine's threshold (`invariant_rows`, measured); their results are
+# dropped. On one thread (a CPU replica's default) a search's arithmetic is then bit for bit the
+# same whatever else is in its batch (`tests/test_invert.py`); on more, large elementwise ops
+# are split among threads at positions that move with the batch's size.
+_INVARIANT_ROWS: dict[tuple[str, int], int] = {}
+PROBE_ROWS = 64  # the largest threshold looked for
+
+
+def invariant_rows(device: torch.device) -> int:
+    """The fewest rows from which a matmul on `device` gives each row the same bits as in a
+    larger one, both ways (x @ W.T and g @ W), at the current thread count; measured once."""
+    key = (device.type, torch.get_num_threads() if device.type == "cpu" else 0)
+    if key not in _INVARIANT_ROWS:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(96, 64, generator=gen).to(device)
+        x = torch.randn(2 * PROBE_ROWS, 64, generator=gen).to(device)
+        g = torch.randn(2 * PROBE_ROWS, 96, generator=gen).to(device)
+        forward, backward = x @ w.T, g @ w
+        worst = 0
+        for rows in range(1, PROBE_ROWS + 1):
+            same = torch.equal(x[:rows] @ w.T, forward[:rows])
+            if not (same and torch.equal(g[:rows] @ w, backward[:rows])):
+                worst = rows
+        _INVARIANT_ROWS[key] = worst + 1
+        log.info("matmuls on %s are row-invariant from %d rows", key, worst + 1)
+    return _INVARIANT_ROWS[key]
+
+
+def pad_rows(x: Tensor, rows_per_item: int = 1) -> Tensor:
+    """`x` with zero items appended along dim 0: at least one, and enough for `invariant_rows`
+    rows in all (an item of a (B, L, d) batch is L rows)."""
+    need = -(-invariant_rows(x.device) // max(rows_per_item, 1))
+    extra = max(1, need - x.shape[0])
+    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))])
 
 
 class ModelLoadError(ValueError):
@@ -146,10 +187,12 @@ class LoadedModel:
 
     def hidden(self, inputs_embeds: Tensor) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable."""
+        batch = inputs_embeds.shape[0]
+        padded = pad_rows(inputs_embeds, inputs_embeds.shape[1])
         if self.split_forward:
-            out = self.model.base_model(inputs_embeds=inputs_embeds, use_cache=False)
-            return out.last_hidden_state
-        return self.model(inputs_embeds=inputs_embeds, use_cache=False).logits
+            out = self.model.base_model(inputs_embeds=padded, use_cache=False)
+            return out.last_hidden_state[:batch]
+        return self.model(inputs_embeds=padded, use_cache=False).logits[:batch]
 
     def unembed(self, hidden: Tensor, indices: Tensor | None = None) -> Tensor:
         """Logits from `hidden` (B, P, d): all (B, P, V), or only `indices` (B, P, k)."""
@@ -160,7 +203,7 @@ class LoadedModel:
             # One 2-D matmul: a strided 3-D slice would send F.linear down a batched path that
             # materialises the weight per sample (tens of times slower at V = 50K).
             flat = hidden.reshape(-1, hidden.shape[-1])
-            logits = head(flat).view(*hidden.shape[:-1], -1)
+            logits = head(pad_rows(flat))[: len(flat)].view(*hidden.shape[:-1], -1)
             return logits if indices is None else logits.gather(-1, indices)
         # Gathering k unembedding rows per position beats the full product only for small k.
         rows = head.weight[indices]  # (B, P, k, d)
@@ -172,11 +215,12 @@ class LoadedModel:
     @torch.no_grad()
     def token_logits(self, tokens: Tensor) -> Tensor:
         """Full logits (B, L, V) on token ids, after the prefix (whose rows are dropped)."""
+        batch = tokens.shape[0]
         if self.prefix_ids:
-            prefix = torch.tensor(self.prefix_ids, device=tokens.device).expand(tokens.shape[0], -1)
+            prefix = torch.tensor(self.prefix_ids, device=tokens.device).expand(batch, -1)
             tokens = torch.cat([prefix, tokens], dim=1)
-        logits = self.model(input_ids=tokens, use_cache=False).logits
-        return logits[:, len(self.prefix_ids) :]
+        logits = self.model(input_ids=pad_rows(tokens, tokens.shape[1]), use_cache=False).logits
+        return logits[:batch, len(self.prefix_ids) :]
 
     def relaxed_embeds(self, mixture_embeds: Tensor) -> Tensor:
         """`p @ embedding_matrix` as the model's own embedding module would have scaled it."""

@@ -1,7 +1,8 @@
 """Observation kinds: what an auditor saw, each with how it is recorded from the model's output,
 its relaxed loss, and its exact-match check. A new kind (say, sampled text with probabilities)
-is one class here and one entry in `OBSERVATIONS`; targets, the search, job names and report
-labels ask the registry instead of branching on the kind's name.
+is one class here, one entry in `OBSERVATIONS` and its name in `objectives.KINDS`; targets, the
+search, job names and report labels ask the registry instead of branching on the kind's name.
+The observed rows a search batch holds (`BatchTargets`) live here too.
 
 The observation spaces of logits (raw, centred, log-probabilities) live here too: one place
 defines how observed values and predicted values are moved into each.
@@ -9,16 +10,68 @@ defines how observed values and predicted values are moved into each.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.models import LoadedModel
+from sodaray.objectives import KINDS, Objective
 
-if TYPE_CHECKING:
-    from sodaray.objectives import BatchTargets, Objective
+# ---- the observed rows of a batch ---------------------------------------------------------------
+PROBE_COLUMNS = 8
+
+
+@dataclass
+class BatchTargets:
+    """The observed rows of the targets that sit in a search batch, on the model's device.
+
+    `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
+    the hard check's cheap first test (see `LogitsObservation.match`).
+    """
+
+    continuation: Tensor  # (B, m)
+    observed_values: Tensor | None  # (B, m, k)
+    observed_indices: Tensor | None  # (B, m, k)
+    probe_indices: Tensor | None = None  # (B, m, P) vocabulary ids
+    probe_values: Tensor | None = None  # (B, m, P)
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "continuation",
+        "observed_values",
+        "observed_indices",
+        "probe_indices",
+        "probe_values",
+    )
+
+    @classmethod
+    def from_set(cls, targets: Any, rows: np.ndarray, device: torch.device) -> BatchTargets:
+        """Rows `rows` of a `TargetSet` (anything with `continuation`, `observed_values` and
+        `observed_indices` tensors on the CPU)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+
+        def take(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[idx].to(device)
+
+        values, indices = take(targets.observed_values), take(targets.observed_indices)
+        probe_idx = probe_val = None
+        if values is not None and values.shape[-1] > PROBE_COLUMNS:
+            top = values.topk(PROBE_COLUMNS, dim=-1)
+            probe_val = top.values
+            probe_idx = top.indices if indices is None else indices.gather(-1, top.indices)
+        return cls(take(targets.continuation), values, indices, probe_idx, probe_val)
+
+    def fields(self) -> dict[str, Tensor]:
+        """The tensors that are present, by name."""
+        return {name: t for name in self.FIELDS if (t := getattr(self, name)) is not None}
+
+    def select(self, keep: Tensor) -> BatchTargets:
+        return BatchTargets(
+            *(None if getattr(self, f) is None else getattr(self, f)[keep] for f in self.FIELDS)
+        )
 
 
 # ---- observation spaces -------------------------------------------------------------------------
@@ -55,9 +108,6 @@ class Observation:
 
     kind: ClassVar[str]
 
-    def check(self, objective: Objective) -> None:
-        """Raise ValueError for objective fields this kind cannot use."""
-
     def record(self, objective: Objective, logits: Tensor) -> tuple[Tensor | None, Tensor | None]:
         """What is observed of the model's logits (m, V) at the observed positions besides the
         greedy continuation: (values, indices), each None when not part of the observation."""
@@ -90,12 +140,6 @@ class TextObservation(Observation):
 
     kind = "text"
 
-    def check(self, objective: Objective) -> None:
-        if objective.top_k is not None:
-            raise ValueError("top_k applies to the logits objective only")
-        if objective.space != "raw":
-            raise ValueError("space applies to the logits objective only (text: leave it raw)")
-
     def label(self, objective: Objective) -> str:
         return f"text{objective.output_tokens}"
 
@@ -120,12 +164,6 @@ class LogitsObservation(Observation):
     optionally at `output_tokens` positions, in an observation space."""
 
     kind = "logits"
-
-    def check(self, objective: Objective) -> None:
-        if objective.space == "centred" and objective.top_k == 1:
-            raise ValueError(
-                "centred top-1 logits are always 0: observe top_k >= 2 or another space"
-            )
 
     def record(self, objective: Objective, logits: Tensor) -> tuple[Tensor | None, Tensor | None]:
         if objective.top_k is None:
@@ -192,6 +230,9 @@ class LogitsObservation(Observation):
 
 
 OBSERVATIONS: dict[str, Observation] = {o.kind: o for o in (LogitsObservation(), TextObservation())}
+
+
+assert tuple(OBSERVATIONS) == KINDS  # a new kind: its class here, its name in `objectives.KINDS`
 
 
 def observation(kind: str) -> Observation:

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sodaray.errors import first_line
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
 from sodaray.observations import observation, observed_in_space
-from sodaray.validation import first_line
 
 
 @dataclass

@@ -6,7 +6,6 @@
   `5.0`), NaN and infinity refused (`nan <= 0` is false, so they pass every range check), and
   held to the bounds the field declares (`field(metadata={"min": 1})`): a rule lives on its field.
 - Output paths checked before the work that produces them; memory estimated before allocating.
-- `first_line`, `last_line`: the message of an error as one line.
 """
 
 from __future__ import annotations
@@ -22,18 +21,7 @@ from typing import Any
 
 import yaml
 
-
-def first_line(exc: BaseException) -> str:
-    """An error's message as one line (its type when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
-def last_line(exc: BaseException) -> str:
-    """The last line of an error's message: a Ray task error's message is the remote traceback,
-    whose last line is the error itself (its repr when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[-1].strip() if text else repr(exc)
+from sodaray.objectives import Objective
 
 
 # ---- YAML -------------------------------------------------------------------------------------
@@ -186,10 +174,8 @@ def check_objective(objective: Any) -> None:
             raise ValueError(f"{name} must be non-negative, not {value}")
 
 
-def make_objective(data: dict[str, Any]) -> Any:
+def make_objective(data: dict[str, Any]) -> Objective:
     """An `Objective` from a mapping (YAML, CLI), coerced by field type and checked."""
-    from sodaray.objectives import Objective
-
     unknown = sorted(set(data) - {f.name for f in fields(Objective)})
     if unknown:
         raise ValueError(f"unknown objective field {unknown[0]!r}")

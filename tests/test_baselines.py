@@ -8,8 +8,15 @@ import torch
 from conftest import tiny_model
 
 import sodaray
+from sodaray.search.base import SlotEntry
 from sodaray.search.embedding import nearest_tokens
 from sodaray.search.gcg import GcgBatch
+
+
+def gcg_batch(model, targets, n, cfg):
+    batch = GcgBatch(model, cfg, n, torch.Generator().manual_seed(0))
+    batch.add([SlotEntry(targets, i, n, cfg) for i in range(len(targets))])
+    return batch
 
 
 @pytest.mark.parametrize(
@@ -37,8 +44,7 @@ def test_gcg_candidates_stay_in_vocabulary_and_avoid_filtered_tokens():
     excluded = list(range(0, 64, 2))  # every even token
     cfg = sodaray.GcgConfig(num_candidates=200, tokens_per_position=64, exclude_tokens=excluded)
     targets = sodaray.make_targets(model, [[1, 3, 5], [7, 9, 11]])
-    batch = GcgBatch(model, targets, 3, cfg, 2, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(2), np.arange(2))
+    batch = gcg_batch(model, targets, 3, cfg)
     assert (batch.tokens % 2 == 1).all()  # random start avoids filtered tokens too
     for _ in range(3):
         cands = batch.sample_candidates(batch.one_hot_gradient())
@@ -49,15 +55,14 @@ def test_gcg_candidates_stay_in_vocabulary_and_avoid_filtered_tokens():
         assert ((cands != batch.tokens[:, None, :]).sum(-1) <= 1).all()
         batch.step(np.array([1, 1]))
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        GcgBatch(model, targets, 3, sodaray.GcgConfig(exclude_tokens=[64]), 2, torch.Generator())
+        GcgBatch(model, sodaray.GcgConfig(exclude_tokens=[64]), 3, torch.Generator())
 
 
 def test_gcg_out_of_memory_fallback_gives_same_scores():
     model = tiny_model("gpt2")
     targets = sodaray.make_targets(model, [[1, 2], [3, 4]])
     cfg = sodaray.GcgConfig(num_candidates=50, eval_batch_size=64)
-    batch = GcgBatch(model, targets, 2, cfg, 2, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(2), np.arange(2))
+    batch = gcg_batch(model, targets, 2, cfg)
     cands = batch.sample_candidates(batch.one_hot_gradient())
     expected = batch.score(cands)
     batch.simulated_memory_limit = 8  # chunks over 8 candidates "run out of memory"

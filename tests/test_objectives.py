@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import sodaray
-from sodaray.objectives import BatchTargets, context_embeds, hard_match, objective_loss
+from sodaray.observations import BatchTargets
+from sodaray.scoring import Layout, context_embeds, hard_match, objective_loss
 
 OBJECTIVES = [
     sodaray.Objective(),
@@ -29,7 +30,8 @@ def one_hot_loss(model, targets, tokens, objective=None):
     probs = torch.nn.functional.one_hot(x, model.vocab_size).float()
     batch = BatchTargets.from_set(targets, np.arange(len(tokens)), model.device)
     hidden = model.hidden(context_embeds(model, probs @ model.embedding_matrix, batch))
-    return objective_loss(model, objective, hidden, x.shape[1], batch, probs)
+    layout = Layout.uniform(x.shape[0], x.shape[1], model.device)
+    return objective_loss(model, objective, hidden, layout, batch, probs.reshape(-1, probs.shape[-1]))
 
 
 def batch_of(targets, rows):
@@ -141,15 +143,17 @@ def test_fluency_penalty_is_mean_nll_of_own_tokens(tiny_llama):
 def test_fluency_forms_on_a_relaxed_input(tiny_llama):
     """argmax (the paper's): NLL of each relaxed one-hot's argmax token, no gradient into the
     relaxed weights except through the model; relaxed: the cross-entropy with the weights."""
-    from sodaray.objectives import fluency_penalty
+    from sodaray.scoring import fluency_penalty
 
     torch.manual_seed(0)
     probs = torch.randn(1, 3, tiny_llama.vocab_size).softmax(-1).requires_grad_(True)
     hidden = tiny_llama.hidden(probs @ tiny_llama.embedding_matrix)
     logp = tiny_llama.unembed(hidden[:, :2]).float().log_softmax(-1)
     top = probs[0, 1:].argmax(-1)
-    argmax = fluency_penalty(tiny_llama, hidden, 3, probs, form="argmax")
-    relaxed = fluency_penalty(tiny_llama, hidden, 3, probs, form="relaxed")
+    layout = Layout.uniform(1, 3, tiny_llama.device)
+    rows = probs.reshape(3, -1)
+    argmax = fluency_penalty(tiny_llama, hidden, layout, rows, form="argmax")
+    relaxed = fluency_penalty(tiny_llama, hidden, layout, rows, form="relaxed")
     torch.testing.assert_close(argmax[0], -logp[0, torch.arange(2), top].mean())
     torch.testing.assert_close(relaxed[0], -(probs[0, 1:] * logp[0]).sum(-1).mean())
     assert not torch.isclose(argmax, relaxed).any()

@@ -21,7 +21,6 @@ from sodaray.data import read_dataset
 from sodaray.models import load_model, model_revision
 from sodaray.results import RESULT_SCHEMA, SCHEMA_VERSION, read_results
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.runner.execute import LayoutError
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -170,19 +169,6 @@ def test_model_revision_follows_the_files_not_the_path(tmp_path):
     with (copy / "generation_config.json").open("a") as f:
         f.write("\n")
     assert model_revision(load_model(str(copy))) != original  # same path, other files
-
-
-def test_a_folder_in_the_old_layout_is_refused_in_one_line(tmp_path, capsys):
-    sweep = load_sweep(write_sweep(tmp_path))
-    old = tmp_path / "out" / "clean" / "stories260K_random_soda-temperature=0.05_s0-12345678"
-    old.mkdir(parents=True)
-    (old / "job.json").write_text("{}")
-    with pytest.raises(LayoutError, match="layout before result schema 3"):
-        run_sweep(sweep, tmp_path / "out")  # before any dataset build or Ray start
-    assert not (tmp_path / "out" / "clean" / ".sodaray").exists()
-    assert main(["sweep", "run", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "another --out" in err
 
 
 def test_schema_2_files_read_back_beside_new_ones_with_the_new_columns_null(sweep_out, tmp_path):

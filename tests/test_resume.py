@@ -21,16 +21,16 @@ from sodaray.cli import main
 from sodaray.experiment.spec import ModelSpec
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.runner.execute import (
+from sodaray.experiment.replica import ReplicaWorker
+from sodaray.runner.layout import (
     LOCK_FILE,
     LOCK_STALE_SECONDS,
     acquire_lock,
     meta_folder,
     plan_jobs,
     shard_path,
-    shard_task,
 )
-from sodaray.runner.worker import InversionWorker
+from sodaray.runner.run import shard_unit
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -54,11 +54,14 @@ BUILD = {"name": "random", "build": {"dataset": "random", "lengths": "1", "per_l
 
 def finish_all(plans) -> None:
     """Compute every pending shard in this process (no Ray) and write it as the driver does."""
-    worker = InversionWorker(ModelSpec(str(STORIES)), 1)
-    for plan in plans:
-        for i in plan.pending:
-            out = worker.run_shard(shard_task(plan, i))
-            write_table_atomic(out.table, shard_path(plan.folder, i))
+    worker = ReplicaWorker(ModelSpec(str(STORIES)), 1)
+    try:
+        for plan in plans:
+            for i in plan.pending:
+                *_, out = worker.run(shard_unit(plan, i))
+                write_table_atomic(out.table, shard_path(plan.folder, i))
+    finally:
+        worker.stop()
 
 
 def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):

@@ -79,7 +79,7 @@ def test_killed_actor_loses_and_duplicates_nothing(tmp_path, local_ray):
             killed.append(done.pid)
             os.kill(done.pid, signal.SIGKILL)
 
-    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, stream=False)
+    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once)
     assert killed and not run.failed
     assert rows_by_job(tmp_path / "out") == expected_rows(sweep)
     # The shard handed over before the kill may still finish on the killed actor (a race of a

@@ -8,16 +8,32 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.objectives import context_embeds, objective_loss
+from sodaray.scoring import Layout, context_embeds, objective_loss
+from sodaray.search.base import SlotEntry
 from sodaray.search.embedding import EmbeddingBatch
 from sodaray.search.gcg import GcgBatch
 from sodaray.search.soda import SodaBatch, keyed_normal
 
 
-def relaxed_loss(model, batch, row: int, embeds: torch.Tensor, n: int, probs=None):
-    sub = batch.batch.select(torch.tensor([row]))
+def relaxed_loss(model, observed, objective, row: int, embeds: torch.Tensor, n: int, probs=None):
+    sub = observed.select(torch.tensor([row]))
     hidden = model.hidden(context_embeds(model, embeds, sub))
-    return objective_loss(model, batch.objective, hidden, n, sub, probs).sum()
+    flat = None if probs is None else probs.reshape(-1, probs.shape[-1])
+    layout = Layout.uniform(1, n, embeds.device)
+    return objective_loss(model, objective, hidden, layout, sub, flat).sum()
+
+
+def soda_batch(model, targets, n, cfg):
+    batch = SodaBatch(model)
+    batch.add([SlotEntry(targets, i, n, cfg) for i in range(len(targets))])
+    batch.refresh()
+    return batch
+
+
+def uniform_batch(cls, model, targets, n, cfg):
+    batch = cls(model, cfg, n, torch.Generator().manual_seed(0))
+    batch.add([SlotEntry(targets, i, n, cfg) for i in range(len(targets))])
+    return batch
 
 
 def test_first_bias_corrected_soda_step(tiny_llama):
@@ -25,13 +41,12 @@ def test_first_bias_corrected_soda_step(tiny_llama):
     then decay. Needs the step to advance each slot's moment age (an age of 0 divides by 0)."""
     cfg = sodaray.SodaConfig(bias_correction=True)
     targets = sodaray.make_targets(tiny_llama, [[1, 2], [3, 4]])
-    batch = SodaBatch(tiny_llama, targets, 2, cfg, 2, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(2), np.arange(2))
-    grad = batch.gradient()[0].clone()  # the workspace buffer: the step reuses it
+    batch = soda_batch(tiny_llama, targets, 2, cfg)
+    grad = batch.gradient()[0][:4].clone()  # the workspace buffer: the step reuses it
     batch.step(np.array([1, 1]))
     expected = -0.065 * grad / (grad.abs() + 1e-8) * 0.9
     torch.testing.assert_close(batch.z, expected)
-    assert list(batch.moment_age) == [1, 1]
+    assert list(batch.host["age"]) == [1, 1]
 
 
 def test_soda_fluency_gradient_uses_the_temperature(tiny_llama):
@@ -39,15 +54,17 @@ def test_soda_fluency_gradient_uses_the_temperature(tiny_llama):
     objective = sodaray.Objective(fluency_weight=0.5)
     targets = sodaray.make_targets(tiny_llama, [[1, 2, 3]], objective=objective)
     cfg = sodaray.SodaConfig(temperature=0.7)
-    batch = SodaBatch(tiny_llama, targets, 3, cfg, 1, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(1), np.arange(1))
+    batch = soda_batch(tiny_llama, targets, 3, cfg)
     torch.manual_seed(4)
     batch.z.copy_(torch.randn_like(batch.z))
     grad, _ = batch.gradient()
-    z = batch.z.clone().requires_grad_(True)
+    grad = grad[:3]  # the rows; the guard row after them
+    z = batch.z.clone()[None].requires_grad_(True)
     probs = torch.softmax(z / 0.7, -1)
-    loss = relaxed_loss(tiny_llama, batch, 0, probs @ tiny_llama.embedding_matrix, 3, probs)
+    embeds = probs @ tiny_llama.embedding_matrix
+    loss = relaxed_loss(tiny_llama, batch.observed, objective, 0, embeds, 3, probs)
     (expected,) = torch.autograd.grad(loss, z)
+    expected = expected[0]
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
 
 
@@ -55,16 +72,16 @@ def test_embedding_search_is_adam_per_target_and_a_refill_starts_afresh():
     model = tiny_model("gpt2")
     targets = sodaray.make_targets(model, [[1, 2], [3, 4]])
     cfg = sodaray.EmbeddingConfig(init_std=0.25)
-    batch = EmbeddingBatch(model, targets, 2, cfg, 2, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(2), np.arange(2))
+    batch = uniform_batch(EmbeddingBatch, model, targets, 2, cfg)
     assert abs(batch.x.std().item() - 0.25) < 0.05
+    observed = batch.batch
 
     def reference(x0: torch.Tensor, row: int, steps: int) -> torch.Tensor:
         x = x0.clone().requires_grad_(True)
         opt = torch.optim.Adam([x], lr=0.065, betas=(0.9, 0.995), eps=1e-8)
         for _ in range(steps):
             opt.zero_grad()
-            relaxed_loss(model, batch, row, x[None], 2).backward()
+            relaxed_loss(model, observed, targets.objective, row, x[None], 2).backward()
             opt.step()
         return x.detach()
 
@@ -73,18 +90,18 @@ def test_embedding_search_is_adam_per_target_and_a_refill_starts_afresh():
         batch.step(np.array([s, s]))
     for row in range(2):
         torch.testing.assert_close(batch.x[row], reference(start[row], row, 3))
-    batch.add(torch.tensor([1]), np.array([0]))  # slot 1 takes target 0 from scratch
-    fresh = batch.x[1].clone()
-    batch.step(np.array([4, 1]))
-    torch.testing.assert_close(batch.x[1], reference(fresh, 1, 1))
+    batch.add([SlotEntry(targets, 0, 2, cfg)])  # slot 2 takes target 0 from scratch
+    fresh = batch.x[2].clone()
+    torch.testing.assert_close(fresh, start[0])  # its draw is keyed by (seed, sample id)
+    batch.step(np.array([4, 4, 1]))
+    torch.testing.assert_close(batch.x[2], reference(fresh, 0, 1))
 
 
 def test_gcg_swaps_in_tokens_from_the_gradients_top_k():
     model = tiny_model("llama")
     cfg = sodaray.GcgConfig(num_candidates=100, tokens_per_position=4)
     targets = sodaray.make_targets(model, [[1, 3, 5], [7, 9, 11]])
-    batch = GcgBatch(model, targets, 3, cfg, 2, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(2), np.arange(2))
+    batch = uniform_batch(GcgBatch, model, targets, 3, cfg)
     grad = batch.one_hot_gradient()
     best = (-grad).topk(4, dim=-1).indices  # (B, n, 4): the most negative gradient entries
     cands = batch.sample_candidates(grad)
@@ -115,10 +132,9 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
     cfg = sodaray.SodaConfig(reset_period=3, reinit_period=5, seed=7)
     tokens = [[1, 2], [3, 4], [5, 6]]
     targets = sodaray.make_targets(tiny_llama, tokens)
-    batch = SodaBatch(tiny_llama, targets, 2, cfg, 3, torch.Generator().manual_seed(0))
-    batch.add(torch.arange(3), np.arange(3))
+    batch = soda_batch(tiny_llama, targets, 2, cfg)
     emb = tiny_llama.embedding_matrix
-    z = torch.zeros_like(batch.z)
+    z = torch.zeros_like(batch.z).view(3, 2, -1)
     m, v = torch.zeros_like(z), torch.zeros_like(z)
     compared = 0
     for step in range(1, 13):
@@ -126,7 +142,7 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
         for row in range(3):
             zr = z[row : row + 1].clone().requires_grad_(True)
             probs = torch.softmax(zr / cfg.temperature, -1)
-            loss = relaxed_loss(tiny_llama, batch, row, probs @ emb, 2)
+            loss = relaxed_loss(tiny_llama, batch.observed, targets.objective, row, probs @ emb, 2)
             grads.append(torch.autograd.grad(loss, zr)[0])
         g = torch.cat(grads)
         m = cfg.beta1 * m + (1 - cfg.beta1) * g
@@ -142,8 +158,9 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
             z = torch.stack(
                 [cfg.reinit_std * keyed_normal(z.shape[1:], 7, sid, draw) for sid in range(3)]
             )
-        outcome = batch.step(np.full(3, step))
-        torch.testing.assert_close(batch.z, z, rtol=1e-3, atol=1e-4, msg=f"step {step}")
-        assert torch.equal(outcome.tokens[clear], expected_tokens[clear]), f"step {step}"
+        batch.step(np.full(3, step))
+        torch.testing.assert_close(batch.z.view(3, 2, -1), z, rtol=1e-3, atol=1e-4, msg=f"{step}")
+        tokens = torch.tensor(batch.candidates(np.arange(3)))
+        assert torch.equal(tokens[clear], expected_tokens[clear]), f"step {step}"
         compared += int(clear.sum())
     assert compared >= 30  # most of the 72 candidate tokens were clear enough to compare

@@ -8,7 +8,8 @@ import torch
 from oracle import misreports
 
 import sodaray
-from sodaray.objectives import BatchTargets, hard_match
+from sodaray.observations import BatchTargets
+from sodaray.scoring import hard_match
 
 
 def brute_force_matches(model, targets, row):

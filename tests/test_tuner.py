@@ -6,6 +6,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -55,8 +56,10 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     assert Path(run.storage).name == "study.journal" and Path(run.storage).is_file()
     study = load(run)
     assert len(study.trials) == 2
-    # Solved fraction reported at each checkpoint of each length (2 lengths x 2 checkpoints).
-    assert all(len(t.intermediate_values) == 4 for t in study.trials)
+    # The exact fraction within 20 and within 40 steps (2 checkpoints of 40), never falling.
+    for t in study.trials:
+        assert sorted(t.intermediate_values) == [20, 40]
+        assert t.intermediate_values[20] <= t.intermediate_values[40] == t.value
     # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
     assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["max_steps"] == 40
     assert study.user_attrs["fixed"] == {"max_batch_size": 16}
@@ -108,24 +111,26 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     assert len(load(again).trials) == 3
 
 
-def test_killed_worker_trial_is_failed_and_retried(tmp_path, local_ray):
-    spec = load_tuning(write_tuning(tmp_path, max_steps=400))
+def test_a_trial_whose_replica_dies_runs_again_in_the_same_trial(tmp_path, local_ray):
+    """Its samples' results do not depend on the replica: the trial is run again where Ray
+    restarted it, reports the same checkpoints (not twice), and completes with the value an
+    undisturbed run gives."""
+    spec = load_tuning(write_tuning(tmp_path, max_steps=400, sampler="random"))
     killed: list[int] = []
 
-    def kill_first(number: int, pid: int) -> None:
+    def kill_first(number: int, pids: list[int]) -> None:
         if not killed:
             killed.append(number)
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pids[0], signal.SIGKILL)
 
     run = run_tuning(spec, tmp_path / "out", trials=1, on_launch=kill_first)
-    states = {o.number: o.state for o in run.outcomes}
-    assert states[killed[0]] == "failed"
-    study = load(run)
-    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    retried = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(failed) == 1 and len(retried) == 1
-    assert retried[0].params == failed[0].params  # the same parameters, tried again
-    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert killed and [(o.number, o.state) for o in run.outcomes] == [(killed[0], "complete")]
+    (trial,) = load(run).trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert sorted(trial.intermediate_values) == [200, 400]
+    calm = run_tuning(spec, tmp_path / "calm", trials=1)
+    (same,) = load(calm).trials
+    assert same.params == trial.params and same.value == trial.value
 
 
 def test_trial_left_running_by_a_dead_driver_is_failed_on_resume(tmp_path, local_ray):
@@ -218,7 +223,7 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
 
 def test_a_run_where_no_trial_completed_exits_non_zero():
     from sodaray.tuner.cli import no_trial_completed
-    from sodaray.tuner.study import TrialOutcome, TuneRun
+    from sodaray.tuner.run import TrialOutcome, TuneRun
 
     run = TuneRun("s", "study.journal", Path("out"))
     assert no_trial_completed(run) is None  # nothing added (e.g. the study was already full)
@@ -234,29 +239,48 @@ def test_a_run_where_no_trial_completed_exits_non_zero():
 
 
 def test_a_returned_trial_is_told_in_its_own_state_after_its_rows_are_written(tmp_path, local_ray):
-    """The driver's side of a trial (`_Trials.receive`) on real Ray objects and a real journal:
-    a pruned trial is told PRUNED, a completed one COMPLETE with its value; both have their
-    rows written and their attributes set first."""
-    import optuna
+    """The driver's side of a trial (`_Trials.receive`) on a real journal: a checkpoint is
+    reported once; a pruned trial is told PRUNED, a completed one COMPLETE with its value, a
+    failed one FAIL; each has its rows written and its attributes set first."""
     import pyarrow as pa
-    import ray
 
-    from sodaray.tuner.study import TrialResult, TuneRun, _Trials, open_study
+    from sodaray.experiment.group import Failure
+    from sodaray.experiment.work import Checkpoint, Finished
+    from sodaray.tuner.run import TuneRun, _Trials
+    from sodaray.tuner.study import open_study
 
     spec = load_tuning(write_tuning(tmp_path))
     out = tmp_path / "out"
     study, _ = open_study(spec, str(out / "study.journal"), "s")
-    loop = _Trials(spec, study, TuneRun("s", "-", out), 2, 1, None)
+
+    class Group:  # the actor group's side: which trials were cancelled
+        cancelled: list[str] = []
+
+        def cancel(self, key: str) -> bool:
+            self.cancelled.append(key)
+            return False
+
+    loop = _Trials(spec, study, TuneRun("s", "-", out), {"sample_id": [0, 1]}, None, Group(), None)
     states = {}
-    for state, exact in (("pruned", [True, False]), ("complete", [True, True])):
+    for state, exact in (("pruned", [True, False]), ("complete", [True, True]), ("failed", [])):
         trial = study.ask(spec.distributions())
-        table = pa.table({"exact": exact})
-        ref = ray.put(TrialResult(state, sum(exact) / 2, sum(exact), 2, 1.5, table, None))
-        loop.in_flight[ref] = (3, trial.number, trial.params, 0.0)
-        slot, outcome = loop.receive(ref)
-        assert (slot, outcome.number, outcome.state) == (3, trial.number, state)
+        key = f"trial-{trial.number:05d}"
+        unit = SimpleNamespace(key=key, samples=2)
+        loop.live[key], loop.reported[key] = (trial, 0.0), set()
+        if state == "pruned":
+            loop.pruned.add(key)
+        for _ in range(2):  # a retried trial reports its checkpoint again: recorded once
+            assert loop.receive(unit, Checkpoint(key, 0, 20, 1, 1, 2)) is None
+        table = pa.table({"exact": exact, "final_loss": [0.5] * len(exact)})
+        end = Failure(key, 3, "boom", True) if state == "failed" else Finished(key, table, 1.5, 1)
+        outcome = loop.receive(unit, end)
+        assert (outcome.number, outcome.state) == (trial.number, state)
         frozen = study.get_trials(deepcopy=False)[trial.number]
-        states[state] = (frozen.state, frozen.value, frozen.user_attrs["exact"])
-        assert (out / "trials" / f"trial-{trial.number:05d}.parquet").is_file()
+        assert frozen.intermediate_values == {20: 0.5}
+        states[state] = (frozen.state, frozen.value, frozen.user_attrs.get("exact"))
+        written = (out / "trials" / f"{key}.parquet").is_file()
+        assert written == (state != "failed")
     assert states["pruned"] == (optuna.trial.TrialState.PRUNED, None, 1)
     assert states["complete"] == (optuna.trial.TrialState.COMPLETE, 1.0, 2)
+    assert states["failed"] == (optuna.trial.TrialState.FAIL, None, None)
+    assert Group.cancelled == []  # nothing asked the pruner to stop these

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.data.tokenizer import DatasetError
-from sodaray.validation import first_line
+from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
 

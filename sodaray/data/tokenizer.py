@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sodaray.validation import first_line
+from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sodaray.errors import first_line
 from sodaray.experiment.spec import ModelSpec
-from sodaray.validation import first_line
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +92,18 @@ def ray_session(requests: list[tuple[str, float, float]], address: str | None) -
             ray.shutdown()
 
 
-def actor_class(cls: type, model: ModelSpec, task_retries: int) -> Any:
-    """`cls` as a Ray actor class that asks for a model entry's resources and is restarted
-    whenever it dies (`task_retries`: how often Ray itself re-runs a call it was in)."""
+def actor_class(cls: type, model: ModelSpec, concurrency: int = 1) -> Any:
+    """`cls` as a Ray actor class that asks for a model entry's resources, runs up to
+    `concurrency` calls at once (threads), and is restarted whenever it dies. Ray never re-runs
+    a call itself: the caller decides what a failed call means (`experiment.group`)."""
     import ray
 
     return ray.remote(cls).options(
         num_cpus=model.num_cpus,
         num_gpus=model.num_gpus,
         max_restarts=-1,
-        max_task_retries=task_retries,
+        max_task_retries=0,
+        max_concurrency=concurrency,
     )
 
 

@@ -1,17 +1,32 @@
-"""A model entry loaded inside a Ray actor: on the GPU Ray assigned it, or the CPU."""
+"""A model replica inside a Ray actor: the model loaded once (on the GPU Ray assigned it, or the
+CPU), one engine stepping every sample of every unit in flight together, and the result rows.
+
+The actor is threaded: each unit in flight is one call, a streaming generator that submits the
+unit's samples to the shared engine and yields its checkpoints and then its rows, so the engine's
+batches draw on all of them at once (sweep shards of any job and length, study trials).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import queue
 import socket
-from collections.abc import Sequence
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from sodaray.errors import first_line
 from sodaray.experiment.spec import ModelSpec
+from sodaray.experiment.work import Checkpoint, Finished, Unit
 from sodaray.models import LoadedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
+
+TARGET_CACHE = 8  # target sets kept for units that come back with the same rows (trials)
 
 
 def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
@@ -73,3 +88,150 @@ def replica_rows(
         return values if values is None or picked is None else [values[i] for i in picked]
 
     return result_rows(results, run, true_texts=column("text"), pii_labels=column("pii_labels"))
+
+
+class ReplicaWorker:
+    """One model replica; wrapped with `ray.remote` by `experiment.group` (threaded: one call per
+    unit in flight), kept a plain class so it is testable without Ray."""
+
+    def __init__(self, spec: ModelSpec, num_cpus: float = 1.0) -> None:
+        import torch
+
+        from sodaray.search.engine import Engine
+
+        self.spec = spec
+        self.model = load_replica(spec, num_cpus)
+        self.engine = Engine(self.model, mix_lengths=spec.mix_lengths)
+        self.works: dict[str, Any] = {}
+        self.failed: BaseException | None = None
+        self._targets: OrderedDict[Any, Any] = OrderedDict()
+        self._threads = torch.get_num_threads()
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, name="sodaray-engine", daemon=True).start()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self) -> None:
+        """End the engine's thread (a replica used outside Ray, e.g. in tests)."""
+        self._stop.set()
+
+    def _serve(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads)  # OpenMP's thread count is per calling thread
+        try:
+            self.engine.serve(self._stop)
+        except BaseException as exc:  # every unit in flight has been handed the error
+            log.error("the engine stopped: %s", exc)
+            self.failed = exc
+
+    def cancel(self, key: str) -> None:
+        """Stop unit `key`: its call yields the rows finished so far, marked cancelled."""
+        work = self.works.get(key)
+        if work is not None:
+            self.engine.cancel(work)
+
+    def run(self, unit: Unit) -> Iterator[Checkpoint | Finished]:
+        """Invert `unit`'s samples on the shared engine; yield its checkpoints as they are
+        reached, then its rows. An error in the unit (a bad input) is raised here alone."""
+        from sodaray.api import invert, length_plans
+        from sodaray.search.engine import Work
+
+        if self.failed is not None:
+            raise RuntimeError(f"this replica's engine stopped: {first_line(self.failed)}")
+        start = time.perf_counter()
+        length = (
+            None
+            if unit.length == "fixed"
+            else "auto"
+            if unit.length == "auto"
+            else int(unit.length)
+        )
+        with self.engine.lock:  # no step runs on the model while targets are built
+            targets = self.targets(unit)
+            inverted = None
+            if unit.search.algorithm == "inverter":  # one forward pass, no step-wise search
+                inverted = invert(self.model, targets, unit.search, length=length)
+        if inverted is not None:
+            yield self._finished(unit, inverted, list(range(len(inverted))), start, False)
+            return
+        events: queue.Queue[Any] = queue.Queue()
+        finished: list[int] = []
+
+        def checkpoint(index: int, step: int) -> None:  # on the engine thread, in step order
+            done = [work.results[r] for r in finished if work.results[r].steps <= step]
+            found = sum(r.found for r in done)
+            exact = sum(bool(r.exact) for r in done)
+            events.put(Checkpoint(unit.key, index, step, found, exact, unit.samples))
+
+        work = Work(
+            targets,
+            unit.search,
+            length_plans(self.model, targets, length, unit.max_length),
+            on_result=lambda row, _: finished.append(row),
+            checkpoints=unit.checkpoints,
+            on_checkpoint=checkpoint,
+            on_done=lambda: events.put(None),
+        )
+        self.works[unit.key] = work
+        try:
+            self.engine.submit(work)
+            while (item := events.get()) is not None:
+                yield item
+        finally:  # also when the driver stops listening: the engine drops the unit
+            self.works.pop(unit.key, None)
+            if not work._finished:
+                self.engine.cancel(work)
+        if work.error is not None:
+            raise RuntimeError(f"the engine stopped: {first_line(work.error)}") from work.error
+        rows = sorted(work.results)
+        results = [work.results[r] for r in rows]
+        yield self._finished(unit, results, rows, start, work.cancelled)
+
+    def targets(self, unit: Unit) -> Any:
+        """The unit's target set, built once for rows and an observation seen before (a study's
+        trials share their rows; their objectives differ in the loss only)."""
+        from sodaray.targets import make_targets
+
+        objective = unit.objective
+        key = (
+            tuple(unit.rows["sample_id"]),
+            tuple(map(tuple, unit.rows["tokens"])),
+            objective.shape(),
+            objective.atol,
+            objective.rtol,
+        )
+        targets = self._targets.pop(key, None)
+        if targets is None:
+            targets = make_targets(self.model, unit.rows["tokens"], objective=objective)
+            targets.sample_ids = list(unit.rows["sample_id"])
+        self._targets[key] = targets
+        while len(self._targets) > TARGET_CACHE:
+            self._targets.popitem(last=False)
+        return dataclasses.replace(targets, objective=objective)
+
+    def _finished(
+        self, unit: Unit, results: list[Any], rows: list[int], start: float, cancelled: bool
+    ) -> Finished:
+        table = replica_rows(
+            self.model,
+            self.spec,
+            results,
+            unit.objective,
+            unit.rows,
+            rows,
+            length_mode=unit.length_mode,
+            **unit.context,
+        )
+        took = self.engine.take_occupancy()
+        return Finished(
+            unit.key,
+            table,
+            time.perf_counter() - start,
+            os.getpid(),
+            cancelled,
+            took.slot_steps,
+            took.capacity_steps,
+            took.steps,
+        )

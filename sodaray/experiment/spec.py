@@ -19,10 +19,11 @@ from typing import Any, Literal
 import yaml
 
 from sodaray.api import make_config
+from sodaray.errors import first_line
 from sodaray.objectives import Objective
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1, coerce_fields, first_line, make_objective, yaml_load
+from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective, yaml_load
 
 Fail = Callable[[str, str], ValueError]
 
@@ -64,6 +65,9 @@ class ModelSpec:
     num_gpus: float = field(default=0.0, metadata={"min": 0})
     num_cpus: float = field(default=1.0, metadata={"above": 0})
     replicas: int = field(default=1, metadata=AT_LEAST_1)
+    # Inputs of every length in one batch (one padded pass: faster), or a batch per length
+    # (bit-for-bit results whatever shares the batch; see `sodaray.search.engine`).
+    mix_lengths: bool = True
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
     # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
     # another node runs in that node's working directory, where `../models/x` is another folder
@@ -82,6 +86,7 @@ class ModelSpec:
             num_cpus=self.num_cpus,
             replicas=self.replicas,
             dtype=self.dtype,
+            mix_lengths=self.mix_lengths,
         )
 
     def resolved(self) -> ModelSpec:

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import BatchTargets, hard_match
+from sodaray.observations import BatchTargets
+from sodaray.scoring import hard_match
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.targets import TargetSet
 
@@ -37,13 +38,6 @@ class InverterConfig(SearchConfig):
         super().validate()
         if not self.checkpoint:
             raise ValueError("the inverter needs checkpoint=PATH (from sodaray train-inverter)")
-
-
-class _NoBatch:
-    """The inverter is not a step-wise search; `invert` dispatches it before the pool."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise RuntimeError("the inverter runs through run_inverter, not the search pool")
 
 
 def _observation(targets: TargetSet, meta: InverterMeta) -> torch.Tensor:

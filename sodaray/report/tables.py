@@ -76,7 +76,7 @@ def variant_label(algorithm: str, params: str | None) -> str:
 
     if algorithm not in ALGORITHMS:
         return algorithm
-    return ALGORITHMS[algorithm][0].variant_label(json.loads(params) if params else {})
+    return ALGORITHMS[algorithm].variant_label(json.loads(params) if params else {})
 
 
 def main_variants(df: pd.DataFrame) -> list[str]:
@@ -84,7 +84,7 @@ def main_variants(df: pd.DataFrame) -> list[str]:
     version does not know (so no result row silently leaves a comparison table)."""
     from sodaray.api import ALGORITHMS
 
-    known = [config.variant_label({}) for config, _ in ALGORITHMS.values()]
+    known = [config.variant_label({}) for config in ALGORITHMS.values()]
     other = sorted(set(df["algorithm"]) - set(ALGORITHMS))
     return [v for v in known + other if v in set(df["variant"])]
 

@@ -11,27 +11,21 @@ from typing import TYPE_CHECKING
 from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
-    from sodaray.runner.execute import (
-        JobStatus,
-        ShardDone,
-        ShardFailed,
-        SweepInterrupted,
-        SweepRun,
-        run_sweep,
-        sweep_status,
-    )
+    from sodaray.runner.layout import JobStatus, sweep_status
+    from sodaray.runner.run import ShardDone, ShardFailed, SweepInterrupted, SweepRun, run_sweep
     from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep
 
-_EXECUTE = "sodaray.runner.execute"
+_RUN = "sodaray.runner.run"
+_LAYOUT = "sodaray.runner.layout"
 _SPEC = "sodaray.runner.spec"
 _LAZY: dict[str, str] = {
-    "JobStatus": _EXECUTE,
-    "ShardDone": _EXECUTE,
-    "ShardFailed": _EXECUTE,
-    "SweepInterrupted": _EXECUTE,
-    "SweepRun": _EXECUTE,
-    "run_sweep": _EXECUTE,
-    "sweep_status": _EXECUTE,
+    "JobStatus": _LAYOUT,
+    "ShardDone": _RUN,
+    "ShardFailed": _RUN,
+    "SweepInterrupted": _RUN,
+    "SweepRun": _RUN,
+    "run_sweep": _RUN,
+    "sweep_status": _LAYOUT,
     "DatasetSpec": _SPEC,
     "Job": _SPEC,
     "ModelSpec": _SPEC,

@@ -32,12 +32,6 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, help=argparse.SUPPRESS)  # renamed: refused by name
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
     run.add_argument(
-        "--one-shard-per-call",
-        action="store_true",
-        help="hand actors one shard at a time (the old way: each shard's batch drains on its "
-        "own; for comparisons)",
-    )
-    run.add_argument(
         "--mlflow",
         metavar="URI",
         help="log each job's summary to this MLflow tracking URI when the run ends "
@@ -80,7 +74,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     check_output_dir(args.out)
     track = None
     if args.mlflow:
-        from sodaray.tracking import sweep_logger
+        from sodaray.runner.tracking import sweep_logger
 
         track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
     progress = _Progress(sweep.name)
@@ -107,7 +101,6 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             on_start=on_start,
             on_shard=progress.shard,
-            stream=not args.one_shard_per_call,
         )
     except SweepInterrupted as stop:
         progress.close()
@@ -163,7 +156,7 @@ class _Progress:
             )
 
     def shard(self, done) -> None:
-        from sodaray.runner.execute import mean_occupancy
+        from sodaray.runner.run import mean_occupancy
 
         self.done.append(done)
         self.found[done.job] += done.found
@@ -211,9 +204,9 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
+    from sodaray.errors import first_line
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import calibrate, format_duration, job_cost
-    from sodaray.validation import first_line
 
     if args.rate is not None and not args.rate > 0:
         raise ValueError(f"--rate must be a positive number, not {args.rate}")

@@ -1,9 +1,11 @@
-"""The one Adam step SODA and embedding search share: per-slot state, updated in place."""
+"""The one Adam step SODA and embedding search share: per-slot (or per-row) state, in place."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+Hyper = float | Tensor  # one value for every row, or a column broadcast over each row
 
 
 @torch.no_grad()
@@ -13,25 +15,40 @@ def adam_step(
     m: Tensor,
     v: Tensor,
     *,
-    learning_rate: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    step: Tensor | None = None,
+    learning_rate: Hyper,
+    beta1: Hyper,
+    beta2: Hyper,
+    eps: Hyper,
+    correction: tuple[Tensor, Tensor] | None = None,
 ) -> None:
-    """One Adam step on a batch of slots (leading dimension B), in place.
+    """One Adam step on a batch of rows, in place.
 
-    `step` (B,) float32 is each slot's step count since its moments were last zeroed: given, the
-    moments are bias-corrected per slot (standard Adam: m / (1 - beta1^t)); None skips the
-    correction (SODA's default). `grad` is consumed: its memory is reused for the denominator.
+    Each hyperparameter is a float, or a tensor broadcast against `param` (a (T, 1) column gives
+    every row its own value: searches of different configs share one batch); a tensor `beta1` or
+    `beta2` is float64, so that 1 - beta rounds to float32 as it does from a float. `correction` is
+    (1 - beta1^t, 1 - beta2^t) per row, t the steps since its moments were last zeroed: given,
+    the moments are bias-corrected (standard Adam: m / (1 - beta1^t)); None skips the correction
+    (SODA's default; a row whose factors are 1 is uncorrected too). `grad` is consumed: its
+    memory holds the squared gradient and then the denominator.
     """
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    if step is None:
-        denom = torch.sqrt(v, out=grad).add_(eps)
-        param.addcdiv_(m, denom, value=-learning_rate)
-        return
-    per_slot = (-1,) + (1,) * (param.dim() - 1)
-    m_hat = m / (1 - beta1**step).view(per_slot)
-    denom = torch.div(v, (1 - beta2**step).view(per_slot), out=grad).sqrt_().add_(eps)
-    param.addcdiv_(m_hat, denom, value=-learning_rate)
+    m.lerp_(grad, _one_minus(beta1))  # beta1 m + (1 - beta1) g, one pass
+    v.lerp_(grad.mul_(grad), _one_minus(beta2))
+    denom = torch.sqrt(v, out=grad)
+    step = learning_rate
+    if correction is not None:
+        first, second = correction
+        denom.div_(second.sqrt())  # sqrt(v / (1 - beta2^t))
+        step = learning_rate / first
+    denom.add_(eps)
+    if isinstance(step, Tensor):
+        param.addcmul_(torch.div(m, denom, out=denom), step, value=-1.0)
+    else:
+        param.addcdiv_(m, denom, value=-step)
+
+
+def _one_minus(beta: Hyper) -> Hyper:
+    if isinstance(beta, Tensor):
+        if beta.dtype != torch.float64:
+            raise TypeError("a beta column is float64 (1 - beta is then rounded once)")
+        return (1.0 - beta).float()
+    return 1.0 - beta

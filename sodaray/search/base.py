@@ -1,8 +1,10 @@
-"""What every search algorithm shares: the run-level config fields, the per-target result, and
-the batch-state protocol the refilling pool drives."""
+"""What every search algorithm shares: the run-level config fields, the per-target result, the
+batch protocol the engine drives (`BatchSearch`), and the base of the equal-length batches
+(`UniformBatch`: GCG and embedding search; SODA's batch mixes lengths and configs)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Protocol
 
@@ -10,7 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.objectives import BatchTargets, hard_match
+from sodaray.models import LoadedModel
+from sodaray.observations import BatchTargets
+from sodaray.scoring import Layout, check_candidates
+from sodaray.search.slots import Buffers
 from sodaray.targets import TargetSet
 
 # Step counters are int64 tensors and schedules multiply them; a billion steps is days per target.
@@ -110,72 +115,167 @@ class InversionResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class SlotEntry:
+    """One search entering a batch: target `row` of `targets`, searched at `length` tokens with
+    `config`."""
+
+    targets: TargetSet
+    row: int
+    length: int
+    config: SearchConfig
+
+    @property
+    def sample_id(self) -> int:
+        return int(self.targets.sample_ids[self.row])
+
+
 @dataclass
 class StepOutcome:
-    """One step of a batch: which slots matched, their argmax tokens and relaxed loss."""
+    """One step of a batch: which slots matched, their relaxed loss, and what the step's
+    forward pass computed (sequence positions, padding included) against what the slots' own
+    sequences hold."""
 
-    found: Tensor  # (B,) bool
-    tokens: Tensor  # (B, n) long
-    loss: Tensor  # (B,) float
+    found: np.ndarray  # (B,) bool, on the host
+    loss: Tensor  # (B,)
+    positions: int = 0
+    useful: int = 0
 
 
 class BatchSearch(Protocol):
-    """A batch of equal-length searches in slots; the pool adds, steps and compacts it."""
+    """A batch of searches in slots 0..B-1, driven by the engine: searches enter at the end
+    (`add`), every slot advances one step at a time, and finished ones leave by a removal plan
+    (`sodaray.search.slots.removal_plan`) that the engine applies to its own arrays too."""
 
-    def add(self, slots: Tensor, rows: np.ndarray) -> None:
-        """Start fresh searches for target `rows` in `slots`."""
+    def add(self, entries: Sequence[SlotEntry]) -> None:
+        """Start fresh searches for `entries` in new slots B..B+k-1."""
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         """Advance every slot by one step; `steps_after` is each slot's own count after it."""
 
-    def keep(self, slots: Tensor) -> None:
-        """Drop every slot not in `slots` (the batch shrinks when the queue is empty)."""
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        """Drop slots by a removal plan."""
+
+    def candidates(self, slots: np.ndarray) -> list[list[int]]:
+        """The candidates the last step checked for `slots`."""
 
 
-class BatchState:
-    """What every algorithm's batch holds: the model, the targets in its slots, and the tokens
-    each slot last sent to the hard-max check."""
+class UniformBatch:
+    """The base of equal-length, one-config batches: the model, the observed rows of the
+    targets in the slots, their last candidates, and the hard-max check.
+
+    A subclass names its own per-slot state in `start` (the tensors a new slot begins with);
+    they live in `self.slots` beside the observed rows, so entering and leaving is handled
+    here for every algorithm."""
 
     def __init__(
-        self,
-        model: Any,
-        targets: TargetSet,
-        length: int,
-        config: SearchConfig,
-        slots: int,
-        generator: torch.Generator,
+        self, model: LoadedModel, config: SearchConfig, length: int, generator: torch.Generator
     ) -> None:
-        self.model, self.targets, self.n, self.cfg = model, targets, length, config
-        self.objective = targets.objective
-        self.generator = generator
-        dev = model.device
-        self.batch = BatchTargets.from_set(targets, np.zeros(slots, dtype=np.int64), dev)
-        self.last_checked = torch.full((slots, length), -1, device=dev, dtype=torch.long)
+        self.model, self.cfg, self.n, self.generator = model, config, length, generator
+        self.slots = Buffers()
+        self.objective: Any = None
+        self.atol = self.rtol = 0.0
+        self.current: Tensor | None = None  # (B, n) candidates of the last step
 
-    def add_targets(self, slots: Tensor, rows: np.ndarray) -> None:
-        """Put target `rows` in `slots`, with nothing checked yet."""
-        self.last_checked[slots] = -1
-        self.batch.put(slots, BatchTargets.from_set(self.targets, rows, self.model.device))
+    def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
+        """The algorithm's state for new slots (subclasses)."""
+        return {}
 
-    def keep_targets(self, slots: Tensor) -> None:
-        self.last_checked = self.last_checked[slots]
-        self.batch = self.batch.select(slots)
+    def add(self, entries: Sequence[SlotEntry]) -> None:
+        if not entries:
+            return
+        if any(e.length != self.n or e.config != self.cfg for e in entries):
+            raise ValueError("a uniform batch holds one length and one config")
+        first = entries[0].targets
+        if self.objective is None:
+            self.objective, self.atol, self.rtol = first.objective, first.atol, first.rtol
+        dev = self.model.device
+        rows = observed_rows(entries, dev)
+        last = torch.full((len(entries), self.n), -1, dtype=torch.long, device=dev)
+        self.slots.append({**rows.fields(), "last": last, **self.start(entries)})
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        self.slots.remove(left, holes, movers)
+        if self.current is not None:
+            self.current = self.current[: max(left, 0)]  # refreshed by the next step
+
+    @property
+    def batch(self) -> BatchTargets:
+        """The observed rows of the live slots."""
+        s = self.slots
+        return BatchTargets(
+            *(s[name] if name in s else None for name in BatchTargets.FIELDS)  # type: ignore[arg-type]
+        )
+
+    @property
+    def layout(self) -> Layout:
+        return Layout.uniform(len(self.slots), self.n, self.model.device)
 
     @torch.no_grad()
     def check(self, tokens: Tensor) -> Tensor:
         """The hard-max check (found mask), run only for slots whose tokens changed since their
         last check. An unchanged candidate already failed, so skipping it changes no outcome."""
+        self.current = tokens
         found = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-        changed = (tokens != self.last_checked).any(1).nonzero().squeeze(1)
+        last = self.slots["last"]
+        changed = (tokens != last).any(1).nonzero().squeeze(1)
         if len(changed):
-            found[changed] = hard_match(
+            layout = Layout.uniform(len(changed), self.n, tokens.device)
+            found[changed] = check_candidates(
                 self.model,
                 self.objective,
-                tokens[changed],
+                layout,
+                tokens[changed].reshape(-1),
                 self.batch,
-                self.targets.atol,
-                self.targets.rtol,
-                rows=changed,
+                changed,
+                self.atol,
+                self.rtol,
             )
-            self.last_checked[changed] = tokens[changed]
+            last[changed] = tokens[changed]
         return found
+
+    def candidates(self, slots: np.ndarray) -> list[list[int]]:
+        assert self.current is not None
+        return self.current[torch.as_tensor(slots, device=self.current.device)].tolist()
+
+    def outcome(self, found: Tensor, loss: Tensor) -> StepOutcome:
+        width = len(self.model.prefix_ids) + self.n + self.objective.output_tokens - 1
+        positions = len(self.slots) * width
+        return StepOutcome(found.cpu().numpy(), loss.detach(), positions, positions)
+
+
+def observed_rows(entries: Sequence[SlotEntry], device: torch.device) -> BatchTargets:
+    """The observed rows of `entries` in order, from however many target sets they come."""
+    parts: list[tuple[list[int], BatchTargets]] = []
+    by_set: dict[int, tuple[TargetSet, list[int], list[int]]] = {}
+    for i, e in enumerate(entries):
+        by_set.setdefault(id(e.targets), (e.targets, [], []))
+        by_set[id(e.targets)][1].append(i)
+        by_set[id(e.targets)][2].append(e.row)
+    for targets, where, rows in by_set.values():
+        parts.append((where, BatchTargets.from_set(targets, np.asarray(rows), device)))
+    if len(parts) == 1:
+        return parts[0][1]
+    order = torch.as_tensor(np.argsort(np.concatenate([w for w, _ in parts])), device=device)
+    merged = {}
+    for name in BatchTargets.FIELDS:
+        pieces = [getattr(b, name) for _, b in parts]
+        if any(p is None for p in pieces):
+            if not all(p is None for p in pieces):
+                raise ValueError(f"targets in one batch differ in {name}")
+            merged[name] = None
+            continue
+        merged[name] = torch.cat(pieces)[order]
+    return BatchTargets(**merged)
+
+
+_STREAMS = {"reinit": 0x50DA, "start": 0x57A7}  # keep each kind of keyed draw apart
+
+
+def keyed_generator(seed: int, sample_id: int, draw: int, stream: str) -> torch.Generator:
+    """A CPU generator that depends only on (seed, sample id, draw number, stream): a sample's
+    random draws do not depend on its batch neighbours, its slot, or the actor it runs on.
+    Sample ids are hashed into the key as unsigned 64-bit words (negative ids wrap)."""
+    key = [int(seed) % 2**64, int(sample_id) % 2**64, int(draw) % 2**64, _STREAMS[stream]]
+    state = np.random.SeedSequence(key).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))

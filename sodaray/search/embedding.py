@@ -1,24 +1,25 @@
 """Embedding-search baseline (paper appendix Algorithm 2).
 
-Continuous input embeddings X (n x d) start from N(0, 1) and follow standard Adam (with bias
-correction); the recovered input is the nearest vocabulary embedding at each position, found in
-vocabulary chunks so a (B*n, V) distance matrix never exists at once.
+Continuous input embeddings X (n x d) start from N(0, 1) (keyed by seed and sample id) and
+follow standard Adam (with bias correction); the recovered input is the nearest vocabulary
+embedding at each position, found in vocabulary chunks so a (B*n, V) distance matrix never
+exists at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.models import LoadedModel
-from sodaray.objectives import context_embeds, objective_loss
+from sodaray.scoring import context_embeds, objective_loss
 from sodaray.search.adam import adam_step
-from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.search.base import SearchConfig, SlotEntry, StepOutcome, UniformBatch, keyed_generator
 from sodaray.search.denormals import flush_denormals
-from sodaray.targets import TargetSet
 
 
 @dataclass
@@ -72,59 +73,56 @@ def nearest_tokens(
     return best_index.view(x.shape[:-1])
 
 
-class EmbeddingBatch(BatchState):
-    """Continuous inputs (B, n, d) with their Adam moments."""
+class EmbeddingBatch(UniformBatch):
+    """Continuous inputs (B, n, d) with their Adam moments, equal lengths, one config."""
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        targets: TargetSet,
-        length: int,
-        config: EmbeddingConfig,
-        slots: int,
-        generator: torch.Generator,
-    ) -> None:
-        super().__init__(model, targets, length, config, slots, generator)
-        d = model.embedding_matrix.shape[1]
-        dev = model.device
-        self.x = torch.zeros((slots, length, d), device=dev, dtype=torch.float32)
-        self.m = torch.zeros_like(self.x)
-        self.v = torch.zeros_like(self.x)
-        self.age = torch.zeros(slots, device=dev, dtype=torch.float32)
+    mixes_lengths: ClassVar[bool] = False
 
-    def add(self, slots: Tensor, rows: np.ndarray) -> None:
-        shape = (len(slots), self.n, self.x.shape[-1])
-        init = torch.randn(shape, generator=self.generator, device=self.generator.device)
-        self.x[slots] = init.to(self.x.device) * self.cfg.init_std
-        self.m[slots] = 0.0
-        self.v[slots] = 0.0
-        self.age[slots] = 0.0
-        self.add_targets(slots, rows)
+    def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
+        """X from N(0, init_std^2), keyed by (seed, sample id) so a sample starts alike in any
+        batch; moments and the moment age at zero."""
+        d = self.model.embedding_matrix.shape[1]
+        dev = self.model.device
+        x = torch.stack(
+            [
+                torch.randn(
+                    (self.n, d), generator=keyed_generator(self.cfg.seed, e.sample_id, 0, "start")
+                )
+                for e in entries
+            ]
+        ).to(dev)
+        return {
+            "x": x * self.cfg.init_std,
+            "m": torch.zeros_like(x),
+            "v": torch.zeros_like(x),
+            "age": torch.zeros(len(entries), device=dev),
+        }
 
-    def keep(self, slots: Tensor) -> None:
-        self.x, self.m, self.v = self.x[slots], self.m[slots], self.v[slots]
-        self.age = self.age[slots]
-        self.keep_targets(slots)
+    @property
+    def x(self) -> Tensor:
+        return self.slots["x"]
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         x = self.x.detach().requires_grad_(True)
         with torch.enable_grad(), flush_denormals(x.device):  # gradient pass only
             embeds = x.to(self.model.dtype)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
-            loss = objective_loss(self.model, self.objective, hidden, self.n, self.batch)
+            loss = objective_loss(self.model, self.objective, hidden, self.layout, self.batch)
             (grad,) = torch.autograd.grad(loss.sum(), x)
         c = self.cfg
-        self.age += 1
+        age = self.slots["age"]
+        age += 1
+        per_slot = age.view(-1, 1, 1)
         adam_step(
             self.x,
             grad,
-            self.m,
-            self.v,
+            self.slots["m"],
+            self.slots["v"],
             learning_rate=c.learning_rate,
             beta1=c.beta1,
             beta2=c.beta2,
             eps=c.eps,
-            step=self.age,
+            correction=(1 - c.beta1**per_slot, 1 - c.beta2**per_slot),
         )
         tokens = nearest_tokens(
             self.x / self.model.embed_scale,  # nearest to the scaled rows the model looks up
@@ -133,4 +131,4 @@ class EmbeddingBatch(BatchState):
             chunk=self.cfg.vocab_chunk,
         )
         found = self.check(tokens)
-        return StepOutcome(found=found, tokens=tokens, loss=loss.detach())
+        return self.outcome(found, loss)

@@ -1,15 +1,17 @@
 """GCG baseline (paper appendix Algorithm 3, after Zou et al. 2023).
 
-Per target, one-hot inputs start from random tokens. Each step: the gradient of the loss with
-respect to the one-hot gives, per position, the top-k most promising replacement tokens; each of
-`num_candidates` candidates changes one uniformly chosen position to one of that position's
-top-k tokens, chosen uniformly; all candidates of all samples are scored by the model in chunks
-and each sample moves to its best candidate; the hard-max check stops a sample that matches.
+Per target, one-hot inputs start from random tokens (keyed by seed and sample id). Each step:
+the gradient of the loss with respect to the one-hot gives, per position, the top-k most
+promising replacement tokens; each of `num_candidates` candidates changes one uniformly chosen
+position to one of that position's top-k tokens, chosen uniformly; all candidates of all samples
+are scored by the model in chunks and each sample moves to its best candidate; the hard-max
+check stops a sample that matches.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -19,10 +21,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.objectives import context_embeds, objective_loss
-from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.scoring import Layout, context_embeds, objective_loss
+from sodaray.search.base import (
+    SearchConfig,
+    SlotEntry,
+    StepOutcome,
+    UniformBatch,
+    keyed_generator,
+)
 from sodaray.search.denormals import flush_denormals
-from sodaray.targets import TargetSet
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +68,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
     )
 
 
-class GcgBatch(BatchState):
-    """Current tokens (B, n) of a batch of equal-length GCG searches."""
+class GcgBatch(UniformBatch):
+    """Current tokens (B, n) of a batch of equal-length GCG searches of one config."""
 
+    mixes_lengths: ClassVar[bool] = False
     # Tests set this to force the out-of-memory fallback at a small chunk size.
     simulated_memory_limit: int | None = None
 
     def __init__(
-        self,
-        model: LoadedModel,
-        targets: TargetSet,
-        length: int,
-        config: GcgConfig,
-        slots: int,
-        generator: torch.Generator,
+        self, model: LoadedModel, config: GcgConfig, length: int, generator: torch.Generator
     ) -> None:
-        super().__init__(model, targets, length, config, slots, generator)
+        super().__init__(model, config, length, generator)
         dev = model.device
         self.allowed = torch.ones(model.vocab_size, dtype=torch.bool, device=dev)
         if config.exclude_tokens:
@@ -87,22 +89,27 @@ class GcgBatch(BatchState):
         if int(self.allowed.sum()) == 0:
             raise ValueError("exclude_tokens removes the whole vocabulary")
         self.allowed_ids = self.allowed.nonzero().squeeze(1)
-        self.tokens = torch.zeros((slots, length), dtype=torch.long, device=dev)
         self.chunk = config.eval_batch_size
 
-    def add(self, slots: Tensor, rows: np.ndarray) -> None:
-        pick = torch.randint(
-            len(self.allowed_ids),
-            (len(slots), self.n),
-            generator=self.generator,
-            device=self.generator.device,
-        ).to(self.tokens.device)
-        self.tokens[slots] = self.allowed_ids[pick]
-        self.add_targets(slots, rows)
+    def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
+        """Random allowed tokens, drawn from a key of (seed, sample id): a sample starts from
+        the same tokens whatever else enters the batch with it."""
+        picks = torch.stack(
+            [
+                torch.randint(
+                    len(self.allowed_ids),
+                    (self.n,),
+                    generator=keyed_generator(self.cfg.seed, e.sample_id, 0, "start"),
+                )
+                for e in entries
+            ]
+        )
+        return {"tokens": self.allowed_ids[picks.to(self.allowed_ids.device)]}
 
-    def keep(self, slots: Tensor) -> None:
-        self.tokens = self.tokens[slots]
-        self.keep_targets(slots)
+    @property
+    def tokens(self) -> Tensor:
+        """Each slot's current tokens (B, n), in place."""
+        return self.slots["tokens"]
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
         grad = self.one_hot_gradient()
@@ -110,14 +117,15 @@ class GcgBatch(BatchState):
         losses = self.score(candidates)  # (B, C)
         best = losses.argmin(1)
         rows = torch.arange(len(best), device=best.device)
-        self.tokens = candidates[rows, best]
+        self.tokens.copy_(candidates[rows, best])
         loss = losses[rows, best]
-        found = self.check(self.tokens)
-        return StepOutcome(found=found, tokens=self.tokens.clone(), loss=loss)
+        found = self.check(self.tokens.clone())
+        return self.outcome(found, loss)
 
     def one_hot_gradient(self) -> Tensor:
         one_hot = F.one_hot(self.tokens, self.model.vocab_size).to(self.model.dtype)
         one_hot.requires_grad_(True)
+        fluency = self.objective.fluency_weight > 0
         # Denormals flushed in the gradient pass only (see search/denormals.py); scoring and the
         # hard check run without it.
         with torch.enable_grad(), flush_denormals(one_hot.device):
@@ -127,9 +135,9 @@ class GcgBatch(BatchState):
                 self.model,
                 self.objective,
                 hidden,
-                self.n,
+                self.layout,
                 self.batch,
-                one_hot if self.objective.fluency_weight > 0 else None,
+                one_hot.reshape(-1, one_hot.shape[-1]) if fluency else None,
             )
             (grad,) = torch.autograd.grad(loss.sum(), one_hot)
         return grad
@@ -185,5 +193,6 @@ class GcgBatch(BatchState):
         hidden = self.model.hidden(context_embeds(self.model, embeds, batch))
         probs = None
         if self.objective.fluency_weight > 0:
-            probs = F.one_hot(tokens, self.model.vocab_size).float()
-        return objective_loss(self.model, self.objective, hidden, self.n, batch, probs).float()
+            probs = F.one_hot(tokens.reshape(-1), self.model.vocab_size).float()
+        layout = Layout.uniform(len(tokens), self.n, tokens.device)
+        return objective_loss(self.model, self.objective, hidden, layout, batch, probs).float()

@@ -7,12 +7,19 @@ Per target, auxiliary inputs Z (n x V) start at zero. Each step:
   4. hard-max check: argmax(Z) tokens go through the model; a match stops that target;
   5. every t1 of its own steps the Adam moments reset; every t2 steps Z is also re-drawn from
      N(0, 0.1^2).
-The whole batch is one (B, n, V) state; schedules count each slot's own steps.
+
+One batch holds searches of any input length, any SODA config and any objective that observes
+the same shape (`Objective.shape`): the state is packed as rows, Z (T, V) with T the sum of the
+slots' lengths, so no row is padding; every hyperparameter, schedule and step counter is the
+slot's own; the loss is grouped by objective. Only the transformer pass pads (at the end of each
+sequence, see `sodaray.scoring`). A search's trajectory depends on its own config, target and
+(seed, sample id), not on what shares its batch (up to float rounding).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,12 +27,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.models import LoadedModel
-from sodaray.objectives import context_embeds, objective_loss
-from sodaray.search.adam import adam_step
-from sodaray.search.base import BatchState, SearchConfig, StepOutcome
+from sodaray.models import LoadedModel, invariant_rows, pad_rows
+from sodaray.objectives import Objective
+from sodaray.observations import BatchTargets
+from sodaray.scoring import Layout, check_candidates, objective_loss, sequence_embeds, slot_rows
+from sodaray.search.adam import Hyper, adam_step
+from sodaray.search.base import (
+    SearchConfig,
+    SlotEntry,
+    StepOutcome,
+    keyed_generator,
+    observed_rows,
+)
 from sodaray.search.denormals import flush_denormals
-from sodaray.targets import TargetSet
+from sodaray.search.slots import Buffers, apply_plan, removal_plan
 
 
 @dataclass
@@ -116,19 +131,12 @@ class SodaConfig(SearchConfig):
         return cls(**params)
 
 
-_REINIT_STREAM = 0x50DA  # separates SODA's reinitialisation draws from any other keyed stream
-
-
 def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -> Tensor:
     """Standard normal draws that depend only on (seed, sample id, draw number).
 
     Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
-    Sample ids are hashed into the key as unsigned 64-bit words (negative ids wrap).
     """
-    key = [int(seed) % 2**64, int(sample_id) % 2**64, int(draw) % 2**64, _REINIT_STREAM]
-    state = np.random.SeedSequence(key).generate_state(2, dtype=np.uint32)
-    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randn(shape, generator=gen)
+    return torch.randn(shape, generator=keyed_generator(seed, sample_id, draw, "reinit"))
 
 
 @contextlib.contextmanager
@@ -146,177 +154,418 @@ def _tf32(enabled: bool):
 
 
 class Workspace:
-    """Two (B, n, V) buffers reused every step: the probabilities and the gradient.
+    """Two (T, V) buffers reused every step: the probabilities and the gradient.
 
     A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
-    the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster.
+    the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster. They
+    keep spare rows, so a batch whose row count changes as searches come and go reallocates
+    only when it outgrows them.
     """
 
     def __init__(self) -> None:
+        self._probs: Tensor | None = None
+        self._grad: Tensor | None = None
         self.probs: Tensor | None = None
         self.grad: Tensor | None = None
 
     def fit(self, like: Tensor) -> None:
-        if self.probs is None or self.probs.shape != like.shape:
-            self.probs = torch.empty_like(like)
-            self.grad = torch.empty_like(like)
+        rows = like.shape[0]
+        buf = self._probs
+        if buf is None or buf.shape[0] < rows or buf.shape[1:] != like.shape[1:]:
+            spare = (max(rows, 2 * (buf.shape[0] if buf is not None else 0)), *like.shape[1:])
+            self._probs = like.new_empty(spare)
+            self._grad = like.new_empty(spare)
+        assert self._probs is not None and self._grad is not None
+        self.probs, self.grad = self._probs[:rows], self._grad[:rows]
 
 
 class RelaxedEmbedding(torch.autograd.Function):
     """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers.
 
+    Z is (T, V), packed rows; tau a float or a (T, 1) column (each row its slot's temperature).
     Backward needs only dZ: dP = dX @ E^T (one matmul), then the softmax backward and the 1/tau
     scale in place. Saves the probabilities (needed by the backward anyway) and nothing else.
     The in-place and out= kernels are the same ones autograd runs, so values are bit-identical.
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, embedding: Tensor, temperature: float, ws: Workspace) -> Tensor:
+    def forward(ctx, z: Tensor, embedding: Tensor, temperature: Hyper, ws: Workspace) -> Tensor:
         ws.fit(z)
         probs = torch.div(z, temperature, out=ws.probs)
         torch.ops.aten._softmax.out(probs, -1, False, out=probs)
         ctx.save_for_backward(probs, embedding)
         ctx.temperature, ctx.ws = temperature, ws
-        flat = probs.view(-1, probs.shape[-1]).to(embedding.dtype)
-        return (flat @ embedding).view(*probs.shape[:-1], embedding.shape[-1])
+        rows = len(probs)
+        return (pad_rows(probs.to(embedding.dtype)) @ embedding)[:rows]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         probs, embedding = ctx.saved_tensors
-        g = grad_out.reshape(-1, grad_out.shape[-1]).to(embedding.dtype)
+        g = grad_out.to(embedding.dtype)
         grad = ctx.ws.grad
-        if embedding.dtype == grad.dtype:
-            torch.mm(g, embedding.T, out=grad.view(-1, grad.shape[-1]))
-        else:  # bfloat16 gradient pass: the product comes back in its own dtype
-            grad.copy_((g @ embedding.T).view(grad.shape))
+        if len(g) >= invariant_rows(g.device) and embedding.dtype == grad.dtype:
+            torch.mm(g, embedding.T, out=grad)
+        else:  # few rows (padded: see `invariant_rows`), or a bfloat16 pass: copied in after
+            grad.copy_((pad_rows(g) @ embedding.T)[: len(g)])
         torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
         # div, not multiply by 1/tau: bit-identical to autograd's, so outcomes do not move.
         return grad.div_(ctx.temperature), None, None, None
 
 
-class SodaBatch(BatchState):
-    """The (B, n, V) SODA state of one batch of equal-length targets."""
+@dataclass
+class _Hyper:
+    """The step's hyperparameters, each row its slot's value as a (T, 1) column (the betas in
+    float64: see `adam_step`)."""
 
-    def __init__(
-        self,
-        model: LoadedModel,
-        targets: TargetSet,
-        length: int,
-        config: SodaConfig,
-        slots: int,
-        generator: torch.Generator,
-    ) -> None:
-        super().__init__(model, targets, length, config, slots, generator)
-        shape = (slots, length, model.vocab_size)
-        dev = model.device
-        self.z = torch.zeros(shape, device=dev, dtype=torch.float32)
-        self.m = torch.zeros_like(self.z)
-        self.v = torch.zeros_like(self.z)
-        # Steps since the moments were last zeroed (for the optional bias correction).
-        self.moment_age = np.zeros(slots, dtype=np.int64)
-        # The target row each slot holds: its sample id keys the slot's reinitialisations.
-        self.slot_rows = np.zeros(slots, dtype=np.int64)
+    learning_rate: Tensor
+    beta1: Tensor
+    beta2: Tensor
+    eps: Tensor
+    temperature: Tensor
+    decay: Tensor | None  # None: no slot decays
+
+
+# Per-slot host arrays, kept in slot order beside the batch's tensors.
+_SLOT_ARRAYS = {
+    "length": np.int64,
+    "learning_rate": np.float64,
+    "beta1": np.float64,
+    "beta2": np.float64,
+    "eps": np.float64,
+    "temperature": np.float64,
+    "decay": np.float64,  # 1.0 where use_decay is off
+    "reset": np.int64,  # 0: no resets
+    "reinit": np.int64,  # 0: no re-draws
+    "reinit_std": np.float64,
+    "bias": bool,
+    "mean": bool,  # loss_reduction "mean": the slot's loss is averaged over its config's slots
+    "config": np.int64,  # index into `self.configs`
+    "group": np.int64,  # index into `self.groups`: the slot's objective and tolerance
+    "seed": np.int64,
+    "sample_id": np.int64,
+    "age": np.int64,  # steps since the slot's moments were last zeroed
+}
+
+
+class SodaBatch:
+    """SODA searches of any lengths and configs in one batch: slot b holds `length[b]` rows of
+    the packed state Z, m, v (T, V). `precision` (the gradient pass's arithmetic) is the one
+    setting the whole batch shares."""
+
+    mixes_lengths: ClassVar[bool] = True
+
+    def __init__(self, model: LoadedModel, precision: str = "float32") -> None:
+        self.model, self.precision = model, precision
+        self.slots = Buffers()  # observed rows, per slot
+        self.rows = Buffers(guard=1)  # z, m, v (T, V) and the last checked token, per row
+        self.host = {name: np.zeros(0, dtype=kind) for name, kind in _SLOT_ARRAYS.items()}
+        self.row_slot = np.zeros(0, dtype=np.int64)
+        self.row_offset = np.zeros(0, dtype=np.int64)
+        self.configs: dict[str, int] = {}
+        self.groups: list[tuple[Objective, float, float]] = []
         self.workspace = Workspace()
+        self.current: Tensor | None = None  # (T,) candidates of the last step
+        self._dirty = True
+        self.layout: Layout | None = None
 
-    # ---- pool protocol --------------------------------------------------------------------------
-    def add(self, slots: Tensor, rows: np.ndarray) -> None:
-        self.z[slots] = 0.0
-        self.m[slots] = 0.0
-        self.v[slots] = 0.0
-        host_slots = slots.cpu().numpy()
-        self.moment_age[host_slots] = 0
-        self.slot_rows[host_slots] = rows
-        self.add_targets(slots, rows)
+    def __len__(self) -> int:
+        return len(self.slots)
 
-    def keep(self, slots: Tensor) -> None:
-        self.z, self.m, self.v = self.z[slots], self.m[slots], self.v[slots]
-        self.keep_targets(slots)
-        host_slots = slots.cpu().numpy()
-        self.moment_age = self.moment_age[host_slots]
-        self.slot_rows = self.slot_rows[host_slots]
+    @property
+    def z(self) -> Tensor:
+        return self.rows["z"]
 
+    # ---- entering and leaving -------------------------------------------------------------------
+    def add(self, entries: Sequence[SlotEntry]) -> None:
+        if not entries:
+            return
+        dev, vocab = self.model.device, self.model.vocab_size
+        first_slot, first_row = len(self.slots), len(self.rows)
+        values: dict[str, list[Any]] = {name: [] for name in _SLOT_ARRAYS}
+        for e in entries:
+            c = e.config
+            if not isinstance(c, SodaConfig) or c.precision != self.precision:
+                raise ValueError("a SODA batch holds SODA configs of one precision")
+            key = repr(sorted(c.to_dict().items()))
+            group = (e.targets.objective, e.targets.atol, e.targets.rtol)
+            if group not in self.groups:
+                self.groups.append(group)
+            for name, value in (
+                ("length", e.length),
+                ("learning_rate", c.learning_rate),
+                ("beta1", c.beta1),
+                ("beta2", c.beta2),
+                ("eps", c.eps),
+                ("temperature", c.temperature),
+                ("decay", c.decay if c.use_decay else 1.0),
+                ("reset", c.reset_period if c.use_resets else 0),
+                ("reinit", c.reinit_period if c.use_reinit else 0),
+                ("reinit_std", c.reinit_std),
+                ("bias", c.bias_correction),
+                ("mean", c.loss_reduction == "mean"),
+                ("config", self.configs.setdefault(key, len(self.configs))),
+                ("group", self.groups.index(group)),
+                ("seed", c.seed),
+                ("sample_id", e.sample_id),
+                ("age", 0),
+            ):
+                values[name].append(value)
+        for name, kind in _SLOT_ARRAYS.items():
+            self.host[name] = np.concatenate([self.host[name], np.asarray(values[name], kind)])
+        lengths = np.asarray(values["length"], dtype=np.int64)
+        total = int(lengths.sum())
+        self.slots.append(observed_rows(entries, dev).fields())
+        self.rows.append(
+            {
+                "z": torch.zeros((total, vocab), device=dev),
+                "m": torch.zeros((total, vocab), device=dev),
+                "v": torch.zeros((total, vocab), device=dev),
+                "last": torch.full((total,), -1, dtype=torch.long, device=dev),
+            }
+        )
+        self.row_slot = np.concatenate(
+            [self.row_slot, np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths)]
+        )
+        self.row_offset = np.concatenate(
+            [self.row_offset, np.concatenate([np.arange(n) for n in lengths])]
+        )
+        assert len(self.row_slot) == first_row + total
+        self._dirty = True
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        count = len(self.slots)
+        kept = np.zeros(count, dtype=bool)
+        kept[:left] = True
+        kept[holes] = False
+        kept[movers] = True
+        row_left, row_holes, row_movers = removal_plan(
+            len(self.row_slot), np.flatnonzero(~kept[self.row_slot])
+        )
+        self.rows.remove(row_left, row_holes, row_movers)
+        renumber = np.arange(count)
+        renumber[movers] = holes
+        self.row_slot = renumber[apply_plan(self.row_slot, row_left, row_holes, row_movers)]
+        self.row_offset = apply_plan(self.row_offset, row_left, row_holes, row_movers)
+        self.slots.remove(left, holes, movers)
+        for name in self.host:
+            self.host[name] = apply_plan(self.host[name], left, holes, movers)
+        self.current = None
+        self._dirty = True
+
+    def candidates(self, slots: np.ndarray) -> list[list[int]]:
+        assert self.current is not None
+        current = self.current.cpu().numpy()
+        return [current[self.slot_rows[s]].tolist() for s in slots]
+
+    def refresh(self) -> None:
+        """What follows from who is in the batch, rebuilt after slots came or went (each step
+        calls it; cheap when nothing changed)."""
+        if not self._dirty:
+            return
+        dev, h = self.model.device, self.host
+        count = len(self.slots)
+        row_slot = torch.as_tensor(self.row_slot, device=dev)
+        lengths = torch.as_tensor(h["length"], device=dev)
+        offsets = torch.as_tensor(self.row_offset, device=dev)
+        self.layout = Layout(lengths, row_slot, offsets, int(h["length"].max(initial=1)))
+        self.slot_rows = slot_rows(self.row_slot, self.row_offset, count)
+
+        def per_row(values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
+            # Always a column, even where every slot agrees: the same arithmetic whatever
+            # shares the batch (a float operand takes other kernels, which round differently).
+            # One more entry for the guard row the elementwise ops run over (its value: any).
+            column = np.append(values[self.row_slot], values[:1] if len(values) else 1.0)
+            return torch.as_tensor(column, dtype=dtype, device=dev)[:, None]
+
+        decay = h["decay"]
+        self.hyper = _Hyper(
+            per_row(h["learning_rate"]),
+            per_row(h["beta1"], torch.float64),
+            per_row(h["beta2"], torch.float64),
+            per_row(h["eps"]),
+            per_row(h["temperature"]),
+            None if (decay == 1.0).all() else per_row(decay),  # x * 1.0 is x: skipping is exact
+        )
+        self.weights = None  # "sum": every slot's own loss; "mean": over the config's slots
+        if h["mean"].any():
+            counts = np.bincount(h["config"], minlength=len(self.configs))[h["config"]]
+            weights = np.where(h["mean"], 1.0 / counts, 1.0)
+            self.weights = torch.as_tensor(weights, dtype=torch.float32, device=dev)
+        groups = np.unique(h["group"])
+        self.group_slots = [
+            (g, None if len(groups) == 1 else np.flatnonzero(h["group"] == g)) for g in groups
+        ]
+        self.fluency = any(self.groups[g][0].fluency_weight > 0 for g in groups)
+        self._dirty = False
+
+    # ---- one step -------------------------------------------------------------------------------
     def step(self, steps_after: np.ndarray) -> StepOutcome:
+        self.refresh()
+        assert self.layout is not None
         grad, loss = self.gradient()
-        self.moment_age += 1
-        self.update(grad, self.moment_age)
+        self.host["age"] += 1
+        self.update(grad)
         tokens = self.z.max(-1).indices  # argmax (same ties), 2x faster on CPU
         found = self.check(tokens)
         self.apply_schedules(steps_after)
-        return StepOutcome(found=found, tokens=tokens, loss=loss)
+        count = len(self.slots)
+        fixed = len(self.model.prefix_ids) + self.groups[self.host["group"][0]][0].output_tokens - 1
+        return StepOutcome(
+            found,
+            loss,
+            positions=count * (fixed + self.layout.longest),
+            useful=count * fixed + len(self.row_slot),
+        )
 
-    # ---- the algorithm --------------------------------------------------------------------------
     def gradient(self) -> tuple[Tensor, Tensor]:
-        """d loss / d Z for every slot (slots are independent: the batch loss is their sum)."""
-        z = self.z.detach().requires_grad_(True)
-        tau = self.cfg.temperature
-        model = self.model.for_precision(self.cfg.precision)
+        """d loss / d Z for every row and the guard row after them (its gradient is 0: nothing
+        reads its relaxed input); slots are independent, the batch loss is their sum."""
+        self.refresh()
+        assert self.layout is not None
+        z = self.rows.guarded("z").detach().requires_grad_(True)
+        tau = self.hyper.temperature
+        model = self.model.for_precision(self.precision)
         # The relaxed pass may flush denormals (faster; it moves values below 1.2e-38 only); the
         # hard-max check runs outside it, so every reported match is exact.
-        with torch.enable_grad(), _tf32(self.cfg.precision == "tf32"), flush_denormals(z.device):
-            embeds = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
-            embeds = model.relaxed_embeds(embeds)
-            hidden = model.hidden(context_embeds(model, embeds, self.batch))
-            probs = None
-            if self.objective.fluency_weight > 0:  # the penalty differentiates the probs too
-                probs = torch.softmax(z / tau, dim=-1)
-            loss = objective_loss(model, self.objective, hidden, self.n, self.batch, probs)
-            total = loss.sum() if self.cfg.loss_reduction == "sum" else loss.mean()
+        with (
+            torch.enable_grad(),
+            _tf32(self.precision == "tf32"),
+            flush_denormals(z.device),
+        ):
+            rows = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
+            rows = model.relaxed_embeds(rows[: len(self.row_slot)])
+            continuation = self.slots["continuation"]
+            hidden = model.hidden(sequence_embeds(model, self.layout, rows, continuation))
+            probs = torch.softmax(z / tau, dim=-1)[: len(self.row_slot)] if self.fluency else None
+            loss = self.slot_loss(model, hidden, probs)
+            total = loss.sum() if self.weights is None else (loss * self.weights).sum()
             (grad,) = torch.autograd.grad(total, z)
         return grad, loss.detach()
 
-    @torch.no_grad()
-    def update(self, grad: Tensor, moment_age: np.ndarray) -> None:
-        """Adam (no bias correction unless switched on), then multiplicative decay, in place.
+    def slot_loss(self, model: LoadedModel, hidden: Tensor, probs: Tensor | None) -> Tensor:
+        """Each slot's loss under its own objective (one pass per objective in the batch)."""
+        assert self.layout is not None
+        batch = self.observed
+        loss = None
+        for g, slots in self.group_slots:
+            objective = self.groups[g][0]
+            if slots is None:
+                return objective_loss(model, objective, hidden, self.layout, batch, probs)
+            idx = torch.as_tensor(slots, device=hidden.device)
+            longest = int(self.host["length"][slots].max())
+            layout, rows = self.layout.select(idx, longest)
+            part = objective_loss(
+                model,
+                objective,
+                hidden[idx],
+                layout,
+                batch.select(idx),
+                None if probs is None else probs[rows],
+            )
+            if loss is None:
+                loss = part.new_zeros(len(self.slots))
+            loss = loss.index_put((idx,), part)
+        assert loss is not None
+        return loss
 
-        `grad` is consumed: its memory is reused for the denominator.
-        """
-        c = self.cfg
-        step = None
-        if c.bias_correction:
-            step = torch.as_tensor(moment_age, device=self.z.device, dtype=torch.float32)
+    @property
+    def observed(self) -> BatchTargets:
+        """The observed rows of the live slots."""
+        s = self.slots
+        return BatchTargets(*(s[name] if name in s else None for name in BatchTargets.FIELDS))
+
+    @torch.no_grad()
+    def update(self, grad: Tensor) -> None:
+        """Adam (bias-corrected only for the slots that ask), then multiplicative decay, in
+        place. `grad` (the rows, and the guard row after them) is consumed."""
+        self.refresh()
+        if len(grad) == len(self.row_slot):  # no guard row given: a zero one
+            grad = torch.cat([grad, grad.new_zeros((1, grad.shape[1]))])
+        h, host = self.hyper, self.host
+        correction = None
+        if host["bias"].any():
+            rows = np.append(self.row_slot, 0)  # the guard row: any slot's values
+            age = host["age"][rows].astype(np.float64)
+            on = host["bias"][rows]
+            b1, b2 = host["beta1"][rows], host["beta2"][rows]
+            dev = self.z.device
+            first = np.where(on, 1 - b1**age, 1.0)
+            second = np.where(on, 1 - b2**age, 1.0)
+            correction = (
+                torch.as_tensor(first, dtype=torch.float32, device=dev)[:, None],
+                torch.as_tensor(second, dtype=torch.float32, device=dev)[:, None],
+            )
+        z = self.rows.guarded("z")  # with the guard row: see `Buffers`
         adam_step(
-            self.z,
+            z,
             grad,
-            self.m,
-            self.v,
-            learning_rate=c.learning_rate,
-            beta1=c.beta1,
-            beta2=c.beta2,
-            eps=c.eps,
-            step=step,
+            self.rows.guarded("m"),
+            self.rows.guarded("v"),
+            learning_rate=h.learning_rate,
+            beta1=h.beta1,
+            beta2=h.beta2,
+            eps=h.eps,
+            correction=correction,
         )
-        if c.use_decay and c.decay != 1.0:
-            self.z.mul_(c.decay)
+        if h.decay is not None:
+            z.mul_(h.decay)
+
+    @torch.no_grad()
+    def check(self, tokens: Tensor) -> np.ndarray:
+        """The hard-max check (found mask, on the host), run only for slots whose tokens
+        changed since their last check: an unchanged candidate already failed."""
+        assert self.layout is not None
+        self.current = tokens
+        last = self.rows["last"]
+        changed_rows = (tokens != last).to(torch.int32)
+        per_slot = torch.zeros(len(self.slots), dtype=torch.int32, device=tokens.device)
+        changed = per_slot.index_add_(0, self.layout.row_slot, changed_rows).cpu().numpy() > 0
+        last.copy_(tokens)
+        found = np.zeros(len(self.slots), dtype=bool)
+        for g in np.unique(self.host["group"][changed]):
+            slots = np.flatnonzero(changed & (self.host["group"] == g))
+            objective, atol, rtol = self.groups[g]
+            idx = torch.as_tensor(slots, device=tokens.device)
+            layout, rows = self.layout.select(idx, int(self.host["length"][slots].max()))
+            match = check_candidates(
+                self.model, objective, layout, tokens[rows], self.observed, idx, atol, rtol
+            )
+            found[slots] = match.cpu().numpy()
+        return found
 
     @torch.no_grad()
     def apply_schedules(self, steps_after: np.ndarray) -> None:
-        c = self.cfg
-        reset = (
-            (steps_after % c.reset_period == 0)
-            if c.use_resets
-            else np.zeros_like(steps_after, bool)
-        )
-        reinit = (steps_after % c.reinit_period == 0) if c.use_reinit else np.zeros_like(reset)
-        zero_moments = np.flatnonzero(reset | reinit)
-        if len(zero_moments):
-            idx = torch.as_tensor(zero_moments, device=self.z.device)
-            self.m[idx] = 0.0
-            self.v[idx] = 0.0
-            self.moment_age[zero_moments] = 0
+        """Each slot's own moment resets (every `reset_period` of its steps) and re-draws of Z
+        (every `reinit_period`, with its moments reset too)."""
+        self.refresh()
+        h = self.host
+        reset = (h["reset"] > 0) & (steps_after % np.maximum(h["reset"], 1) == 0)
+        reinit = (h["reinit"] > 0) & (steps_after % np.maximum(h["reinit"], 1) == 0)
+        zero = np.flatnonzero(reset | reinit)
+        if not len(zero):
+            return
+        dev = self.z.device
+        rows = torch.as_tensor(np.concatenate([self.slot_rows[s] for s in zero]), device=dev)
+        self.rows["m"][rows] = 0.0
+        self.rows["v"][rows] = 0.0
+        h["age"][zero] = 0
         redraw = np.flatnonzero(reinit)
         if len(redraw):
             # Keyed by (seed, sample id, draw number), not by the order a shared generator is
             # consumed in, so a sample follows the same trajectory whatever its batch
             # neighbours, its slot, or the actor a retried shard lands on.
-            fresh = torch.stack(
+            vocab = self.z.shape[-1]
+            fresh = torch.cat(
                 [
                     keyed_normal(
-                        (self.n, self.z.shape[-1]),
-                        c.seed,
-                        self.targets.sample_ids[int(self.slot_rows[slot])],
-                        int(steps_after[slot]) // c.reinit_period,
+                        (int(h["length"][s]), vocab),
+                        int(h["seed"][s]),
+                        int(h["sample_id"][s]),
+                        int(steps_after[s]) // int(h["reinit"][s]),
                     )
-                    for slot in redraw
+                    * float(h["reinit_std"][s])
+                    for s in redraw
                 ]
-            ).to(self.z.device)
-            self.z[torch.as_tensor(redraw, device=self.z.device)] = fresh * c.reinit_std
+            )
+            where = np.concatenate([self.slot_rows[s] for s in redraw])
+            self.z[torch.as_tensor(where, device=dev)] = fresh.to(dev)

@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING
 from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
+    from sodaray.tuner.run import TrialOutcome, TuneRun, run_tuning
     from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning
-    from sodaray.tuner.study import TrialOutcome, TuneRun, run_tuning
 
 _SPEC = "sodaray.tuner.spec"
-_STUDY = "sodaray.tuner.study"
+_RUN = "sodaray.tuner.run"
 _LAZY: dict[str, str] = {
     "ParamSpace": _SPEC,
     "TuningError": _SPEC,
     "TuningSpec": _SPEC,
     "load_tuning": _SPEC,
-    "TrialOutcome": _STUDY,
-    "TuneRun": _STUDY,
-    "run_tuning": _STUDY,
+    "TrialOutcome": _RUN,
+    "TuneRun": _RUN,
+    "run_tuning": _RUN,
 }
 
 __all__ = [

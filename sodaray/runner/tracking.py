@@ -1,17 +1,8 @@
-"""Optional MLflow tracking for sweeps and tuning, off unless asked for (`--mlflow URI`).
-
-Tuning uses Optuna's own integration (`optuna_integration.MLflowCallback`): one MLflow run per
-trial, in an experiment named after the study, with the trial's parameters, its value under the
-tuning file's metric, its state and its user attributes (result file, exact, total, seconds) as
-tags. A sweep logs one MLflow run per job, in an experiment named after the sweep, when the run
-ends: the job's configuration as parameters and its counts so far (samples, found, exact and their
-rates) as metrics. A job is found again by its configuration hash, so running the sweep again
-(resuming it) updates the job's run instead of adding another.
-
-Both packages are an extra (`pip install 'sodaray[mlflow]'`): `mlflow-skinny` (the tracking client;
-a database URI such as `sqlite:///mlflow.db` or a server's `http://HOST:5000`) and
-`optuna-integration`.
-"""
+"""A sweep's jobs in MLflow (`sodaray sweep run --mlflow URI`): one MLflow run per job, in an
+experiment named after the sweep, logged when the run ends (also after Ctrl-C): the job's
+configuration as parameters and its counts so far (samples, found, exact and their rates) as
+metrics. A job is found again by its configuration hash, so running the sweep again (resuming
+it) updates the job's run instead of adding another."""
 
 from __future__ import annotations
 
@@ -21,64 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sodaray.experiment.tracking import check_tracking, guarded
+
 log = logging.getLogger(__name__)
 
-INSTALL = "pip install 'sodaray[mlflow]'"
 CONFIG_HASH_TAG = "sodaray.config_hash"
-
-
-def require_mlflow() -> None:
-    """One line naming the extra when MLflow or Optuna's integration is not installed."""
-    for module, package in (
-        ("mlflow", "mlflow-skinny"),
-        ("optuna_integration", "optuna-integration"),
-    ):
-        try:
-            __import__(module)
-        except ImportError as exc:
-            raise ValueError(f"--mlflow needs the `{package}` package ({INSTALL}): {exc}") from exc
-
-
-def check_tracking(uri: str) -> None:
-    """Import MLflow and reach the tracking URI before any work starts: a typo or a server that
-    is down is one line now, not a failure after hours of trials."""
-    require_mlflow()
-    from mlflow.tracking import MlflowClient
-
-    try:
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-    except Exception as exc:  # MlflowException, connection errors, a bad scheme
-        from sodaray.validation import first_line
-
-        raise ValueError(f"--mlflow {uri}: {first_line(exc)}") from exc
-
-
-def _guarded(name: str, call: Callable[..., None]) -> Callable[..., None]:
-    """A tracking call whose failure (a server gone mid-run) is a warning: the study's storage
-    and the result files hold everything, and a lost log line must not stop trials in flight."""
-
-    def guarded(*args: Any) -> None:
-        try:
-            call(*args)
-        except Exception as exc:
-            log.warning("MLflow %s failed (%s); the run goes on without it", name, exc)
-
-    return guarded
-
-
-def tuning_callback(uri: str, metric: str) -> Callable[[Any, Any], None]:
-    """An Optuna callback `(study, frozen_trial)` logging each finished trial to MLflow."""
-    check_tracking(uri)
-    from optuna_integration import MLflowCallback
-
-    callback = MLflowCallback(
-        tracking_uri=uri,
-        metric_name=metric,
-        create_experiment=True,
-        tag_study_user_attrs=True,
-        tag_trial_user_attrs=True,
-    )
-    return _guarded("trial logging", callback)
 
 
 def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -100,7 +38,7 @@ def job_params(config: dict[str, Any]) -> dict[str, str]:
 def log_sweep(uri: str, sweep: str, folder: str | Path) -> int:
     """Each job under a sweep's results `folder` as an MLflow run (created, or updated when the
     job's configuration hash already has one). Returns the runs logged."""
-    from sodaray.runner.execute import JOB_FILE, job_status
+    from sodaray.runner.layout import JOB_FILE, job_status
 
     folders = sorted(p.parent for p in Path(folder).rglob(JOB_FILE))
     if not folders:
@@ -159,4 +97,4 @@ def log_sweep(uri: str, sweep: str, folder: str | Path) -> int:
 def sweep_logger(uri: str) -> Callable[[str, str | Path], None]:
     """`log(sweep, folder)` for `sodaray sweep run`, checked against the URI first."""
     check_tracking(uri)
-    return _guarded("sweep logging", lambda sweep, folder: log_sweep(uri, sweep, folder))
+    return guarded("sweep logging", lambda sweep, folder: log_sweep(uri, sweep, folder))

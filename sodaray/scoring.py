@@ -1,0 +1,195 @@
+"""Scoring a batch of candidate inputs against their targets: where each input sits in the batch
+(`Layout`), the relaxed loss with the fluency penalty, and the exact-match check.
+
+Inputs of different lengths share one batch. Each slot's sequence is laid out as the model saw
+it when the target was made (fixed prefix, the input, the target's continuation) from position
+0, and shorter sequences are padded at the END. Under the causal mask nothing attends to a later
+position, so the outputs a slot is scored on are those of its own unpadded sequence (equal up to
+float rounding): no attention mask and no position ids are needed, and every model family works
+as it does unbatched (rotary, absolute and sliding-window positions alike). The padding costs
+transformer compute only; the (rows, V) state of a relaxed search holds no padding at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.models import LoadedModel
+from sodaray.objectives import Objective
+from sodaray.observations import BatchTargets, observation
+
+
+@dataclass
+class Layout:
+    """Where each slot's input sits: slot b holds `lengths[b]` tokens, and a packed (T, ...)
+    input holds them in the rows where `row_slot == b`, at input positions `row_offset`.
+    `longest` is the largest length (known on the host: it sizes the padded sequence)."""
+
+    lengths: Tensor  # (B,) long
+    row_slot: Tensor  # (T,) long
+    row_offset: Tensor  # (T,) long
+    longest: int
+
+    @classmethod
+    def uniform(cls, batch: int, length: int, device: torch.device) -> Layout:
+        """`batch` inputs of `length` tokens, packed slot after slot."""
+        return cls(
+            torch.full((batch,), length, dtype=torch.long, device=device),
+            torch.arange(batch, device=device).repeat_interleave(length),
+            torch.arange(length, device=device).repeat(batch),
+            length,
+        )
+
+    @property
+    def batch(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def select(self, slots: Tensor, longest: int | None = None) -> tuple[Layout, Tensor]:
+        """The layout of `slots` alone (renumbered 0..len-1) and the packed rows they hold."""
+        inverse = torch.full((self.batch,), -1, dtype=torch.long, device=self.lengths.device)
+        inverse[slots] = torch.arange(len(slots), device=slots.device)
+        rows = (inverse[self.row_slot] >= 0).nonzero().squeeze(1)
+        lengths = self.lengths[slots]
+        if longest is None:
+            longest = int(lengths.max()) if len(slots) else 0
+        sub = Layout(lengths, inverse[self.row_slot[rows]], self.row_offset[rows], longest)
+        return sub, rows
+
+
+def sequence_embeds(
+    model: LoadedModel, layout: Layout, rows: Tensor, continuation: Tensor
+) -> Tensor:
+    """(B, prefix + longest + m - 1, d): the prefix, each slot's input rows (T, d) and its
+    continuation but the last observed token, padded at the end with zeros."""
+    batch, d = layout.batch, rows.shape[-1]
+    p, m = len(model.prefix_ids), continuation.shape[1]
+    seq = rows.new_zeros(batch, p + layout.longest + m - 1, d)
+    if p:
+        seq[:, :p] = model.prefix_embeds(batch).to(rows.dtype)
+    seq = seq.index_put((layout.row_slot, p + layout.row_offset), rows)
+    if m > 1:
+        after = p + layout.lengths[:, None] + torch.arange(m - 1, device=rows.device)
+        slot = torch.arange(batch, device=rows.device)[:, None].expand(-1, m - 1)
+        context = model.embed(continuation[:, :-1]).to(rows.dtype)
+        seq = seq.index_put((slot.reshape(-1), after.reshape(-1)), context.reshape(-1, d))
+    return seq
+
+
+def observed_hidden(model: LoadedModel, layout: Layout, hidden: Tensor, m: int) -> Tensor:
+    """(B, m, ·): the final states whose next-token logits are observed, at each slot's last
+    input position and the m - 1 positions after it."""
+    start = len(model.prefix_ids) + layout.lengths - 1
+    positions = start[:, None] + torch.arange(m, device=hidden.device)
+    return hidden[torch.arange(layout.batch, device=hidden.device)[:, None], positions]
+
+
+def context_embeds(model: LoadedModel, input_embeds: Tensor, batch: BatchTargets) -> Tensor:
+    """Prefix + equal-length inputs (B, n, d) + fixed continuation context."""
+    b, n, d = input_embeds.shape
+    layout = Layout.uniform(b, n, input_embeds.device)
+    return sequence_embeds(model, layout, input_embeds.reshape(b * n, d), batch.continuation)
+
+
+def objective_loss(
+    model: LoadedModel,
+    objective: Objective,
+    hidden: Tensor,
+    layout: Layout,
+    batch: BatchTargets,
+    input_probs: Tensor | None = None,
+) -> Tensor:
+    """Per-slot loss (B,) from the final hidden states of `sequence_embeds`.
+
+    `input_probs` (T, V) are the packed relaxed one-hots, needed only for the fluency penalty.
+    """
+    h_obs = observed_hidden(model, layout, hidden, objective.output_tokens)
+    loss = observation(objective.kind).loss(model, objective, h_obs, batch)
+    if objective.fluency_weight > 0:
+        penalty = fluency_penalty(model, hidden, layout, input_probs, form=objective.fluency_form)
+        loss = loss + objective.fluency_weight * penalty
+    return loss
+
+
+def fluency_penalty(
+    model: LoadedModel,
+    hidden: Tensor,
+    layout: Layout,
+    input_probs: Tensor | None,
+    *,
+    form: str = "argmax",
+) -> Tensor:
+    """Eq. 6: each slot's mean negative log-likelihood of its own tokens, (B,).
+
+    `argmax` (the paper's): the NLL of each relaxed one-hot's most likely token, the gradient
+    flowing through the model's predictions only. `relaxed`: the cross-entropy between each
+    relaxed one-hot and the model's prediction for that position. The first input token is
+    scored only when a prefix (e.g. BOS) precedes it; a slot with no scored token gets 0.
+    """
+    if input_probs is None:
+        raise ValueError("the fluency penalty needs the relaxed input")
+    p = len(model.prefix_ids)
+    first = 0 if p > 0 else 1
+    rows = (layout.row_offset >= first).nonzero().squeeze(1)
+    slot = layout.row_slot[rows]
+    out = hidden.new_zeros(layout.batch, dtype=torch.float32)
+    if len(rows) == 0:
+        return out
+    # Position p + i - 1 predicts input token i.
+    states = hidden[slot, p + layout.row_offset[rows] - 1]
+    logp = model.unembed(states[None]).float()[0].log_softmax(-1)
+    probs = input_probs[rows]
+    if form == "argmax":
+        nll = -logp.gather(-1, probs.argmax(-1, keepdim=True)).squeeze(-1)
+    else:
+        nll = -(probs.float() * logp).sum(-1)
+    count = torch.zeros_like(out).index_add_(0, slot, torch.ones_like(nll))
+    return out.index_add(0, slot, nll) / count.clamp_min(1.0)
+
+
+@torch.no_grad()
+def check_candidates(
+    model: LoadedModel,
+    objective: Objective,
+    layout: Layout,
+    tokens: Tensor,
+    batch: BatchTargets,
+    slots: Tensor,
+    atol: float,
+    rtol: float,
+) -> Tensor:
+    """Whether each candidate reproduces its observed output exactly, (C,) bool: candidate c
+    has the packed tokens (T,) of `layout`'s slot c and is scored against row `slots[c]` of
+    `batch`; the kind's own check decides (`sodaray.observations`)."""
+    continuation = batch.continuation[slots]
+    embeds = sequence_embeds(model, layout, model.embed(tokens), continuation)
+    hidden = observed_hidden(model, layout, model.hidden(embeds), objective.output_tokens)
+    return observation(objective.kind).match(model, objective, hidden, batch, slots, atol, rtol)
+
+
+def hard_match(
+    model: LoadedModel,
+    objective: Objective,
+    tokens: Tensor,
+    batch: BatchTargets,
+    atol: float,
+    rtol: float,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """Whether each equal-length candidate input (C, n) reproduces its observed output
+    exactly, (C,) bool; `rows` names the batch rows they belong to (default: all, in order)."""
+    if rows is None:
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+    c, n = tokens.shape
+    layout = Layout.uniform(c, n, tokens.device)
+    return check_candidates(model, objective, layout, tokens.reshape(-1), batch, rows, atol, rtol)
+
+
+def slot_rows(row_slot: np.ndarray, row_offset: np.ndarray, batch: int) -> list[np.ndarray]:
+    """Each slot's packed rows in input order (host bookkeeping for draws and answers)."""
+    order = np.lexsort((row_offset, row_slot))
+    counts = np.bincount(row_slot, minlength=batch)
+    return np.split(order, np.cumsum(counts)[:-1]) if batch else []

@@ -1,0 +1,503 @@
+"""The engine: every search one model replica runs, in as few batches as the work allows.
+
+Work arrives as `Work` items (a target set, one config, the lengths each target may be searched
+at, callbacks) from any number of callers: one `invert` call, a sweep's shards, a study's
+trials. Each target waits in a queue and enters a batch as soon as a slot is free, so the
+batches stay at their capacity while anything waits, whatever job, trial, config or length the
+searches come from. SODA searches of one precision and one objective shape share one batch at
+any config (`SodaBatch` packs them) and, by default, any length (`mix_lengths`). Otherwise (and
+always for the equal-length algorithms, GCG and embedding search) each length gets its own
+batch, and the batches of one family (the same key but for the length) share one capacity,
+filled in the order the targets arrived. All batches step in turn.
+
+Results do not depend on what shares a batch: every hyperparameter, schedule and random draw is
+the search's own, and on CPU every matmul is padded to enough rows that BLAS rounds each row
+alike (`models.invariant_rows`), so searches of other configs, jobs, trials or objectives leave
+a search's arithmetic bit for bit unchanged. The one exception is a longer input in a mixed-length
+batch: it widens the padded pass, and PyTorch's attention kernels block the keys by the padded
+length, which rounds differently. `mix_lengths=False` keeps every batch to one length: then the
+guarantee is exact, at the cost of one forward pass per length present (measured in
+benchmarks/RESULTS.md).
+
+A target searched at several lengths (`length="auto"`) enters again at its next length when a
+length ends unfound, its steps and seconds adding up. A work's checkpoints (steps) are reported
+once every one of its targets has finished or taken that many steps: a tuner prunes on them,
+and since each target's trajectory is its own, the counts at a checkpoint do not depend on what
+else ran. A cancelled work's waiting targets leave the queues and its running ones their slots
+at the next step.
+
+`submit` and `cancel` may be called from any thread; `run` (until no work is left) or `serve`
+(until stopped) steps the pools on the calling thread, where every callback runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sodaray.models import LoadedModel
+from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
+from sodaray.search.embedding import EmbeddingBatch
+from sodaray.search.gcg import GcgBatch
+from sodaray.search.slots import apply_plan, removal_plan
+from sodaray.search.soda import SodaBatch
+from sodaray.targets import TargetSet
+
+log = logging.getLogger(__name__)
+
+# The step-wise algorithms and their batches.
+BATCHES: dict[str, type] = {"soda": SodaBatch, "gcg": GcgBatch, "embedding": EmbeddingBatch}
+
+
+@dataclass(eq=False)
+class Work:
+    """Targets to invert with one config. `plans[row]` lists the lengths to search target `row`
+    at, in order (the next is tried when one ends unfound). `on_result(row, result)` runs as
+    each target finishes; `on_checkpoint(index, step)` once every target has finished or taken
+    `checkpoints[index]` steps; `on_done()` once every target has finished (or the work was
+    cancelled, or failed: see `error`)."""
+
+    targets: TargetSet
+    config: SearchConfig
+    plans: list[Sequence[int]]
+    on_result: Callable[[int, InversionResult], None] | None = None
+    checkpoints: tuple[int, ...] = ()
+    on_checkpoint: Callable[[int, int], None] | None = None
+    on_done: Callable[[], None] | None = None
+    # Kept by the engine:
+    results: dict[int, InversionResult] = field(default_factory=dict)
+    cancelled: bool = False
+    error: BaseException | None = None
+    reported: int = 0  # checkpoints reported so far
+    _partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
+    _queued: int = 0
+    _active: int = 0
+    _finished: bool = False
+
+    def ordered(self) -> list[InversionResult]:
+        """The results in target order (all targets must have finished)."""
+        return [self.results[i] for i in range(len(self.plans))]
+
+
+@dataclass
+class Occupancy:
+    """What the pools' steps held: searches (slot-steps) against capacity, and the sequence
+    positions the forward passes computed against those the searches' own sequences hold."""
+
+    slot_steps: int = 0
+    capacity_steps: int = 0
+    steps: int = 0
+    positions: int = 0
+    useful: int = 0
+
+    def add(self, other: Occupancy) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def rate(self) -> float | None:
+        return self.slot_steps / self.capacity_steps if self.capacity_steps else None
+
+
+class _Pool:
+    """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
+
+    def __init__(self, engine: Engine, family: str, batch: BatchSearch) -> None:
+        self.engine, self.family, self.batch = engine, family, batch
+        self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
+        self.works: list[Work] = []  # per slot
+        self.slot = {
+            name: np.zeros(0, dtype=kind)
+            for name, kind in (
+                ("row", np.int64),
+                ("stage", np.int64),
+                ("steps", np.int64),
+                ("base", np.int64),  # steps taken at earlier lengths
+                ("max_steps", np.int64),
+                ("started", np.float64),
+                ("deadline", np.float64),
+            )
+        }
+
+    def __len__(self) -> int:
+        return len(self.works)
+
+    def head(self) -> int | None:
+        """The arrival number of the next target to enter (None: nothing waits)."""
+        while self.queue and self.queue[0][1].cancelled:
+            self.queue.popleft()[1]._queued -= 1
+        return self.queue[0][0] if self.queue else None
+
+    def admit(self, count: int) -> None:
+        """Move the next `count` waiting targets into the batch."""
+        joined = []
+        while len(joined) < count and self.head() is not None:
+            _, work, row, stage = self.queue.popleft()
+            work._queued -= 1
+            joined.append((work, row, stage))
+        if not joined:
+            return
+        self.batch.add(
+            [SlotEntry(w.targets, row, w.plans[row][stage], w.config) for w, row, stage in joined]
+        )
+        now = time.perf_counter()
+        add: dict[str, list[Any]] = {name: [] for name in self.slot}
+        for work, row, stage in joined:
+            work._active += 1
+            self.works.append(work)
+            limit = work.config.max_seconds
+            for name, value in (
+                ("row", row),
+                ("stage", stage),
+                ("steps", 0),
+                ("base", work._partial.get(row, (0, 0.0, []))[0]),
+                ("max_steps", work.config.step_budget()),
+                ("started", now),
+                ("deadline", np.inf if limit is None else now + limit),
+            ):
+                add[name].append(value)
+        for name, values in add.items():
+            column = np.asarray(values, self.slot[name].dtype)
+            self.slot[name] = np.concatenate([self.slot[name], column])
+
+    def step(self) -> tuple[int, int] | None:
+        """One step of every slot; finished searches leave. Returns the positions the forward
+        pass computed and those the searches' own sequences hold (None: no slot)."""
+        count = len(self.works)
+        if not count:
+            return None
+        s = self.slot
+        out = self.batch.step(s["steps"] + 1)
+        s["steps"] += 1
+        now = time.perf_counter()
+        cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
+        done = out.found | (s["steps"] >= s["max_steps"]) | (now >= s["deadline"]) | cancelled
+        if done.any():
+            self.finish(np.flatnonzero(done), cancelled, out, now)
+        return out.positions, out.useful
+
+    def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
+        """Deliver what `slots` found (cancelled ones aside) and remove them."""
+        s, count = self.slot, len(self.works)
+        live = slots[~cancelled[slots]]
+        if len(live):
+            tokens = self.batch.candidates(live)
+            loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
+            losses = loss.float().cpu().numpy()
+            for j, slot in enumerate(live):
+                self.engine.finished(
+                    self.works[slot],
+                    int(s["row"][slot]),
+                    int(s["stage"][slot]),
+                    tokens[j],
+                    bool(out.found[slot]),
+                    float(losses[j]),
+                    int(s["steps"][slot]),
+                    now - float(s["started"][slot]),
+                )
+        left, holes, movers = removal_plan(count, slots)
+        self.batch.remove(left, holes, movers)
+        gone = [self.works[i] for i in slots]
+        for name in s:
+            s[name] = apply_plan(s[name], left, holes, movers)
+        for i, j in zip(holes, movers, strict=True):
+            self.works[i] = self.works[j]
+        del self.works[left:]
+        for work in gone:
+            work._active -= 1
+            self.engine.settle(work)
+
+    def progress(self) -> dict[int, int]:
+        """Each work's least steps over its running targets (earlier lengths included)."""
+        out: dict[int, int] = {}
+        total = self.slot["base"] + self.slot["steps"]
+        for work, steps in zip(self.works, total, strict=True):
+            key = id(work)
+            out[key] = min(out.get(key, int(steps)), int(steps))
+        return out
+
+
+class Engine:
+    """Steps every pool of one model's searches; see the module docstring."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        mix_lengths: bool = True,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.model, self.mix_lengths = model, mix_lengths
+        self.on_batch = on_batch
+        self.pools: dict[str, _Pool] = {}
+        self.capacity: dict[str, int] = {}  # per family: slots its batches share
+        self.works: list[Work] = []
+        self._arrivals = itertools.count()
+        self.occupancy = Occupancy()
+        self._lock = threading.Lock()  # guards the inbox and the occupancy counters
+        # Held by `serve` around each step: another thread that must use the model meanwhile
+        # (building targets) takes it too, so no two passes run on the model at once.
+        self.lock = threading.Lock()
+        self._inbox: list[tuple[str, Work]] = []
+        self._wake = threading.Event()
+
+    # ---- from any thread ------------------------------------------------------------------------
+    def submit(self, work: Work) -> None:
+        """Queue `work`; its sizes are checked here (the caller gets the error)."""
+        if work.config.algorithm not in BATCHES:
+            raise ValueError(f"the engine runs {', '.join(BATCHES)}, not {work.config.algorithm}")
+        if len(work.plans) != len(work.targets):
+            raise ValueError("a work needs one length plan per target")
+        from sodaray.validation import check_context, check_state_memory
+
+        if work.plans:  # plans are increasing: the last length is each one's longest
+            longest = max(plan[-1] for plan in work.plans)
+            check_context(self.model, longest, work.targets.objective.output_tokens)
+            batch = min(work.config.max_batch_size, len(work.plans))
+            check_state_memory(self.model, batch, longest, work.config.algorithm)
+        with self._lock:
+            self._inbox.append(("submit", work))
+        self._wake.set()
+
+    def cancel(self, work: Work) -> None:
+        """Stop `work`: no result is delivered for a target that had not finished."""
+        with self._lock:
+            self._inbox.append(("cancel", work))
+        self._wake.set()
+
+    def take_occupancy(self) -> Occupancy:
+        """The counts since the last take."""
+        with self._lock:
+            out, self.occupancy = self.occupancy, Occupancy()
+        return out
+
+    # ---- the stepping thread --------------------------------------------------------------------
+    def run(self) -> None:
+        """Step until every submitted work is done."""
+        while True:
+            self._admit()
+            if not self.works:
+                return
+            self.iterate()
+
+    def serve(self, stop: threading.Event, idle_wait: float = 0.05) -> None:
+        """Step until `stop` is set, waiting while there is nothing to do. On an error every
+        unfinished work gets it (`Work.error`, then `on_done`) before it is raised."""
+        try:
+            while not stop.is_set():
+                self._admit()
+                if not self.works:
+                    self._wake.wait(idle_wait)
+                    self._wake.clear()
+                    continue
+                with self.lock:
+                    self.iterate()
+        except BaseException as exc:
+            for work in list(self.works):
+                work.error = exc
+                self._done(work)
+            raise
+
+    def iterate(self) -> None:
+        """Fill the free slots, step every batch once, then report the checkpoints reached."""
+        self._fill()
+        active: dict[str, int] = {}
+        step = Occupancy()
+        for key, pool in list(self.pools.items()):
+            active[pool.family] = active.get(pool.family, 0) + len(pool)
+            sizes = pool.step()
+            if sizes is not None:
+                step.positions += sizes[0]
+                step.useful += sizes[1]
+            if not len(pool) and not pool.queue:
+                del self.pools[key]  # its state's memory goes back
+        for family, count in active.items():
+            if count:  # a family's batches are one batch's worth of slots
+                step.slot_steps += count
+                step.capacity_steps += self.capacity[family]
+                step.steps += 1
+                if self.on_batch is not None:
+                    self.on_batch(count)
+        with self._lock:
+            self.occupancy.add(step)
+        self._checkpoints()
+
+    def _fill(self) -> None:
+        """Each family's free slots go to its waiting targets in the order they arrived."""
+        families: dict[str, list[_Pool]] = {}
+        for pool in self.pools.values():
+            families.setdefault(pool.family, []).append(pool)
+        for family, pools in families.items():
+            free = self.capacity[family] - sum(len(p) for p in pools)
+            if len(pools) == 1:
+                pools[0].admit(free)
+                continue
+            taken = dict.fromkeys(range(len(pools)), 0)
+            heads = {i: p.head() for i, p in enumerate(pools)}
+            while free > 0:
+                waiting = [(h, i) for i, h in heads.items() if h is not None]
+                if not waiting:
+                    break
+                _, i = min(waiting)
+                taken[i] += 1
+                free -= 1
+                queue = pools[i].queue  # peek past the ones already taken
+                heads[i] = queue[taken[i]][0] if taken[i] < len(queue) else None
+            for i, count in taken.items():
+                if count:
+                    pools[i].admit(count)
+
+    def _admit(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        self._wake.clear()
+        for kind, work in inbox:
+            if kind == "cancel":
+                self._cancel(work)
+                continue
+            self.works.append(work)
+            for row in range(len(work.plans)):
+                self._enqueue(work, row, 0)
+            self.settle(work)  # a work with no targets is done at once
+
+    def _enqueue(self, work: Work, row: int, stage: int) -> None:
+        length = work.plans[row][stage]
+        family, key = pool_key(work.config, work.targets, length, self.mix_lengths)
+        pool = self.pools.get(key)
+        if pool is None:
+            pool = self.pools[key] = _Pool(self, family, self._new_batch(work, length))
+        # The family's capacity: the largest batch any of its works asked for.
+        self.capacity[family] = max(self.capacity.get(family, 0), work.config.max_batch_size)
+        pool.queue.append((next(self._arrivals), work, row, stage))
+        work._queued += 1
+
+    def _new_batch(self, work: Work, length: int) -> BatchSearch:
+        config = work.config
+        cls = BATCHES[config.algorithm]
+        if getattr(cls, "mixes_lengths", False):  # any length, any config
+            return cls(self.model, getattr(config, "precision", "float32"))
+        generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
+        return cls(self.model, config, length, generator)
+
+    def _cancel(self, work: Work) -> None:
+        if work not in self.works or work.cancelled:
+            return
+        work.cancelled = True
+        for pool in self.pools.values():
+            kept = deque(item for item in pool.queue if item[1] is not work)
+            work._queued -= len(pool.queue) - len(kept)
+            pool.queue = kept
+        self.settle(work)
+
+    def finished(
+        self,
+        work: Work,
+        row: int,
+        stage: int,
+        tokens: list[int],
+        found: bool,
+        loss: float,
+        steps: int,
+        seconds: float,
+    ) -> None:
+        """A target's search at one length ended: its result, or its next length."""
+        prior_steps, prior_seconds, tried = work._partial.pop(row, (0, 0.0, []))
+        length = work.plans[row][stage]
+        steps, seconds, tried = steps + prior_steps, seconds + prior_seconds, [*tried, length]
+        if not found and stage + 1 < len(work.plans[row]):
+            work._partial[row] = (steps, seconds, tried)
+            self._enqueue(work, row, stage + 1)
+            return
+        targets, config = work.targets, work.config
+        true = None if targets.true_tokens is None else list(targets.true_tokens[row])
+        result = InversionResult(
+            sample_id=targets.sample_ids[row],
+            tokens=tokens,
+            text=self.model.decode(tokens),
+            found=found,
+            exact=None if true is None else tokens == true,
+            steps=steps,
+            seconds=seconds,
+            final_loss=loss,
+            predicted_length=length,
+            algorithm=config.algorithm,
+            seed=config.seed,
+            true_tokens=true,
+            lengths_tried=tried,
+            params=params_of(config),
+        )
+        work.results[row] = result
+        if work.on_result is not None:
+            work.on_result(row, result)
+
+    def settle(self, work: Work) -> None:
+        """Finish `work` once nothing of it waits or runs."""
+        if work._queued == 0 and work._active == 0 and not work._finished:
+            if work.cancelled or len(work.results) == len(work.plans):
+                self._done(work)
+
+    def _done(self, work: Work) -> None:
+        if work._finished:
+            return
+        if not work.cancelled and work.error is None:
+            self._report(work, float("inf"))
+        work._finished = True
+        if work in self.works:
+            self.works.remove(work)
+        if work.on_done is not None:
+            work.on_done()
+
+    def _checkpoints(self) -> None:
+        pending = [w for w in self.works if w.reported < len(w.checkpoints) and not w.cancelled]
+        if not pending:
+            return
+        least: dict[int, int] = {}
+        for pool in self.pools.values():
+            for key, steps in pool.progress().items():
+                least[key] = min(least.get(key, steps), steps)
+        for work in pending:
+            if work._queued:
+                continue  # a target not started yet has taken no steps
+            self._report(work, least.get(id(work), float("inf")))
+
+    def _report(self, work: Work, progress: float) -> None:
+        while work.reported < len(work.checkpoints) and work.checkpoints[work.reported] <= progress:
+            index = work.reported
+            work.reported += 1
+            if work.on_checkpoint is not None:
+                work.on_checkpoint(index, work.checkpoints[index])
+
+
+def pool_key(
+    config: SearchConfig, targets: TargetSet, length: int, mix_lengths: bool = True
+) -> tuple[str, str]:
+    """(family, key): searches with equal keys share a batch, and the batches of a family share
+    one capacity. SODA: one precision and objective shape (any config and loss), and any length
+    with `mix_lengths`; the equal-length algorithms: one config, objective and tolerance, a
+    batch per length."""
+    objective = targets.objective
+    if getattr(BATCHES[config.algorithm], "mixes_lengths", False):
+        family: list[Any] = [config.algorithm, getattr(config, "precision", ""), objective.shape()]
+        mixed = mix_lengths
+    else:
+        tolerance = [targets.atol, targets.rtol]
+        family = [config.algorithm, config.to_dict(), dataclasses.asdict(objective), tolerance]
+        mixed = False
+    name = json.dumps(family, sort_keys=True, default=str)
+    return name, name if mixed else f"{name} length {length}"
+
+
+def params_of(config: SearchConfig) -> dict[str, Any]:
+    """A result's `params`: the algorithm's configuration, seed aside."""
+    return {k: v for k, v in config.to_dict().items() if k != "seed"}

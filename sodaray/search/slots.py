@@ -1,0 +1,88 @@
+"""Slot bookkeeping shared by the engine and every batch: tensors with spare capacity, and the
+one rule for removing slots.
+
+Searches enter a batch at its end and leave it from anywhere. Removing is "the last live rows
+move into the holes": every array indexed by slot (the engine's host arrays, a batch's tensors)
+applies the same `(holes, movers)` plan, so a change copies only the rows that move, and the
+big per-row state (SODA's Z and moments, tens of MB per slot on a large vocabulary) is never
+copied whole.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def removal_plan(count: int, removed: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Removing `removed` (distinct indices) from `count` live entries: the new count and the
+    moves `movers -> holes` that keep the survivors in [0, new count)."""
+    removed = np.unique(np.asarray(removed, dtype=np.int64))
+    left = count - len(removed)
+    gone = np.zeros(count, dtype=bool)
+    gone[removed] = True
+    holes = np.flatnonzero(gone[:left])
+    movers = left + np.flatnonzero(~gone[left:])
+    return left, holes, movers
+
+
+def apply_plan(array: np.ndarray, left: int, holes: np.ndarray, movers: np.ndarray) -> np.ndarray:
+    """A host array after a removal plan."""
+    array[holes] = array[movers]
+    return array[:left]
+
+
+class Buffers:
+    """Tensors sharing a leading dimension of `len(self)` live rows, each in a buffer with
+    spare capacity: appending writes the new rows (the buffer doubles when full), removing moves
+    the last rows into the holes. `self["z"]` is the live view; in-place ops on it are kept.
+    `guard` rows always follow the live ones (zeros at first, then whatever rows left): an op
+    over `guarded(name)` keeps its scalar tail off the live rows (see `models.pad_rows`)."""
+
+    def __init__(self, guard: int = 0) -> None:
+        self.count, self.guard = 0, guard
+        self._buffers: dict[str, Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._buffers
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._buffers[name][: self.count]
+
+    def guarded(self, name: str) -> Tensor:
+        """The live rows and the guard rows after them."""
+        return self._buffers[name][: self.count + self.guard]
+
+    def append(self, values: dict[str, Tensor]) -> None:
+        """Add rows: every buffer gets the same number, and a first append names the buffers."""
+        added = {len(v) for v in values.values()}
+        if len(added) != 1 or (self._buffers and set(values) != set(self._buffers)):
+            raise ValueError("append: every buffer takes the same number of rows")
+        (k,) = added
+        for name, rows in values.items():
+            buf = self._buffers.get(name)
+            if buf is None or buf.shape[0] < self.count + k + self.guard:
+                size = max(2 * self.count, self.count + k, 8) + self.guard
+                grown = rows.new_zeros((size, *rows.shape[1:]))
+                if buf is not None:
+                    grown[: self.count] = buf[: self.count]
+                self._buffers[name] = buf = grown
+            buf[self.count : self.count + k] = rows
+        self.count += k
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        """Apply a removal plan (`removal_plan`)."""
+        if len(holes):
+            for buf in self._buffers.values():
+                src = torch.as_tensor(movers, device=buf.device)
+                dst = torch.as_tensor(holes, device=buf.device)
+                buf[dst] = buf[src]
+        self.count = left
+
+    def nbytes(self) -> int:
+        """Bytes held, spare capacity included."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())

@@ -1,0 +1,259 @@
+"""`sodaray tune`: an Optuna study whose trials are units of work on a model's replicas.
+
+The driver owns the study: it asks Optuna for a trial, hands its samples to the actor group as
+one unit (its config, its objective, the validation rows), reports each checkpoint the replica
+streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a pruned trial's
+unit, and tells Optuna the outcome once the trial's rows are written. Trials share a replica's
+batch: as many run at once as fill it. A trial whose replica died runs again in the same trial
+(its samples' results do not depend on the replica); trials left RUNNING by a driver that died
+are marked failed and their parameters tried again when the study is resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sodaray.experiment.cluster import check_address, ray_session
+from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.group import ActorGroup, Failure, next_event
+from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.results import write_table_atomic
+from sodaray.tuner.spec import TuningSpec
+from sodaray.tuner.study import (
+    ask_trial,
+    open_study,
+    save_plots,
+    storage_url,
+    trial_value,
+    write_preset,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrialOutcome:
+    number: int
+    state: str  # complete | pruned | failed
+    value: float | None
+    params: dict[str, Any]
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class TuneRun:
+    study_name: str
+    storage: str
+    out: Path
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    stale_failed: list[int] = field(default_factory=list)
+    best_value: float | None = None
+    best_params: dict[str, Any] | None = None
+    preset_path: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+
+
+def run_tuning(
+    spec: TuningSpec,
+    out: str | Path,
+    *,
+    trials: int | None = None,
+    workers: int = 1,
+    storage: str | None = None,
+    model: str | None = None,
+    address: str | None = None,
+    max_attempts: int = 3,
+    on_launch: Callable[[int, list[int]], None] | None = None,
+    on_trial: Callable[[TrialOutcome], None] | None = None,
+    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+) -> TuneRun:
+    """Add `trials` (default: the file's) trials to the study on `workers` replicas of the
+    model. `on_launch(number, pids)` runs as each trial is handed out (the replicas' process
+    ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
+    (as `study.optimize` takes), called after each trial is told."""
+    import optuna
+
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    check_address(address)  # fails fast, before the study and the validation data
+    n_trials = spec.trials if trials is None else trials
+    if n_trials < 1:
+        raise ValueError(f"trials must be at least 1, not {n_trials}")
+    if model is not None:  # a copy: the caller's spec keeps its model
+        spec = dataclasses.replace(spec, model=spec.model.with_id(model))
+    out = Path(out) / spec.name
+    url = storage_url(spec, out, storage)
+    out.mkdir(parents=True, exist_ok=True)
+    study_name = spec.study_name or spec.name
+    study, stale = open_study(spec, url, study_name)
+    run = TuneRun(study_name, url, out, stale_failed=stale)
+    rows, identity = validation_rows(spec, study, out)
+    with ray_session([spec.model.request()], address):
+        # A batch's worth of trials on each replica, and the next one waiting.
+        group = ActorGroup(
+            spec.model, max_attempts=max_attempts, fill=1.0, min_units=1, replicas=workers
+        )
+        loop = _Trials(spec, study, run, rows, identity, group, on_launch)
+        try:
+            loop.drain(n_trials, on_trial, callbacks)
+        finally:
+            group.kill()
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if complete:
+        best = max(complete, key=lambda t: t.value)
+        run.best_value, run.best_params = best.value, dict(best.params)
+        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
+    run.plots = save_plots(study, out / "plots")
+    return run
+
+
+def validation_rows(
+    spec: TuningSpec, study: Any, out: Path
+) -> tuple[dict[str, list[Any]], DatasetIdentity]:
+    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/)
+    and the data's identity; the data's hash is recorded in the study."""
+    table = dataset_table(spec.model, spec.data, out)
+    identity = dataset_identity(table)
+    if identity.hash and "dataset_hash" not in study.user_attrs:
+        # The rows the trials ran on: the data spec names a build, the hash its result.
+        study.set_user_attr("dataset_hash", identity.hash)
+    return select_rows(table, None, None), identity
+
+
+def checkpoints(max_steps: int, count: int) -> tuple[int, ...]:
+    """The steps at which a trial reports its exact rate: `count` evenly spaced, the last at
+    its budget."""
+    return tuple(sorted({max(1, -(-(j + 1) * max_steps // count)) for j in range(count)}))
+
+
+class _Trials:
+    """One run's trials: asked from the study while a replica has room for one, reported at
+    their checkpoints, told when their rows come back."""
+
+    def __init__(
+        self,
+        spec: TuningSpec,
+        study: Any,
+        run: TuneRun,
+        rows: dict[str, list[Any]],
+        identity: DatasetIdentity,
+        group: ActorGroup,
+        on_launch: Callable[[int, list[int]], None] | None,
+    ) -> None:
+        self.spec, self.study, self.run, self.rows = spec, study, run, rows
+        self.identity, self.group, self.on_launch = identity, group, on_launch
+        self.distributions = spec.distributions()
+        self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
+        self.reported: dict[str, set[int]] = {}
+        self.pruned: set[str] = set()
+
+    def drain(
+        self,
+        n_trials: int,
+        on_trial: Callable[[TrialOutcome], None] | None,
+        callbacks: Sequence[Callable[[Any, Any], None]],
+    ) -> None:
+        launched = 0
+        while launched < n_trials or self.live:
+            while launched < n_trials and self.group.room(self.unit(None)):
+                self.launch()
+                launched += 1
+            event = next_event([self.group])
+            if event is None:
+                continue
+            _, unit, output = event
+            outcome = self.receive(unit, output)
+            if outcome is None:
+                continue
+            self.run.outcomes.append(outcome)
+            for callback in callbacks:
+                callback(self.study, self.study.get_trials(deepcopy=False)[outcome.number])
+            if on_trial is not None:
+                on_trial(outcome)
+
+    def unit(self, trial: Any) -> Unit:
+        """A trial's samples as a unit (`trial` None: a stand-in to size one)."""
+        params = {} if trial is None else trial.params
+        number = -1 if trial is None else trial.number
+        spec = self.spec
+        return Unit(
+            key=f"trial-{number:05d}",
+            rows=self.rows,
+            search=spec.config(params),
+            objective=spec.objective_for(params),
+            checkpoints=checkpoints(spec.max_steps, spec.checkpoints),
+            context={
+                "dataset": spec.data.name,
+                "sweep": f"tune:{spec.name}",
+                "job": f"trial-{number:05d}",
+                **self.identity.context(),
+            },
+        )
+
+    def launch(self) -> None:
+        import optuna
+
+        trial = ask_trial(self.study, self.distributions)
+        try:
+            unit = self.unit(trial)
+            self.group.submit(unit)
+        except BaseException:  # never leave it RUNNING with nobody working on it
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        self.live[unit.key] = (trial, time.perf_counter())
+        self.reported[unit.key] = set()
+        if self.on_launch is not None:
+            self.on_launch(trial.number, self.group.pids())
+
+    def receive(self, unit: Unit, output: Any) -> TrialOutcome | None:
+        """A checkpoint (reported; the trial is cancelled if the pruner says so), or a trial's
+        end: its rows written, its attributes set, then told in its own state."""
+        import optuna
+
+        trial, started = self.live[unit.key]
+        if isinstance(output, Checkpoint):
+            if output.step not in self.reported[unit.key]:  # a retried trial reports again
+                self.reported[unit.key].add(output.step)
+                trial.report(output.exact / output.total, output.step)
+                if unit.key not in self.pruned and trial.should_prune():
+                    self.pruned.add(unit.key)
+                    self.group.cancel(unit.key)
+            return None
+        seconds = time.perf_counter() - started
+        if isinstance(output, Failure):
+            if not output.final:
+                return None  # tried again by the group, in this trial
+            del self.live[unit.key]
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            log.warning("trial %d failed (%s)", trial.number, output.error)
+            return TrialOutcome(trial.number, "failed", None, trial.params, seconds, output.error)
+        assert isinstance(output, Finished)
+        del self.live[unit.key]
+        table = output.table
+        trial_file = self.run.out / "trials" / f"trial-{trial.number:05d}.parquet"
+        write_table_atomic(table, trial_file)
+        exact = sum(bool(x) for x in table.column("exact").to_pylist())
+        losses = table.column("final_loss").to_pylist()
+        value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)
+        # Set before `tell` (a finished trial is frozen): what the dashboard and `optuna
+        # trials` show of each trial.
+        for name, attr in (
+            ("result_file", str(trial_file)),
+            ("exact", exact),
+            ("total", table.num_rows),
+            ("seconds", round(float(output.seconds), 3)),
+        ):
+            trial.set_user_attr(name, attr)
+        if unit.key in self.pruned:
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            note = f"pruned at step {max(self.reported[unit.key])}"
+            return TrialOutcome(trial.number, "pruned", value, trial.params, seconds, note)
+        self.study.tell(trial, value)
+        return TrialOutcome(trial.number, "complete", value, trial.params, seconds)
