@@ -32,7 +32,7 @@ def test_models_table_is_shown_as_the_long_job_it_is(capsys):
     out = capsys.readouterr().out
     # 5 models x 10 lengths x 1,000 inputs x 100,000 steps
     assert "at most 5,000,000,000 sample-steps" in out
-    assert "277.8 GPU-hours" in out  # 5e9 / 5000 per second / 3600
+    assert "277.78 GPU-hours" in out  # 5e9 / 5000 per second / 3600
 
 
 def test_the_inverter_counts_one_step_per_sample():
@@ -75,3 +75,32 @@ def test_calibration_measures_a_rate_on_stories260k():
     job = load_sweep(SWEEPS / "quickstart.yaml").quick(20).jobs(limit=3)[0]
     rate = calibrate(job, job_cost(job), steps=5)
     assert 0 < rate < float("inf")
+
+
+def test_the_cost_model_counts_a_step_from_the_models_shape():
+    """Qwen2.5-0.5B's blocks hold 0.36B parameters (its model card: 0.49B with 0.13B of
+    embeddings); a step's FLOPs follow the documented formula term by term."""
+    from sodaray.cost import KNOWN_SHAPES, ModelShape
+
+    assert round(KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"].block_params / 1e6) == 358
+    shape = ModelShape(layers=2, width=4, vocab=10, mlp=8, gated=False, attention=4, kv=4)
+    assert shape.block_params == 2 * (4 * 16 + 2 * 32)
+    tokens = 3 + 1 + 1  # input, one output, BOS
+    forward = 2 * 256 * tokens + 4 * 2 * tokens**2 * 4 + 2 * 4 * 10 * 4
+    assert shape.step_flops(3, 1, bos=True) == 3 * forward + 30 * 3 * 10
+
+
+def test_plan_json_parses_and_prices_jobs_on_the_stated_device(capsys):
+    import json
+
+    args = ["sweep", "plan", str(SWEEPS / "models.yaml"), "--rate", "5000", "--json"]
+    assert main([*args, "--device", "a100", "--efficiency", "0.5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["device"], plan["efficiency"], len(plan["jobs"])) == ("a100", 0.5, 5)
+    for job in plan["jobs"]:
+        assert job["device_hours"] == pytest.approx(job["flops"] / (19.5e12 * 0.5) / 3600)
+    assert plan["total"]["device_hours"] == pytest.approx(
+        sum(j["device_hours"] for j in plan["jobs"])
+    )
+    assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--device", "tpu"]) == 2
+    assert "--device must be one of h100" in capsys.readouterr().err

@@ -28,6 +28,7 @@ from sodaray.experiment.work import Checkpoint, Finished, Unit
 log = logging.getLogger(__name__)
 
 MAX_UNITS = 64  # units in flight on one replica (each holds one of its threads)
+RESTART_WAIT_S = 120.0  # a restarted replica reloads its model before it answers
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,16 @@ class ActorGroup:
         """The next output of a ready call (None: it ended)."""
         import ray
 
-        unit, _ = self.running[stream]
+        unit, replica = self.running[stream]
         try:
             output = ray.get(next(stream))
         except StopIteration:
             self._ended(stream)
             return None
         except ray.exceptions.RayError as exc:
-            self._ended(stream)
+            self.running.pop(stream, None)
+            if isinstance(exc, ray.exceptions.ActorUnavailableError):
+                self._await_restart(replica)
             return unit, self._failed(unit, exc)
         if isinstance(output, Finished):
             self._ended(stream)
@@ -134,6 +137,16 @@ class ActorGroup:
         self.running.pop(stream, None)
         self.dispatch()
 
+    def _await_restart(self, replica: int) -> None:
+        """Wait (a bounded time) for Ray to restart a lost replica, so a retry is not spent on
+        an actor that is still coming back."""
+        import ray
+
+        try:
+            ray.get(self.actors[replica].pid.remote(), timeout=RESTART_WAIT_S)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            log.warning("replica %d did not come back: %s", replica, last_line(exc))
+
     def _failed(self, unit: Unit, exc: BaseException) -> Failure:
         tries = self.attempts[unit.key] = self.attempts.get(unit.key, 0) + 1
         bad_input = isinstance(getattr(exc, "cause", None), (ValueError, TypeError))
@@ -142,7 +155,7 @@ class ActorGroup:
         if not final:
             log.warning("%s failed (%s); trying it again", unit.key, message)
             self.waiting.appendleft(unit)
-            self.dispatch()
+        self.dispatch()
         return Failure(unit.key, tries, message, final)
 
     def pids(self) -> list[int]:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import defaultdict
-from typing import Any
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +52,11 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--max-steps", type=int, help="as `sweep run --max-steps`")
     plan.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     plan.add_argument("--model", help="as `sweep run --model`")
+    plan.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
+    plan.add_argument(
+        "--efficiency", type=float, default=0.3, help="share of the device's peak (0.3)"
+    )
+    plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
     status = cmds.add_parser("status", help="done / pending / failed shards per job")
     status.add_argument("out", help="results folder (or one sweep's folder in it)")
@@ -63,6 +65,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
+    from sodaray.progress import SweepProgress
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
     if args.max_attempts < 1:
@@ -77,7 +80,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         from sodaray.runner.tracking import sweep_logger
 
         track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
-    progress = _Progress(sweep.name)
+    progress = SweepProgress(sweep.name)
 
     def on_start(run, samples: int) -> None:
         print(
@@ -127,67 +130,6 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     return 1 if run.failed else 0
 
 
-class _Progress:
-    """`sweep run`'s progress: on a terminal one bar per job (samples done / total, found so
-    far, sample-steps/s) under a line with the batch occupancy; otherwise one line per shard.
-    Bars move when a shard's file is written: streamed shards finish one by one."""
-
-    def __init__(self, sweep: str) -> None:
-        self.sweep = sweep
-        self.bars: dict[str, Any] = {}
-        self.status: Any = None
-        self.found: dict[str, int] = defaultdict(int)
-        self.sample_steps: dict[str, int] = defaultdict(int)
-        self.done: list[Any] = []
-        self.started = time.perf_counter()
-
-    def start(self, job_samples: dict[str, int], bars: bool) -> None:
-        self.started = time.perf_counter()
-        if not bars:
-            return
-        from tqdm import tqdm
-
-        self.status = tqdm(total=0, bar_format="{desc}", position=0, file=sys.stderr)
-        self.status.set_description_str(f"{self.sweep}: batch occupancy -")
-        width = max(len(job) for job in job_samples)
-        for i, (job, total) in enumerate(job_samples.items(), start=1):
-            self.bars[job] = tqdm(
-                total=total, unit="sample", desc=f"{job:<{width}}", position=i, file=sys.stderr
-            )
-
-    def shard(self, done) -> None:
-        from sodaray.runner.run import mean_occupancy
-
-        self.done.append(done)
-        self.found[done.job] += done.found
-        self.sample_steps[done.job] += done.sample_steps
-        rate = self.sample_steps[done.job] / max(time.perf_counter() - self.started, 1e-9)
-        window = mean_occupancy([done])
-        mean = mean_occupancy(self.done)
-        now = "-" if window is None else f"{100 * window:.0f}%"
-        overall = "-" if mean is None else f"{100 * mean:.0f}%"
-        bar = self.bars.get(done.job)
-        if bar is None:
-            print(
-                f"  {done.job} shard {done.shard}: {done.samples} samples, {done.found} found, "
-                f"{done.exact} exact ({done.seconds:.1f}s; batch occupancy {now}, "
-                f"mean {overall})",
-                file=sys.stderr,
-            )
-            return
-        bar.update(done.samples)
-        bar.set_postfix_str(f"found {self.found[done.job]}, {rate:,.0f} sample-steps/s")
-        self.status.set_description_str(
-            f"{self.sweep}: batch occupancy {now} (since the last shard), mean {overall}"
-        )
-
-    def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
-        if self.status is not None:
-            self.status.close()
-
-
 def _quick(sweep, args: argparse.Namespace, limit: int | None):
     """A quick look (`--max-steps` / `--limit`) as its own sweep, NAME-quick, so its results,
     status and report never mix with the full run's."""
@@ -204,77 +146,57 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
-    from sodaray.errors import first_line
+    import json
+
+    from sodaray.cost import PEAK_TFLOPS
     from sodaray.runner import load_sweep
-    from sodaray.runner.plan import calibrate, format_duration, job_cost
+    from sodaray.runner.plan import plan_sweep
 
     if args.rate is not None and not args.rate > 0:
         raise ValueError(f"--rate must be a positive number, not {args.rate}")
+    if not 0 < args.efficiency <= 1:
+        raise ValueError(f"--efficiency must be in (0, 1], not {args.efficiency}")
+    if args.device not in PEAK_TFLOPS:
+        raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {args.device!r}")
     sweep = _quick(load_sweep(args.sweep, model=args.model), args, args.limit)
-    jobs = sweep.jobs(limit=args.limit, model=args.model)
-    costs = [job_cost(job) for job in jobs]
-    rates: dict[str, float | str] = {}
-    width = max(len(c.job) for c in costs)
-    print(f"sweep {sweep.name}: {len(jobs)} jobs")
-    print(f"{'job':<{width}}  samples  max steps  max sample-steps  rate/s  est. time")
-    totals = {"samples": 0, "sample_steps": 0, "gpu": 0.0, "cpu": 0.0}
-    unknown = 0
-    unloadable: set[str] = set()  # models that failed to load: not tried again per job
-    for job, cost in zip(jobs, costs, strict=True):
-        key = json_key(job, cost)
-        if key not in rates:
-            if args.rate is not None:
-                rates[key] = args.rate
-            elif args.no_calibrate or job.model.label in unloadable:
-                rates[key] = "-"
-            else:
-                try:
-                    rates[key] = calibrate(job, cost)
-                except Exception as exc:  # a model not loadable here: say why, go on
-                    print(f"  no calibration for {job.model.label}: {first_line(exc)}")
-                    unloadable.add(job.model.label)
-                    rates[key] = "-"
-        rate = rates[key]
-        totals["samples"] += cost.samples
-        totals["sample_steps"] += cost.sample_steps
-        if isinstance(rate, float):
-            seconds = cost.sample_steps / rate
-            totals["gpu" if cost.num_gpus > 0 else "cpu"] += seconds / 3600
-            est, shown = format_duration(seconds), f"{rate:,.0f}"
-        else:
-            unknown += 1
-            est, shown = "-", "-"
-        print(
-            f"{cost.job:<{width}}  {cost.samples:>7,}  {cost.max_steps:>9,}  "
-            f"{cost.sample_steps:>16,}  {shown:>6}  {est}"
-        )
-    print(f"total: {totals['samples']:,} samples, at most {totals['sample_steps']:,} sample-steps")
-    if totals["gpu"]:
-        print(f"estimate: {totals['gpu']:,.1f} GPU-hours (one device per job at a time)")
-    if totals["cpu"]:
-        print(f"estimate: {totals['cpu']:,.2f} CPU-hours (num_gpus 0 jobs)")
-    if unknown:
-        print(f"{unknown} jobs without a rate: pass --rate SAMPLE_STEPS_PER_SECOND")
-    return 0
-
-
-def json_key(job, cost) -> str:
-    """Jobs that cost the same per sample-step share one calibration."""
-    import json
-
-    obj = job.objective
-    return json.dumps(
-        [
-            job.model.identity(),
-            job.algorithm,
-            obj.kind,
-            obj.output_tokens,
-            bool(obj.fluency_weight),
-            cost.batch_size,
-            sorted(cost.samples_by_length),
-        ],
-        default=str,
+    plan = plan_sweep(
+        sweep.jobs(limit=args.limit, model=args.model),
+        rate=args.rate,
+        measure=not args.no_calibrate,
+        device=args.device,
+        efficiency=args.efficiency,
+        say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
     )
+    if args.json:
+        print(json.dumps({"sweep": sweep.name, **plan}))
+        return 0
+    rows, width, device = plan["jobs"], max(len(r["job"]) for r in plan["jobs"]), args.device
+    print(f"sweep {sweep.name}: {len(rows)} jobs; {device} at {args.efficiency:.0%} of peak")
+    print(
+        f"{'job':<{width}}  samples  max steps  max sample-steps  PFLOPs  {device + '-h':>8}  "
+        "rate/s  est. time here"
+    )
+    for r in rows:
+        pf = "-" if r["flops"] is None else f"{r['flops'] / 1e15:,.1f}"
+        dh = "-" if r["device_hours"] is None else f"{r['device_hours']:,.2f}"
+        rate = "-" if r["rate"] is None else f"{r['rate']:,.0f}"
+        print(
+            f"{r['job']:<{width}}  {r['samples']:>7,}  {r['max_steps']:>9,}  "
+            f"{r['sample_steps']:>16,}  {pf:>6}  {dh:>8}  {rate:>6}  {r['estimate']}"
+        )
+    t = plan["total"]
+    print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
+    if t["device_hours"]:
+        print(
+            f"estimate: {t['device_hours']:,.1f} {device}-hours at full batches, from the "
+            f"models' shapes ({t['unshaped']} jobs of unknown shape not counted)"
+        )
+    for kind in ("gpu", "cpu"):
+        if t[f"{kind}_hours"]:
+            print(f"estimate: {t[f'{kind}_hours']:,.2f} {kind.upper()}-hours at the rates shown")
+    if t["unrated"]:
+        print(f"{t['unrated']} jobs without a rate: pass --rate SAMPLE_STEPS_PER_SECOND")
+    return 0
 
 
 def cmd_sweep_status(args: argparse.Namespace) -> int:

@@ -1,17 +1,20 @@
 """`sodaray sweep plan`: what a sweep will cost, before anything runs.
 
 Per job: its samples (by length), the most sample-steps it can take (every sample running its
-full budget at every length it may try), and a time estimate from a rate in sample-steps per
-second, given by the user or measured by a short calibration on the local device. Searches
-stop a sample once it is found, so the estimate is an upper bound.
+full budget at every length it may try), their FLOPs from the model's shape (`sodaray.cost`),
+and time estimates: device-hours at a stated device and efficiency, and the time at a rate in
+sample-steps per second, given by the user or measured by a short calibration on the local
+device. Searches stop a sample once it is found, so every estimate is an upper bound.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
+from typing import Any
 
+from sodaray.cost import device_seconds, format_duration, measure_rate, model_shape
+from sodaray.errors import first_line
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ class JobCost:
     max_steps: int
     lengths_per_sample: int  # `length: auto` may try every length up to max_length
     batch_size: int
+    flops: float | None  # at most, from the model's shape (None: shape unknown offline)
 
     @property
     def samples(self) -> int:
@@ -81,62 +85,114 @@ def select_counts(
 
 def job_cost(job: Job) -> JobCost:
     counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
+    steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
+    shape, outputs = model_shape(job.model.id), job.objective.output_tokens
+    bos = job.model.bos is not False  # unknown: count one token, the common case
+    flops = None
+    if shape is not None:  # `length: auto` tries up to max_length: counted at the longest
+        flops = sum(
+            k * steps * tries * shape.step_flops(job.max_length if tries > 1 else n, outputs, bos)
+            for n, k in counts.items()
+        )
     return JobCost(
         job=job.name,
         model=job.model.label,
         algorithm=job.algorithm,
         num_gpus=job.model.num_gpus,
         samples_by_length=counts,
-        max_steps=job.search.step_budget(),
-        lengths_per_sample=job.max_length if job.length == "auto" else 1,
+        max_steps=steps,
+        lengths_per_sample=tries,
         batch_size=job.search.max_batch_size or max(counts.values(), default=1),
+        flops=flops,
     )
 
 
 def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
-    """Sample-steps per second for `job` on this machine: a short search of random inputs at
-    the job's middle length, batched as the job batches (its batch size or its samples per
-    length, whichever is smaller). Loads the model, so hub models need the hub or a cache."""
-    from dataclasses import replace
-
-    import torch
-
-    from sodaray.api import invert
+    """Sample-steps per second for `job` on this machine (`sodaray.cost.measure_rate`) at its
+    middle length, batched as the job batches. Loads the model: hub models need the hub."""
     from sodaray.models import load_model
-    from sodaray.targets import make_targets
 
+    m = job.model
     model = load_model(
-        job.model.id,
-        gguf_file=job.model.gguf_file,
-        dtype=job.model.dtype,
-        bos=job.model.bos,
-        trust_remote_code=job.model.trust_remote_code,
+        m.id, gguf_file=m.gguf_file, dtype=m.dtype, bos=m.bos, trust_remote_code=m.trust_remote_code
     )
     lengths = sorted(cost.samples_by_length)
-    length = lengths[len(lengths) // 2]
     batch = max(1, min(cost.batch_size, max(cost.samples_by_length.values())))
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model.vocab_size, (batch, length), generator=generator).tolist()
-    targets = make_targets(model, tokens, objective=job.objective)
-    threads = torch.get_num_threads()
-    if job.model.num_gpus == 0:
-        # Ray gives a CPU actor num_cpus threads (OMP_NUM_THREADS); measuring with all cores
-        # instead overstates one actor on an idle machine and collapses on a busy one.
-        torch.set_num_threads(max(1, int(job.model.num_cpus)))
-    try:
-        invert(model, targets, replace(job.search, max_steps=2))  # warm-up: first-call costs
-        start = time.perf_counter()
-        results = invert(model, targets, replace(job.search, max_steps=steps))
-        seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
-    done = sum(r.steps for r in results)
-    log.info("calibration %s: %d sample-steps in %.2fs", job.name, done, seconds)
-    return done / seconds if seconds > 0 else float("inf")
+    threads = max(1, int(m.num_cpus)) if m.num_gpus == 0 else None
+    rate = measure_rate(
+        model,
+        job.search,
+        job.objective,
+        lengths[len(lengths) // 2],
+        batch,
+        steps=steps,
+        threads=threads,
+    )
+    log.info("calibration %s: %.1f sample-steps/s", job.name, rate)
+    return rate
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    hours = seconds / 3600
-    return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.1f} min"
+def calibration_key(job: Job, cost: JobCost) -> str:
+    """Jobs that cost the same per sample-step share one calibration."""
+    import json
+
+    obj = job.objective
+    return json.dumps(
+        [
+            job.model.identity(),
+            job.algorithm,
+            obj.kind,
+            obj.output_tokens,
+            bool(obj.fluency_weight),
+            cost.batch_size,
+            sorted(cost.samples_by_length),
+        ],
+        default=str,
+    )
+
+
+def plan_sweep(
+    jobs: list[Job], *, rate: float | None, measure: bool, device: str, efficiency: float, say
+) -> dict[str, Any]:
+    """Every job's cost and estimates, and their totals, as plain data (`sweep plan --json`)."""
+    rates: dict[str, float | None] = {}
+    unloadable: set[str] = set()  # models that failed to load: not tried again per job
+    keys = ("samples", "sample_steps", "device_hours", "gpu_hours", "cpu_hours")
+    total: dict[str, Any] = dict.fromkeys((*keys, "unshaped", "unrated"), 0)
+    rows = []
+    for job in jobs:
+        cost = job_cost(job)
+        key = calibration_key(job, cost)
+        if key not in rates:
+            rates[key] = rate
+            if rate is None and measure and job.model.label not in unloadable:
+                try:
+                    rates[key] = calibrate(job, cost)
+                except Exception as exc:  # a model not loadable here: say why, go on
+                    say(f"  no calibration for {job.model.label}: {first_line(exc)}")
+                    unloadable.add(job.model.label)
+        here, hours = rates[key], None
+        if cost.flops is not None:
+            hours = device_seconds(cost.flops, device, job.model.dtype, efficiency) / 3600
+            total["device_hours"] += hours
+        seconds = None if here is None else cost.sample_steps / here
+        if seconds is not None:
+            total["gpu_hours" if cost.num_gpus > 0 else "cpu_hours"] += seconds / 3600
+        total["samples"] += cost.samples
+        total["sample_steps"] += cost.sample_steps
+        total["unshaped"] += cost.flops is None
+        total["unrated"] += here is None
+        rows.append(
+            {
+                "job": cost.job,
+                "model": cost.model,
+                "samples": cost.samples,
+                "max_steps": cost.max_steps,
+                "sample_steps": cost.sample_steps,
+                "flops": cost.flops,
+                "device_hours": hours,
+                "rate": here,
+                "estimate": "-" if seconds is None else format_duration(seconds),
+            }
+        )
+    return {"device": device, "efficiency": efficiency, "jobs": rows, "total": total}

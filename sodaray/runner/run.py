@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from sodaray.experiment.cluster import check_address, check_resources, ray_session
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Finished, Unit
+from sodaray.progress import mean_occupancy
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
     LOCK_REFRESH_SECONDS,
@@ -87,11 +88,6 @@ class SweepRun:
         """Mean batch occupancy so far: searches per step over the batches' capacity, over
         every step of every replica (None before any step)."""
         return mean_occupancy(self.done)
-
-
-def mean_occupancy(done: list[ShardDone]) -> float | None:
-    capacity = sum(d.capacity_steps for d in done)
-    return sum(d.slot_steps for d in done) / capacity if capacity else None
 
 
 class SweepInterrupted(KeyboardInterrupt):

@@ -35,6 +35,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from sodaray.progress import TrialProgress
     from sodaray.tuner import load_tuning, run_tuning
 
     if args.trials is not None and args.trials < 1:
@@ -48,24 +49,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     callbacks = []
     if args.mlflow:
         callbacks.append(tuning_callback(args.mlflow, spec.metric))
-    total = spec.trials if args.trials is None else args.trials
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="trial", desc=spec.name, file=sys.stderr)
-
-    def on_trial(outcome) -> None:
-        value = "-" if outcome.value is None else f"{outcome.value:.4f}"
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(last=f"#{outcome.number} {outcome.state} {value}")
-        else:
-            print(
-                f"  trial {outcome.number}: {outcome.state} {value} ({outcome.seconds:.0f}s)",
-                file=sys.stderr,
-            )
-
+    progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
     try:
         run = run_tuning(
             spec,
@@ -75,15 +59,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
             storage=args.storage,
             model=args.model,
             address=args.address,
-            on_trial=on_trial,
+            on_trial=progress.trial,
             callbacks=callbacks,
         )
     except KeyboardInterrupt:
         print("interrupted: finished trials are in the study; run again to resume", file=sys.stderr)
         return 130
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
     if args.json:
         print(json.dumps(leaderboard(run)))
     else:
@@ -110,24 +93,14 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
     """The study after this run: state counts, the `top` completed trials, preset and plots."""
     import optuna
 
+    from sodaray.report.study import leaderboard as board
     from sodaray.tuner.study import open_storage
 
     study = optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
-    trials = study.get_trials(deepcopy=False)
-    done = sorted(
-        (t for t in trials if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: -t.value
-    )
-    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in optuna.trial.TrialState}
     return {
-        "study": run.study_name,
+        **board(study, top),
         "storage": run.storage,
-        "trials": len(trials),
-        "states": {k: v for k, v in counts.items() if v},
         "stale_failed": list(run.stale_failed),
-        "top": [
-            {"rank": rank, "trial": t.number, "value": t.value, "params": t.params}
-            for rank, t in enumerate(done[:top], start=1)
-        ],
         "best_preset": str(run.preset_path) if run.preset_path else None,
         "plots": [str(p) for p in run.plots],
     }

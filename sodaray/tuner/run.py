@@ -23,16 +23,10 @@ from sodaray.experiment.cluster import check_address, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import TuningSpec
-from sodaray.tuner.study import (
-    ask_trial,
-    open_study,
-    save_plots,
-    storage_url,
-    trial_value,
-    write_preset,
-)
+from sodaray.tuner.study import ask_trial, open_study, storage_url, trial_value, write_preset
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ import yaml
 
 from sodaray.errors import first_line
 from sodaray.tuner.spec import TuningSpec
-
-log = logging.getLogger(__name__)
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
@@ -230,41 +227,3 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
         doc["objective"] = {k.removeprefix("objective."): v for k, v in objective.items()}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def save_plots(study, folder: Path) -> list[Path]:
-    """Optuna's history, importance and parallel-coordinate plots as PNG (matplotlib)."""
-    import warnings
-
-    import optuna
-
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if len(done) < 2:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as ovm
-
-    folder.mkdir(parents=True, exist_ok=True)
-    made = []
-    plots = {
-        "history": ovm.plot_optimization_history,
-        "importances": ovm.plot_param_importances,
-        "parallel_coordinate": ovm.plot_parallel_coordinate,
-    }
-    for name, plot in plots.items():
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ax = plot(study)
-            fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-            fig.set_size_inches(8, 5)
-            fig.tight_layout()
-            fig.savefig(folder / f"{name}.png", dpi=110)
-            plt.close(fig)
-            made.append(folder / f"{name}.png")
-        except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
-            log.info("plot %s skipped: %s", name, exc)
-    return made

@@ -1,0 +1,184 @@
+"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and device time
+at a stated device and efficiency, for plans at scales no machine here can run.
+
+A SODA sample-step is one forward and one backward pass (about 3x a forward's FLOPs) over the
+sample's sequence (BOS, the n relaxed input positions, the m observed outputs), plus the relaxed
+input's mixture of embeddings (an n x V by V x d product) and the unembedding at the observed
+positions (m x d by d x V), plus the update over the n x V input parameters. The model's
+shape is read from its config (a local `config.json`, a loaded model's config, or the table of
+the paper's models below, so `sweep plan` works offline for them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Dense peak TFLOP/s by device and dtype, from the vendors' data sheets (SXM parts; float32 is
+# the non-tensor-core rate: torch keeps TF32 off for matmuls unless asked).
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "h100": {"float32": 67.0, "bfloat16": 989.0},
+    "h200": {"float32": 67.0, "bfloat16": 989.0},
+    "a100": {"float32": 19.5, "bfloat16": 312.0},
+    "l4": {"float32": 30.3, "bfloat16": 121.0},
+}
+DEFAULT_EFFICIENCY = 0.3  # share of peak a batched fp32 step reaches (say otherwise: --efficiency)
+UPDATE_FLOPS_PER_PARAM = 30  # softmax, its backward and Adam over each of the n x V input logits
+GATED = {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral", "olmo"}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    width: int
+    vocab: int
+    mlp: int  # the MLP's inner width
+    gated: bool  # three MLP matrices (SwiGLU/GeGLU) instead of two
+    attention: int  # query heads x head width
+    kv: int  # key/value heads x head width
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of the transformer blocks (no embeddings, norms neglected)."""
+        attn = 2 * self.width * self.attention + 2 * self.width * self.kv
+        return self.layers * (attn + (3 if self.gated else 2) * self.width * self.mlp)
+
+    def step_flops(self, length: int, outputs: int, bos: bool = True) -> float:
+        """FLOPs of one SODA sample-step at input length `length` with `outputs` observed."""
+        tokens = length + outputs + int(bos)
+        forward = (
+            2 * self.block_params * tokens
+            + 4 * self.layers * tokens * tokens * self.attention  # scores and their mixing
+            + 2 * (length + outputs) * self.vocab * self.width  # input mixture, unembedding
+        )
+        return 3 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
+
+
+def shape_from_config(config: Any) -> ModelShape:
+    """A shape from a transformers config object or a config.json mapping (GPT-2, GPT-Neo,
+    Llama, Qwen, Gemma, Pythia field names)."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if get("text_config") is not None:  # multimodal wrappers keep the language model inside
+        return shape_from_config(get("text_config"))
+
+    def first(*keys: str) -> Any:
+        return next((get(k) for k in keys if get(k) is not None), None)
+
+    width = int(first("hidden_size", "n_embd", "d_model"))
+    heads = int(first("num_attention_heads", "n_head", "num_heads"))
+    head = int(first("head_dim") or width // heads)
+    kv_heads = int(first("num_key_value_heads") or heads)
+    mlp = first("intermediate_size", "n_inner", "ffn_dim")
+    return ModelShape(
+        layers=int(first("num_hidden_layers", "n_layer", "num_layers")),
+        width=width,
+        vocab=int(get("vocab_size")),
+        mlp=int(mlp) if mlp else 4 * width,
+        gated=str(get("model_type", "")) in GATED,
+        attention=heads * head,
+        kv=kv_heads * head,
+    )
+
+
+def _shape(layers, width, vocab, mlp, gated, heads, kv_heads, head) -> ModelShape:
+    return ModelShape(layers, width, vocab, mlp, gated, heads * head, kv_heads * head)
+
+
+# The paper's models, from their published configs: plans for them need no download.
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    "roneneldan/TinyStories-33M": _shape(4, 768, 50257, 3072, False, 16, 16, 48),
+    "openai-community/gpt2": _shape(12, 768, 50257, 3072, False, 12, 12, 64),
+    "openai-community/gpt2-medium": _shape(24, 1024, 50257, 4096, False, 16, 16, 64),
+    "openai-community/gpt2-large": _shape(36, 1280, 50257, 5120, False, 20, 20, 64),
+    "openai-community/gpt2-xl": _shape(48, 1600, 50257, 6400, False, 25, 25, 64),
+    "Qwen/Qwen2.5-0.5B": _shape(24, 896, 151936, 4864, True, 14, 2, 64),
+    "Qwen/Qwen2.5-3B": _shape(36, 2048, 151936, 11008, True, 16, 2, 128),
+    "EleutherAI/pythia-1.4b": _shape(24, 2048, 50304, 8192, False, 16, 16, 128),
+}
+
+
+def model_shape(model_id: str) -> ModelShape | None:
+    """The shape of a model named by hub id (the table above) or local folder (its config.json),
+    without loading weights; None when neither tells (a GGUF file, an unknown hub id)."""
+    if model_id in KNOWN_SHAPES:
+        return KNOWN_SHAPES[model_id]
+    config = Path(model_id).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            return shape_from_config(json.loads(config.read_text(encoding="utf-8")))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.info("no shape from %s: %s", config, exc)
+    return None
+
+
+def device_seconds(flops: float, device: str, dtype: str, efficiency: float) -> float:
+    """Seconds of one device for `flops` at `efficiency` of its dense peak."""
+    peak = PEAK_TFLOPS[device].get(dtype, PEAK_TFLOPS[device]["float32"])
+    return flops / (peak * 1e12 * efficiency)
+
+
+def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:
+    """This CPU's float32 matmul rate on `threads` threads: the 'peak' a CPU plan is checked
+    against (a large matmul is as close to peak as torch gets here)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b  # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        return 2 * size**3 * repeats / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_rate(
+    model: Any,
+    search: Any,
+    objective: Any,
+    length: int,
+    batch: int,
+    *,
+    steps: int,
+    threads: int | None = None,
+) -> float:
+    """Sample-steps per second of `search` on `model` here: random inputs of `length`, `batch`
+    at once, after a 2-step warm-up (first-call costs). `threads`: as a CPU replica gets them
+    (Ray gives a CPU actor num_cpus threads; all cores would overstate one actor)."""
+    from dataclasses import replace
+
+    import torch
+
+    from sodaray.api import invert
+    from sodaray.targets import make_targets
+
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.vocab_size, (batch, length), generator=generator).tolist()
+    targets = make_targets(model, tokens, objective=objective)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        invert(model, targets, replace(search, max_steps=2))
+        start = time.perf_counter()
+        results = invert(model, targets, replace(search, max_steps=steps))
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+    done = sum(r.steps for r in results)
+    return done / seconds if seconds > 0 else float("inf")
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    hours = seconds / 3600
+    return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.1f} min"
