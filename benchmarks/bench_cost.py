@@ -43,8 +43,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)  # a CPU replica's thread count (num_cpus: 1)
     peak = cpu_peak_flops(threads=1)
-    print(f"# cpu float32 matmul peak, 1 thread: {peak / 1e9:.1f} GFLOP/s; "
-          f"stated efficiency {args.efficiency}")
+    print(
+        f"# cpu float32 matmul peak, 1 thread: {peak / 1e9:.1f} GFLOP/s; "
+        f"stated efficiency {args.efficiency}"
+    )
     for name in args.models.split(","):
         path = folder(name)
         if path is None:
@@ -53,21 +55,28 @@ def main() -> None:
         model = sodaray.load_model(str(path), bos=True)
         shape = model_shape(str(path))
         assert shape is not None, path
-        tokens = torch.randint(0, model.vocab_size, (args.batch, args.length),
-                               generator=torch.Generator().manual_seed(0)).tolist()
+        tokens = torch.randint(
+            0,
+            model.vocab_size,
+            (args.batch, args.length),
+            generator=torch.Generator().manual_seed(0),
+        ).tolist()
         targets = sodaray.make_targets(model, tokens)
         config = sodaray.SodaConfig(max_steps=2, max_batch_size=args.batch)
         sodaray.invert(model, targets, config)  # warm-up
         start = time.perf_counter()
-        results = sodaray.invert(model, targets, sodaray.SodaConfig(
-            max_steps=args.steps, max_batch_size=args.batch))
+        results = sodaray.invert(
+            model, targets, sodaray.SodaConfig(max_steps=args.steps, max_batch_size=args.batch)
+        )
         seconds = time.perf_counter() - start
         measured = sum(r.steps for r in results) / seconds
         flops = shape.step_flops(args.length, 1, bos=True)
         predicted = peak * args.efficiency / flops
-        print(f"{name}: {flops / 1e9:.3f} GFLOP/sample-step; measured {measured:,.1f} "
-              f"sample-steps/s, predicted {predicted:,.1f}; measured/predicted "
-              f"{measured / predicted:.2f} (achieved {flops * measured / peak:.0%} of peak)")
+        print(
+            f"{name}: {flops / 1e9:.3f} GFLOP/sample-step; measured {measured:,.1f} "
+            f"sample-steps/s, predicted {predicted:,.1f}; measured/predicted "
+            f"{measured / predicted:.2f} (achieved {flops * measured / peak:.0%} of peak)"
+        )
 
 
 if __name__ == "__main__":

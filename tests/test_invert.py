@@ -69,24 +69,24 @@ def outcome(results):
 
 
 @pytest.mark.parametrize(
-    "kind, mix_lengths, n, longest",
+    "kind, mix_lengths, n, longest, seed",
     [
-        ("llama", True, 3, 3),
-        ("gpt2", True, 3, 3),
-        ("gemma3", True, 3, 3),
-        ("llama", False, 3, 6),
-        ("stories260K", True, 2, 2),
-        ("stories260K", False, 2, 6),
+        ("llama", True, 3, 6, 12),  # a seed whose searches find one of the twelve
+        ("gpt2", True, 3, 6, 11),
+        ("gemma3", True, 3, 6, 11),
+        ("llama", False, 3, 6, 11),
+        ("stories260K", True, 2, 6, 11),
+        ("stories260K", False, 2, 6, 11),
     ],
 )
 def test_a_search_does_not_depend_on_what_shares_its_batch(
-    kind, mix_lengths, n, longest, one_thread, request
+    kind, mix_lengths, n, longest, seed, one_thread, request
 ):
     """Issue 29: the same twelve searches alone, and sharing the batch with searches of other
     configs, objectives (another loss), works and lengths: bit for bit the same tokens, finds,
-    steps and losses (one thread, as a CPU replica runs). Mixed lengths share one padded pass,
-    whose attention kernels block the keys by its width, so there the others are no longer than
-    these; `mix_lengths=False` runs a batch per length, and then longer ones may share too.
+    steps and losses (one thread, as a CPU replica runs). Others are shorter and longer, in the
+    same width bucket (padded to its top whatever is present) and in the next; with
+    `mix_lengths=False` a batch per length.
     stories260K's MLP is 172 wide: its tensors end in vector tails (see `models.pad_rows`)."""
     from sodaray.search.engine import Engine, Work
 
@@ -97,7 +97,7 @@ def test_a_search_does_not_depend_on_what_shares_its_batch(
     else:
         model = tiny_model(kind)
         mine = sodaray.make_targets(model, [[i, (5 * i + 1) % 64, (3 * i) % 64] for i in range(12)])
-    cfg = sodaray.SodaConfig(max_steps=300, reinit_period=40, reset_period=15, seed=11)
+    cfg = sodaray.SodaConfig(max_steps=300, reinit_period=40, reset_period=15, seed=seed)
     lengths = [1 + i % longest for i in range(20)]
     others = sodaray.make_targets(
         model,

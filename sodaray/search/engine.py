@@ -13,11 +13,12 @@ filled in the order the targets arrived. All batches step in turn.
 Results do not depend on what shares a batch: every hyperparameter, schedule and random draw is
 the search's own, and on CPU every matmul is padded to enough rows that BLAS rounds each row
 alike (`models.invariant_rows`), so searches of other configs, jobs, trials or objectives leave
-a search's arithmetic bit for bit unchanged. The one exception is a longer input in a mixed-length
-batch: it widens the padded pass, and PyTorch's attention kernels block the keys by the padded
-length, which rounds differently. `mix_lengths=False` keeps every batch to one length: then the
-guarantee is exact, at the cost of one forward pass per length present (measured in
-benchmarks/RESULTS.md).
+a search's arithmetic bit for bit unchanged. The width of the padded pass matters too (the
+attention and matmul kernels block the keys by it, which rounds differently), so mixed lengths
+share a batch by width bucket (`WIDTH_BUCKET` lengths each: 1-4, 5-8, ...), every batch of a
+bucket padded to the bucket's top: a search's width never depends on its neighbours, and a
+bucket's searches share one pass. `mix_lengths=False` runs a batch per length (no padding, a
+pass per length; measured in benchmarks/RESULTS.md).
 
 A target searched at several lengths (`length="auto"`) enters again at its next length when a
 length ends unfound, its steps and seconds adding up. A work's checkpoints (steps) are reported
@@ -385,8 +386,13 @@ class Engine:
     def _new_batch(self, work: Work, length: int) -> BatchSearch:
         config = work.config
         cls = BATCHES[config.algorithm]
-        if getattr(cls, "mixes_lengths", False):  # any length, any config
-            return cls(self.model, getattr(config, "precision", "float32"))
+        if getattr(cls, "mixes_lengths", False):  # any length of its bucket, any config
+            width = bucket_width(length, self.mix_lengths)
+            room = getattr(self.model, "max_positions", None)
+            if room:  # the last bucket may reach past the context: its top is the context's
+                fixed = len(getattr(self.model, "prefix_ids", []) or [])
+                width = min(width, room - fixed - work.targets.objective.output_tokens)
+            return cls(self.model, getattr(config, "precision", "float32"), width=width)
         generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
         return cls(self.model, config, length, generator)
 
@@ -495,7 +501,15 @@ def pool_key(
         family = [config.algorithm, config.to_dict(), dataclasses.asdict(objective), tolerance]
         mixed = False
     name = json.dumps(family, sort_keys=True, default=str)
-    return name, name if mixed else f"{name} length {length}"
+    return name, f"{name} width {bucket_width(length, mixed)}"
+
+
+WIDTH_BUCKET = 4  # lengths per padded batch; measured against 1 and 10 in benchmarks/RESULTS.md
+
+
+def bucket_width(length: int, mixed: bool) -> int:
+    """The padded input width of a length's batch: its bucket's top (mixed), else itself."""
+    return -(-length // WIDTH_BUCKET) * WIDTH_BUCKET if mixed else length
 
 
 def params_of(config: SearchConfig) -> dict[str, Any]:

@@ -254,8 +254,13 @@ class SodaBatch:
 
     mixes_lengths: ClassVar[bool] = True
 
-    def __init__(self, model: LoadedModel, precision: str = "float32") -> None:
-        self.model, self.precision = model, precision
+    def __init__(
+        self, model: LoadedModel, precision: str = "float32", width: int | None = None
+    ) -> None:
+        # `width`: every pass padded to this input length (None: the longest present). Fixed
+        # by the engine per length bucket, so a search's arithmetic never depends on the
+        # lengths of its neighbours.
+        self.model, self.precision, self.width = model, precision, width
         self.slots = Buffers()  # observed rows, per slot
         self.rows = Buffers(guard=1)  # z, m, v (T, V) and the last checked token, per row
         self.host = {name: np.zeros(0, dtype=kind) for name, kind in _SLOT_ARRAYS.items()}
@@ -367,7 +372,7 @@ class SodaBatch:
         row_slot = torch.as_tensor(self.row_slot, device=dev)
         lengths = torch.as_tensor(h["length"], device=dev)
         offsets = torch.as_tensor(self.row_offset, device=dev)
-        self.layout = Layout(lengths, row_slot, offsets, int(h["length"].max(initial=1)))
+        self.layout = Layout(lengths, row_slot, offsets, self.width or int(h["length"].max(initial=1)))
         self.slot_rows = slot_rows(self.row_slot, self.row_offset, count)
 
         def per_row(values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -452,7 +457,7 @@ class SodaBatch:
             if slots is None:
                 return objective_loss(model, objective, hidden, self.layout, batch, probs)
             idx = torch.as_tensor(slots, device=hidden.device)
-            longest = int(self.host["length"][slots].max())
+            longest = self.width or int(self.host["length"][slots].max())
             layout, rows = self.layout.select(idx, longest)
             part = objective_loss(
                 model,
