@@ -180,7 +180,9 @@ def module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base])
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                    )
                 targets.add(base.rstrip("."))
             elif isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
@@ -200,7 +202,7 @@ def test_the_package_has_no_import_circle():
         state[module] = 1
         for target in sorted(graph[module]):
             if state.get(target) == 1:
-                circles.append(path[path.index(target):] + [target])
+                circles.append(path[path.index(target) :] + [target])
             elif target not in state:
                 visit(target, path + [target])
         state[module] = 2
@@ -209,7 +211,9 @@ def test_the_package_has_no_import_circle():
         if module not in state:
             visit(module, [module])
     # A package's __init__ re-exporting its own modules is not a circle of the house.
-    circles = [c for c in circles if not any(a.startswith(b + ".") for a, b in zip(c[1:], c))]
+    circles = [
+        c for c in circles if not any(a.startswith(b + ".") for a, b in zip(c[1:], c, strict=False))
+    ]
     assert circles == []
 
 

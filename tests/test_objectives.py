@@ -31,7 +31,9 @@ def one_hot_loss(model, targets, tokens, objective=None):
     batch = BatchTargets.from_set(targets, np.arange(len(tokens)), model.device)
     hidden = model.hidden(context_embeds(model, probs @ model.embedding_matrix, batch))
     layout = Layout.uniform(x.shape[0], x.shape[1], model.device)
-    return objective_loss(model, objective, hidden, layout, batch, probs.reshape(-1, probs.shape[-1]))
+    return objective_loss(
+        model, objective, hidden, layout, batch, probs.reshape(-1, probs.shape[-1])
+    )
 
 
 def batch_of(targets, rows):

@@ -18,10 +18,10 @@ import yaml
 from conftest import STORIES
 
 from sodaray.cli import main
+from sodaray.experiment.replica import ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.experiment.replica import ReplicaWorker
 from sodaray.runner.layout import (
     LOCK_FILE,
     LOCK_STALE_SECONDS,

@@ -372,7 +372,9 @@ class SodaBatch:
         row_slot = torch.as_tensor(self.row_slot, device=dev)
         lengths = torch.as_tensor(h["length"], device=dev)
         offsets = torch.as_tensor(self.row_offset, device=dev)
-        self.layout = Layout(lengths, row_slot, offsets, self.width or int(h["length"].max(initial=1)))
+        self.layout = Layout(
+            lengths, row_slot, offsets, self.width or int(h["length"].max(initial=1))
+        )
         self.slot_rows = slot_rows(self.row_slot, self.row_offset, count)
 
         def per_row(values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
