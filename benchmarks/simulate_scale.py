@@ -46,7 +46,7 @@ def distributions(folder: str) -> dict[int, np.ndarray]:
     """Per length: each sample's finishing point as a fraction of its budget (1.0: not found)."""
     from sodaray import read_results
 
-    df = read_results(folder)
+    df = read_results(folder).to_pandas()
     out = {}
     for n, group in df.groupby("length"):
         frac = np.where(group["found"], group["steps"] / group["max_steps"], 1.0)
@@ -135,8 +135,9 @@ def main() -> None:
         ):
             steps = sum(r[0] for r in runs)
             occupancy = sum(r[0] * r[1] for r in runs) / (steps * batch)
-            full = shape.step_flops(max(lengths), outputs) * batch  # a full batch's step
-            flat = device_seconds(steps * full, args.device, "float32", args.efficiency) / 3600
+            # flat: every step costs a full batch at the length it is padded to
+            full = sum(r[0] * batch * shape.step_flops(r[2], outputs) for r in runs)
+            flat = device_seconds(full, args.device, "float32", args.efficiency) / 3600
             flops = sum(r[0] * r[1] * shape.step_flops(r[2], outputs) for r in runs)
             compute = device_seconds(flops, args.device, "float32", args.efficiency) / 3600
             total[name][0] += flat
