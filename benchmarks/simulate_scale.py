@@ -38,7 +38,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sodaray.cost import KNOWN_SHAPES, device_seconds  # noqa: E402
+from sodaray.cost import DEFAULT_EFFICIENCY, KNOWN_SHAPES, device_seconds  # noqa: E402
 from sodaray.data import parse_lengths  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def main() -> None:
     p.add_argument("--results", required=True, help="a results folder: found-step distributions")
     p.add_argument("--sweep", default=str(ROOT / "sweeps" / "models.yaml"))
     p.add_argument("--device", default="h100")
-    p.add_argument("--efficiency", type=float, default=0.3)
+    p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     dist = distributions(args.results)

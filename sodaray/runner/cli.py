@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sodaray.cost import DEFAULT_EFFICIENCY
+
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
@@ -54,7 +56,10 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--model", help="as `sweep run --model`")
     plan.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
     plan.add_argument(
-        "--efficiency", type=float, default=0.3, help="share of the device's peak (0.3)"
+        "--efficiency",
+        type=float,
+        default=DEFAULT_EFFICIENCY,
+        help=f"share of the device's peak ({DEFAULT_EFFICIENCY})",
     )
     plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
