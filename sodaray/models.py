@@ -24,34 +24,43 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # What makes a row's arithmetic depend on the other rows of a batch, and how a pass avoids it.
-# A matmul over few rows takes other BLAS kernels, which round differently: MKL on this
-# project's machines gives every row the same bits from 4 rows up on one thread, 12 on two, 32
-# on sixteen. And an elementwise kernel computes the last (size mod vector width) elements of a
-# tensor in scalar code, which rounds transcendental functions (SiLU's exp) differently from
-# its vector code. So every pass gets zero rows appended: at least one (the tail falls on it)
-# and enough to reach this machine's threshold (`invariant_rows`, measured); their results are
-# dropped. On one thread (a CPU replica's default) a search's arithmetic is then bit for bit the
-# same whatever else is in its batch (`tests/test_invert.py`); on more, large elementwise ops
-# are split among threads at positions that move with the batch's size.
+# A matmul over few rows takes other BLAS kernels, which round differently, and how few depends
+# on the inner dimension: MKL on one thread gives every row the same bits from 3 rows up at an
+# inner dimension of 64, 8 at 172, 11 at 256 and 16 from 384 up (measured on this project's
+# 2-core VM; on sixteen threads more). And an elementwise kernel computes the last (size mod
+# vector width) elements of a tensor in scalar code, which rounds transcendental functions
+# (SiLU's exp) differently from its vector code. So every pass gets zero rows appended: at least
+# one (the tail falls on it) and enough to reach this machine's threshold (`invariant_rows`,
+# measured over inner dimensions from 64 to 4096; wider ones, up to a 151936-token vocabulary,
+# gave the same 16 here); their results are dropped. On one thread (a CPU replica's default) a search's arithmetic is then bit for bit the
+# same whatever else is in its batch (`tests/test_invert.py`, `tests/test_replicas.py`); on
+# more, large elementwise ops are split among threads at positions that move with the batch's
+# size.
 _INVARIANT_ROWS: dict[tuple[str, int], int] = {}
 PROBE_ROWS = 64  # the largest threshold looked for
+# Inner dimensions probed: the threshold grows with it and then levels off (16 rows from 384 up
+# on one thread here); a sample of the widths real models have, a vocabulary's included.
+PROBE_INNER = (64, 172, 512, 896, 2048, 4096)
 
 
 def invariant_rows(device: torch.device) -> int:
     """The fewest rows from which a matmul on `device` gives each row the same bits as in a
-    larger one, both ways (x @ W.T and g @ W), at the current thread count; measured once."""
+    larger one, both ways (x @ W.T and g @ W), at every inner dimension probed and the current
+    thread count; measured once (a few milliseconds)."""
     key = (device.type, torch.get_num_threads() if device.type == "cpu" else 0)
     if key not in _INVARIANT_ROWS:
         gen = torch.Generator().manual_seed(0)
-        w = torch.randn(96, 64, generator=gen).to(device)
-        x = torch.randn(2 * PROBE_ROWS, 64, generator=gen).to(device)
-        g = torch.randn(2 * PROBE_ROWS, 96, generator=gen).to(device)
-        forward, backward = x @ w.T, g @ w
         worst = 0
-        for rows in range(1, PROBE_ROWS + 1):
-            same = torch.equal(x[:rows] @ w.T, forward[:rows])
-            if not (same and torch.equal(g[:rows] @ w, backward[:rows])):
-                worst = rows
+        for inner in PROBE_INNER:
+            w = torch.randn(64, inner, generator=gen).to(device)
+            x = torch.randn(2 * PROBE_ROWS, inner, generator=gen).to(device)
+            g = torch.randn(2 * PROBE_ROWS, 64, generator=gen).to(device)
+            forward, backward = x @ w.T, g @ w
+            for rows in range(PROBE_ROWS, worst, -1):
+                same = torch.equal(x[:rows] @ w.T, forward[:rows])
+                if not (same and torch.equal(g[:rows] @ w, backward[:rows])):
+                    worst = rows
+                    break
         _INVARIANT_ROWS[key] = worst + 1
         log.info("matmuls on %s are row-invariant from %d rows", key, worst + 1)
     return _INVARIANT_ROWS[key]

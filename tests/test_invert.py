@@ -122,6 +122,22 @@ def test_a_search_does_not_depend_on_what_shares_its_batch(
     assert any(r[2] for r in results["alone"]) and not all(r[2] for r in results["alone"])
 
 
+@pytest.mark.parametrize("inner", [64, 172, 512, 3000, 49152])
+def test_invariant_rows_hold_at_every_inner_dimension(inner, one_thread):
+    """A matmul over `invariant_rows` rows or more gives each row the bits it has in a larger
+    one, both ways, whatever the inner dimension (the relaxed input's is the vocabulary; the
+    threshold grows with it, so a probe at one narrow width was too low: issue 29)."""
+    from sodaray.models import invariant_rows
+
+    rows = invariant_rows(torch.device("cpu"))
+    gen = torch.Generator().manual_seed(inner)
+    w = torch.randn(64, inner, generator=gen)
+    x, g = torch.randn(96, inner, generator=gen), torch.randn(96, 64, generator=gen)
+    forward, backward = x @ w.T, g @ w
+    for r in range(rows, 65):
+        assert torch.equal(x[:r] @ w.T, forward[:r]) and torch.equal(g[:r] @ w, backward[:r])
+
+
 def test_reinit_draws_are_keyed_by_seed_and_sample_id(tiny_llama):
     """A re-draw is keyed by (seed, sample id, draw): the same samples in another order (other
     slots, other neighbours) follow the same trajectories (issue 15)."""
