@@ -32,10 +32,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # (SiLU's exp) differently from its vector code. So every pass gets zero rows appended: at least
 # one (the tail falls on it) and enough to reach this machine's threshold (`invariant_rows`,
 # measured over inner dimensions from 64 to 4096; wider ones, up to a 151936-token vocabulary,
-# gave the same 16 here); their results are dropped. On one thread (a CPU replica's default) a search's arithmetic is then bit for bit the
-# same whatever else is in its batch (`tests/test_invert.py`, `tests/test_replicas.py`); on
-# more, large elementwise ops are split among threads at positions that move with the batch's
-# size.
+# gave the same 16 here); their results are dropped. On one thread (a CPU replica's default)
+# a search's arithmetic is then bit for bit the same whatever else is in its batch
+# (`tests/test_invert.py`, `tests/test_replicas.py`); on more, large elementwise ops are split
+# among threads at positions that move with the batch's size.
 _INVARIANT_ROWS: dict[tuple[str, int], int] = {}
 PROBE_ROWS = 64  # the largest threshold looked for
 # Inner dimensions probed: the threshold grows with it and then levels off (16 rows from 384 up
