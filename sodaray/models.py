@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from sodaray.attention import install
 from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,9 @@ class LoadedModel:
     # multiplies by sqrt(d) inside it). A relaxed input `p @ embedding_matrix` must be multiplied
     # by it, or the search optimises a different model than the one the match check runs.
     embed_scale: float = field(default=1.0, init=False)
+    # Set by `__post_init__`: whether the relaxed pass's attention is width-invariant
+    # (`sodaray.attention`), so inputs of any length can share a pass bit for bit.
+    invariant: bool = field(default=False, init=False)
     _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -103,6 +107,7 @@ class LoadedModel:
         self.model.requires_grad_(False)  # frozen: gradients flow to the inputs only
         self.split_forward = self._check_split_forward()
         self.embed_scale = self._measure_embed_scale()
+        self.invariant = install(self.model)
 
     def for_precision(self, precision: str) -> LoadedModel:
         """The model the gradient pass runs on: itself for float32/tf32, or a cached bfloat16

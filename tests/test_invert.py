@@ -69,24 +69,24 @@ def outcome(results):
 
 
 @pytest.mark.parametrize(
-    "kind, mix_lengths, n, longest, seed",
+    "kind, mix_lengths, n, longest",
     [
-        ("llama", True, 3, 6, 12),  # a seed whose searches find one of the twelve
-        ("gpt2", True, 3, 6, 11),
-        ("gemma3", True, 3, 6, 11),
-        ("llama", False, 3, 6, 11),
-        ("stories260K", True, 2, 6, 11),
-        ("stories260K", False, 2, 6, 11),
+        ("llama", True, 3, 6),
+        ("gpt2", True, 3, 6),
+        ("gemma3", True, 3, 6),
+        ("llama", False, 3, 6),
+        ("qwen2", True, 3, 20),  # neighbours past 16 positions: wider attention blocks
+        ("stories260K", True, 2, 6),
+        ("stories260K", False, 2, 6),
     ],
 )
 def test_a_search_does_not_depend_on_what_shares_its_batch(
-    kind, mix_lengths, n, longest, seed, one_thread, request
+    kind, mix_lengths, n, longest, one_thread, request
 ):
     """Issue 29: the same twelve searches alone, and sharing the batch with searches of other
     configs, objectives (another loss), works and lengths: bit for bit the same tokens, finds,
-    steps and losses (one thread, as a CPU replica runs). Others are shorter and longer, in the
-    same width bucket (padded to its top whatever is present) and in the next; with
-    `mix_lengths=False` a batch per length.
+    steps and losses (one thread, as a CPU replica runs). Others are shorter and longer, in
+    one pass or several (`sodaray.search.passes`); with `mix_lengths=False` a pass per length.
     stories260K's MLP is 172 wide: its tensors end in vector tails (see `models.pad_rows`)."""
     from sodaray.search.engine import Engine, Work
 
@@ -97,7 +97,6 @@ def test_a_search_does_not_depend_on_what_shares_its_batch(
     else:
         model = tiny_model(kind)
         mine = sodaray.make_targets(model, [[i, (5 * i + 1) % 64, (3 * i) % 64] for i in range(12)])
-    cfg = sodaray.SodaConfig(max_steps=300, reinit_period=40, reset_period=15, seed=seed)
     lengths = [1 + i % longest for i in range(20)]
     others = sodaray.make_targets(
         model,
@@ -107,19 +106,27 @@ def test_a_search_does_not_depend_on_what_shares_its_batch(
     other_cfg = sodaray.SodaConfig(
         max_steps=90, learning_rate=0.2, temperature=0.1, bias_correction=True, seed=2
     )
-    results = {}
-    for name in ("alone", "mixed"):
+
+    def run(cfg: sodaray.SodaConfig, mixed: bool) -> list:
         engine = Engine(model, mix_lengths=mix_lengths)
         work = Work(mine, cfg, [(n,)] * 12)
-        if name == "mixed":  # others enter first, in the same batch, and some after
+        if mixed:  # others enter first, in the same batch, and some after
             engine.submit(Work(others, other_cfg, [(k,) for k in lengths]))
             engine.submit(Work(mine.subset(range(6)), other_cfg, [(n,)] * 6))
         engine.submit(work)
         engine.run()
-        results[name] = outcome(work.ordered())
-    assert results["mixed"] == results["alone"]
-    # Both kinds of outcome, and trajectories through re-draws (every 40 steps) are compared.
-    assert any(r[2] for r in results["alone"]) and not all(r[2] for r in results["alone"])
+        return outcome(work.ordered())
+
+    # A seed whose searches both find and miss, so that finds and whole trajectories through
+    # re-draws (every 40 steps) are compared: the first of ten that does.
+    for seed in range(10, 20):
+        cfg = sodaray.SodaConfig(max_steps=300, reinit_period=40, reset_period=15, seed=seed)
+        alone = run(cfg, mixed=False)
+        if any(r[2] for r in alone) and not all(r[2] for r in alone):
+            break
+    else:
+        pytest.fail("no seed of ten gave both outcomes")
+    assert run(cfg, mixed=True) == alone
 
 
 @pytest.mark.parametrize("inner", [64, 172, 512, 3000, 49152])

@@ -5,20 +5,18 @@ at, callbacks) from any number of callers: one `invert` call, a sweep's shards, 
 trials. Each target waits in a queue and enters a batch as soon as a slot is free, so the
 batches stay at their capacity while anything waits, whatever job, trial, config or length the
 searches come from. SODA searches of one precision and one objective shape share one batch at
-any config (`SodaBatch` packs them) and, by default, any length (`mix_lengths`). Otherwise (and
-always for the equal-length algorithms, GCG and embedding search) each length gets its own
-batch, and the batches of one family (the same key but for the length) share one capacity,
-filled in the order the targets arrived. All batches step in turn.
+any config and length (`SodaBatch` packs them). The equal-length algorithms, GCG and embedding
+search, get a batch per config and length, and the batches of one family (the same key but for
+the length) share one capacity, filled in the order the targets arrived. All batches step in
+turn.
 
 Results do not depend on what shares a batch: every hyperparameter, schedule and random draw is
 the search's own, and on CPU every matmul is padded to enough rows that BLAS rounds each row
 alike (`models.invariant_rows`), so searches of other configs, jobs, trials or objectives leave
-a search's arithmetic bit for bit unchanged. The width of the padded pass matters too (the
-attention and matmul kernels block the keys by it, which rounds differently), so mixed lengths
-share a batch by width bucket (`WIDTH_BUCKET` lengths each: 1-4, 5-8, ...), every batch of a
-bucket padded to the bucket's top: a search's width never depends on its neighbours, and a
-bucket's searches share one pass. `mix_lengths=False` runs a batch per length (no padding, a
-pass per length; measured in benchmarks/RESULTS.md).
+a search's arithmetic bit for bit unchanged. Nor on the width of its transformer pass: the
+relaxed pass's attention is width-invariant (`sodaray.attention`), so a SODA batch splits its
+slots into passes of similar lengths by cost alone, step by step (`sodaray.search.passes`).
+A model that kept its own attention, or `mix_lengths=False`, runs a pass per length.
 
 A target searched at several lengths (`length="auto"`) enters again at its next length when a
 length ends unfound, its steps and seconds adding up. A work's checkpoints (steps) are reported
@@ -374,7 +372,7 @@ class Engine:
 
     def _enqueue(self, work: Work, row: int, stage: int) -> None:
         length = work.plans[row][stage]
-        family, key = pool_key(work.config, work.targets, length, self.mix_lengths)
+        family, key = pool_key(work.config, work.targets, length)
         pool = self.pools.get(key)
         if pool is None:
             pool = self.pools[key] = _Pool(self, family, self._new_batch(work, length))
@@ -386,13 +384,8 @@ class Engine:
     def _new_batch(self, work: Work, length: int) -> BatchSearch:
         config = work.config
         cls = BATCHES[config.algorithm]
-        if getattr(cls, "mixes_lengths", False):  # any length of its bucket, any config
-            width = bucket_width(length, self.mix_lengths)
-            room = getattr(self.model, "max_positions", None)
-            if room:  # the last bucket may reach past the context: its top is the context's
-                fixed = len(getattr(self.model, "prefix_ids", []) or [])
-                width = min(width, room - fixed - work.targets.objective.output_tokens)
-            return cls(self.model, getattr(config, "precision", "float32"), width=width)
+        if getattr(cls, "mixes_lengths", False):  # any length, any config
+            return cls(self.model, getattr(config, "precision", "float32"), self.mix_lengths)
         generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
         return cls(self.model, config, length, generator)
 
@@ -485,31 +478,19 @@ class Engine:
                 work.on_checkpoint(index, work.checkpoints[index])
 
 
-def pool_key(
-    config: SearchConfig, targets: TargetSet, length: int, mix_lengths: bool = True
-) -> tuple[str, str]:
+def pool_key(config: SearchConfig, targets: TargetSet, length: int) -> tuple[str, str]:
     """(family, key): searches with equal keys share a batch, and the batches of a family share
-    one capacity. SODA: one precision and objective shape (any config and loss), and any length
-    with `mix_lengths`; the equal-length algorithms: one config, objective and tolerance, a
-    batch per length."""
+    one capacity. SODA: one precision and objective shape (any config, loss and length); the
+    equal-length algorithms: one config, objective and tolerance, a batch per length."""
     objective = targets.objective
     if getattr(BATCHES[config.algorithm], "mixes_lengths", False):
         family: list[Any] = [config.algorithm, getattr(config, "precision", ""), objective.shape()]
-        mixed = mix_lengths
-    else:
-        tolerance = [targets.atol, targets.rtol]
-        family = [config.algorithm, config.to_dict(), dataclasses.asdict(objective), tolerance]
-        mixed = False
+        name = json.dumps(family, sort_keys=True, default=str)
+        return name, name
+    tolerance = [targets.atol, targets.rtol]
+    family = [config.algorithm, config.to_dict(), dataclasses.asdict(objective), tolerance]
     name = json.dumps(family, sort_keys=True, default=str)
-    return name, f"{name} width {bucket_width(length, mixed)}"
-
-
-WIDTH_BUCKET = 4  # lengths per padded batch; measured against 1 and 10 in benchmarks/RESULTS.md
-
-
-def bucket_width(length: int, mixed: bool) -> int:
-    """The padded input width of a length's batch: its bucket's top (mixed), else itself."""
-    return -(-length // WIDTH_BUCKET) * WIDTH_BUCKET if mixed else length
+    return name, f"{name} length {length}"
 
 
 def params_of(config: SearchConfig) -> dict[str, Any]:

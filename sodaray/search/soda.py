@@ -11,9 +11,11 @@ Per target, auxiliary inputs Z (n x V) start at zero. Each step:
 One batch holds searches of any input length, any SODA config and any objective that observes
 the same shape (`Objective.shape`): the state is packed as rows, Z (T, V) with T the sum of the
 slots' lengths, so no row is padding; every hyperparameter, schedule and step counter is the
-slot's own; the loss is grouped by objective. Only the transformer pass pads (at the end of each
-sequence, see `sodaray.scoring`). A search's trajectory depends on its own config, target and
-(seed, sample id), not on what shares its batch (up to float rounding).
+slot's own; the loss is grouped by objective. Only the transformer passes pad (at the end of
+each sequence, see `sodaray.scoring`); the slots are split into passes of similar lengths by
+cost (`sodaray.search.passes`). A search's trajectory depends on its own config, target and
+(seed, sample id), not on what shares its batch or its pass: bit for bit on one CPU thread
+(width-invariant attention, `sodaray.attention`; row-invariant matmuls, `models.pad_rows`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sodaray.attention import invariant
 from sodaray.models import LoadedModel, invariant_rows, pad_rows
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets
@@ -40,6 +43,7 @@ from sodaray.search.base import (
     observed_rows,
 )
 from sodaray.search.denormals import flush_denormals
+from sodaray.search.passes import pass_overhead, plan_passes
 from sodaray.search.slots import Buffers, apply_plan, removal_plan
 
 
@@ -225,6 +229,17 @@ class _Hyper:
     decay: Tensor | None  # None: no slot decays
 
 
+@dataclass
+class Pass:
+    """One transformer pass of a step: its slots (host indices; None: every slot), their
+    layout, their packed rows and the slots as a tensor."""
+
+    slots: np.ndarray | None
+    layout: Layout
+    rows: Tensor | None
+    index: Tensor | None = None
+
+
 # Per-slot host arrays, kept in slot order beside the batch's tensors.
 _SLOT_ARRAYS = {
     "length": np.int64,
@@ -250,17 +265,17 @@ _SLOT_ARRAYS = {
 class SodaBatch:
     """SODA searches of any lengths and configs in one batch: slot b holds `length[b]` rows of
     the packed state Z, m, v (T, V). `precision` (the gradient pass's arithmetic) is the one
-    setting the whole batch shares."""
+    setting the whole batch shares; `mix_lengths` False keeps each pass to one length."""
 
     mixes_lengths: ClassVar[bool] = True
 
     def __init__(
-        self, model: LoadedModel, precision: str = "float32", width: int | None = None
+        self, model: LoadedModel, precision: str = "float32", mix_lengths: bool = True
     ) -> None:
-        # `width`: every pass padded to this input length (None: the longest present). Fixed
-        # by the engine per length bucket, so a search's arithmetic never depends on the
-        # lengths of its neighbours.
-        self.model, self.precision, self.width = model, precision, width
+        self.model, self.precision = model, precision
+        # Lengths share a pass only where that changes no result (`sodaray.attention`).
+        self.mix = mix_lengths and model.for_precision(precision).invariant
+        self.overhead = pass_overhead(model) if self.mix else 0.0
         self.slots = Buffers()  # observed rows, per slot
         self.rows = Buffers(guard=1)  # z, m, v (T, V) and the last checked token, per row
         self.host = {name: np.zeros(0, dtype=kind) for name, kind in _SLOT_ARRAYS.items()}
@@ -272,6 +287,7 @@ class SodaBatch:
         self.current: Tensor | None = None  # (T,) candidates of the last step
         self._dirty = True
         self.layout: Layout | None = None
+        self.passes: list[Pass] = []
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -372,10 +388,17 @@ class SodaBatch:
         row_slot = torch.as_tensor(self.row_slot, device=dev)
         lengths = torch.as_tensor(h["length"], device=dev)
         offsets = torch.as_tensor(self.row_offset, device=dev)
-        self.layout = Layout(
-            lengths, row_slot, offsets, self.width or int(h["length"].max(initial=1))
-        )
+        self.layout = Layout(lengths, row_slot, offsets, int(h["length"].max(initial=1)))
         self.slot_rows = slot_rows(self.row_slot, self.row_offset, count)
+        self.passes = []
+        plan = plan_passes(h["length"], self.fixed, self.overhead, self.mix) if count else []
+        for slots in plan:
+            if len(slots) == count:
+                self.passes.append(Pass(None, self.layout, None))
+                continue
+            idx = torch.as_tensor(slots, device=dev)
+            layout, rows = self.layout.select(idx)
+            self.passes.append(Pass(slots, layout, rows, idx))
 
         def per_row(values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
             # Always a column, even where every slot agrees: the same arithmetic whatever
@@ -399,9 +422,6 @@ class SodaBatch:
             weights = np.where(h["mean"], 1.0 / counts, 1.0)
             self.weights = torch.as_tensor(weights, dtype=torch.float32, device=dev)
         groups = np.unique(h["group"])
-        self.group_slots = [
-            (g, None if len(groups) == 1 else np.flatnonzero(h["group"] == g)) for g in groups
-        ]
         self.fluency = any(self.groups[g][0].fluency_weight > 0 for g in groups)
         self._dirty = False
 
@@ -415,18 +435,25 @@ class SodaBatch:
         tokens = self.z.max(-1).indices  # argmax (same ties), 2x faster on CPU
         found = self.check(tokens)
         self.apply_schedules(steps_after)
-        count = len(self.slots)
-        fixed = len(self.model.prefix_ids) + self.groups[self.host["group"][0]][0].output_tokens - 1
+        fixed = self.fixed
+        positions = sum(p.layout.batch * (fixed + p.layout.longest) for p in self.passes)
         return StepOutcome(
             found,
             loss,
-            positions=count * (fixed + self.layout.longest),
-            useful=count * fixed + len(self.row_slot),
+            positions=positions,
+            useful=len(self.slots) * fixed + len(self.row_slot),
         )
+
+    @property
+    def fixed(self) -> int:
+        """Sequence positions besides the input: the prefix and the observed continuation
+        but its last token (one objective shape per batch, so one count)."""
+        return len(self.model.prefix_ids) + self.groups[0][0].output_tokens - 1
 
     def gradient(self) -> tuple[Tensor, Tensor]:
         """d loss / d Z for every row and the guard row after them (its gradient is 0: nothing
-        reads its relaxed input); slots are independent, the batch loss is their sum."""
+        reads its relaxed input); slots are independent, the batch loss is their sum. One
+        transformer pass per group of `self.passes`, all in one backward."""
         self.refresh()
         assert self.layout is not None
         z = self.rows.guarded("z").detach().requires_grad_(True)
@@ -438,39 +465,56 @@ class SodaBatch:
             torch.enable_grad(),
             _tf32(self.precision == "tf32"),
             flush_denormals(z.device),
+            invariant(),
         ):
             rows = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
             rows = model.relaxed_embeds(rows[: len(self.row_slot)])
-            continuation = self.slots["continuation"]
-            hidden = model.hidden(sequence_embeds(model, self.layout, rows, continuation))
             probs = torch.softmax(z / tau, dim=-1)[: len(self.row_slot)] if self.fluency else None
-            loss = self.slot_loss(model, hidden, probs)
+            continuation = self.slots["continuation"]
+            loss = None
+            for p in self.passes:
+                if p.slots is None:  # one pass holds every slot
+                    hidden = model.hidden(sequence_embeds(model, p.layout, rows, continuation))
+                    loss = self.slot_loss(model, hidden, p, probs)
+                    break
+                embeds = sequence_embeds(model, p.layout, rows[p.rows], continuation[p.index])
+                part = self.slot_loss(
+                    model, model.hidden(embeds), p, None if probs is None else probs[p.rows]
+                )
+                if loss is None:
+                    loss = part.new_zeros(len(self.slots))
+                loss = loss.index_put((p.index,), part)
+            assert loss is not None
             total = loss.sum() if self.weights is None else (loss * self.weights).sum()
             (grad,) = torch.autograd.grad(total, z)
         return grad, loss.detach()
 
-    def slot_loss(self, model: LoadedModel, hidden: Tensor, probs: Tensor | None) -> Tensor:
-        """Each slot's loss under its own objective (one pass per objective in the batch)."""
-        assert self.layout is not None
-        batch = self.observed
+    def slot_loss(
+        self, model: LoadedModel, hidden: Tensor, p: Pass, probs: Tensor | None
+    ) -> Tensor:
+        """The loss of a pass's slots, each under its own objective (computed once per
+        objective in the pass)."""
+        layout = p.layout
+        batch = self.observed if p.slots is None else self.observed.select(p.index)
+        group = self.host["group"] if p.slots is None else self.host["group"][p.slots]
+        present = np.unique(group)
+        if len(present) == 1:
+            objective = self.groups[int(present[0])][0]
+            return objective_loss(model, objective, hidden, layout, batch, probs)
         loss = None
-        for g, slots in self.group_slots:
-            objective = self.groups[g][0]
-            if slots is None:
-                return objective_loss(model, objective, hidden, self.layout, batch, probs)
-            idx = torch.as_tensor(slots, device=hidden.device)
-            longest = self.width or int(self.host["length"][slots].max())
-            layout, rows = self.layout.select(idx, longest)
+        for g in present:
+            idx = torch.as_tensor(np.flatnonzero(group == g), device=hidden.device)
+            sub, rows = layout.select(idx, layout.longest)
             part = objective_loss(
                 model,
-                objective,
+                self.groups[int(g)][0],
                 hidden[idx],
-                layout,
+                sub,
                 batch.select(idx),
                 None if probs is None else probs[rows],
             )
             if loss is None:
-                loss = part.new_zeros(len(self.slots))
+                loss = part.new_zeros(layout.batch)
             loss = loss.index_put((idx,), part)
         assert loss is not None
         return loss

@@ -1,0 +1,183 @@
+"""Attention whose result for a sequence does not depend on how wide the padded batch around it
+is, so that searches of any input length can share one transformer pass bit for bit.
+
+Why: a batch of inputs of different lengths is padded at the end to its longest (see
+`sodaray.scoring`). Under the causal mask nothing attends to a later position, so a sequence's
+outputs are its own up to rounding; but PyTorch's fused attention blocks and vectorises its
+key loop by the padded width, so the rounding (forward 1e-5, gradients more) moves with the
+longest input in the batch. A search beside a longer neighbour then follows another trajectory.
+
+How: inside `invariant()` (the relaxed gradient pass), attention is computed by plain
+matmuls on queries, keys and values padded with zeros to a multiple of `BLOCK` positions, masked
+with -inf and a softmax over the padded width. Masked probabilities are exactly 0, so the extra
+keys add exact zeros, and every reduction sees the same vector layout whatever the width
+(measured: bit-identical outputs and input gradients for real lengths 1-13 in widths up to 48,
+`tests/test_attention.py`). Outside the block the model's own SDPA runs, unchanged: targets
+and the hard-max check see the model as it is deployed.
+
+It goes in through transformers' public `AttentionInterface` and `AttentionMaskInterface` (as
+`sodaray-invariant`, with SDPA's masks); a model whose attention cannot take it (a class
+without the attention interface, another implementation than SDPA) keeps its own, and its
+searches then share a pass only with searches of their own length (`LoadedModel.invariant`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+NAME = "sodaray-invariant"
+BLOCK = 16  # padded width granularity: a multiple of the widest float vector (AVX-512: 16)
+
+_state = threading.local()  # per thread: the engine steps on its own thread
+
+
+def _active() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def invariant() -> Iterator[None]:
+    """Width-invariant attention for the models that took it (`install`), inside the block."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _padded_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None,
+    softcap: float | None,
+) -> Tensor:
+    """softmax(q k^T * scale + mask) v over zero-padded positions; (B, L, H, hd) like SDPA.
+    Grouped-query heads stay grouped: a key head's query heads are rows of one matmul."""
+    batch, heads, length, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    width = max(-(-max(length, keys) // BLOCK) * BLOCK, BLOCK)
+    q = nn.functional.pad(query, (0, 0, 0, width - length))
+    q = q.reshape(batch, kv_heads, groups * width, dim)  # one key head's query heads: rows
+    k = nn.functional.pad(key, (0, 0, 0, width - keys))
+    v = nn.functional.pad(value, (0, 0, 0, width - keys))
+    scale = dim**-0.5 if scaling is None else scaling
+    bias = _causal_bias(width, keys - length, keys, groups, query.device, query.dtype)
+    if softcap is None and attention_mask is None:  # the usual case: one fused op
+        scores = torch.baddbmm(
+            bias,
+            q.reshape(batch * kv_heads, groups * width, dim),
+            k.reshape(batch * kv_heads, width, dim).transpose(1, 2),
+            alpha=scale,
+        )
+    else:
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        if softcap is not None:
+            scores = torch.tanh(scores * (scale / softcap)) * softcap
+        else:
+            scores = scores * scale
+        scores = scores.view(batch, kv_heads, groups, width, width) + bias.view(groups, width, -1)
+        if attention_mask is not None:  # SDPA's mask: True attends (a float mask is added)
+            mask = attention_mask[..., :length, :keys]
+            pad = (0, width - keys, 0, width - length)
+            if mask.dtype == torch.bool:
+                mask = torch.zeros_like(mask, dtype=scores.dtype).masked_fill(~mask, -torch.inf)
+            mask = nn.functional.pad(mask.to(scores.dtype), pad)  # (B or 1, H or 1, W, W)
+            scores = scores.view(batch, heads, width, width) + mask
+    scores = scores.view(batch, kv_heads, groups * width, width)
+    if scores.dtype == torch.float32:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # half precision: the softmax in float32, as the models' own eager attention
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    out = torch.matmul(probs, v)
+    out = out.view(batch, heads, width, dim)[:, :, :length]
+    return out.transpose(1, 2).contiguous()
+
+
+_BIAS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def _causal_bias(
+    width: int, offset: int, keys: int, groups: int, device: torch.device, dtype: torch.dtype
+) -> Tensor:
+    """(groups * width, width): 0 where query i (at position offset + i) may see key j, else
+    -inf (keys past `keys` are padding), once per query head of a key head. Cached: a search
+    asks for the same few widths every step."""
+    key = (width, offset, keys, groups, str(device), dtype)
+    bias = _BIAS.get(key)
+    if bias is None:
+        rows = torch.arange(width, device=device)[:, None] + offset
+        cols = torch.arange(width, device=device)[None, :]
+        blocked = (cols > rows) | (cols >= keys)
+        bias = torch.zeros(width, width, dtype=dtype, device=device).masked_fill(
+            blocked, -torch.inf
+        )
+        if len(_BIAS) > 256:
+            _BIAS.clear()
+        _BIAS[key] = bias = bias.repeat(groups, 1)
+    return bias
+
+
+def _attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    unsupported = {k for k in ("s_aux", "sinks", "position_bias") if kwargs.get(k) is not None}
+    if not _active() or dropout or unsupported:
+        if _active() and unsupported:  # `install` refuses such models; say so if one slips by
+            log.warning("width-invariant attention skipped (%s)", ", ".join(sorted(unsupported)))
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    out = _padded_attention(
+        module, query, key, value, attention_mask, scaling, kwargs.get("softcap")
+    )
+    return out, None
+
+
+_registered = False
+
+
+def install(model: nn.Module) -> bool:
+    """Route `model`'s attention through this module (SDPA outside `invariant()`). Returns
+    whether it took: only a model on SDPA whose class takes the attention interface does."""
+    global _registered
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) == NAME:
+        return True
+    setter = getattr(model, "set_attn_implementation", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or setter is None:
+        return False
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        if not _registered:
+            AttentionInterface.register(NAME, _attention)
+            AttentionMaskInterface.register(NAME, sdpa_mask)
+            _registered = True
+        setter(NAME)
+    except (ImportError, ValueError, AttributeError, TypeError) as exc:
+        log.info("width-invariant attention unavailable for this model: %s", exc)
+        return False
+    return getattr(config, "_attn_implementation", None) == NAME
