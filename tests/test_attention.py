@@ -52,9 +52,11 @@ def test_a_sequence_gives_the_same_bits_in_any_padded_width(kind, one_thread):
 
 def test_a_model_without_the_attention_interface_keeps_its_own(one_thread):
     """GPT-Neo has no SDPA path: the model runs as loaded and lengths get a pass each."""
+    from sodaray.search.soda import SodaBatch
+
     model = tiny_model("gpt-neo")
     assert not model.invariant
-    batch = sodaray.search.soda.SodaBatch(model)
+    batch = SodaBatch(model)
     assert not batch.mix
 
 
