@@ -65,8 +65,8 @@ class ModelSpec:
     num_gpus: float = field(default=0.0, metadata={"min": 0})
     num_cpus: float = field(default=1.0, metadata={"above": 0})
     replicas: int = field(default=1, metadata=AT_LEAST_1)
-    # Inputs of every length in one batch (one padded pass: faster), or a batch per length
-    # (bit-for-bit results whatever shares the batch; see `sodaray.search.engine`).
+    # Inputs of every length in one batch, split into passes by cost (the default), or a pass
+    # per length; results are the same bit for bit either way (see `sodaray.search.passes`).
     mix_lengths: bool = True
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
     # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
