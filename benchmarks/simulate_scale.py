@@ -2,32 +2,34 @@
 result files, replayed through the old scheduler and the new one, for a sweep file at full scale.
 
     python benchmarks/simulate_scale.py --results DIR [--sweep sweeps/models.yaml]
-        [--device h100] [--efficiency 0.3]
+        [--device h100] [--efficiency 0.3] [--pass-latency 0.01]
 
 Inputs. From DIR (any result rows `sodaray.read_results` takes): per input length, each sample's
 outcome as (found, steps / max_steps): the share found and when, relative to its budget. A length
 the file lacks takes the nearest length it has. From the sweep file: its models, lengths, inputs
-per length, step budget, `max_batch_size` and shard size. Each model's FLOPs per sample-step come
-from its shape (`sodaray.cost`).
+per length, step budget and `max_batch_size`. Each model's FLOPs per sample-step come from its
+shape (`sodaray.cost`).
 
 Schedulers, each a replica per model with a batch of `max_batch_size` slots:
-- old: one length at a time; a length's samples fill the batch (up to its size), and the next
-  length starts only when the last sample of this one has finished (its tail runs alone).
-- new: every length in one batch, padded to the longest input in it; a slot freed by a found
-  sample (or a finished budget) takes the next waiting sample at the next step.
+- old (2401ef3): one length at a time; a length's samples fill the batch (up to its size), and
+  the next length starts only when the last sample of this one has finished (its tail runs
+  alone). A step is one pass at that length.
+- new (this tree): every length in one batch; a slot freed by a found sample (or a finished
+  budget) takes the next waiting sample (in the order sweeps submit: by length) at the next
+  step; each step the slots are split into passes by `sodaray.search.passes.plan_passes`, each
+  pass padded to its longest input.
 
-Device time per step, two bounds (the truth lies between): `flat`, a step costs what a full
-batch costs whatever its occupancy (on a GPU a step costs about the same from 100 to 1,000
-samples: latency-bound), so time follows batch-steps; `compute`, a step costs the FLOPs of the
-samples in it (padded to the batch's longest length for the new scheduler), so time follows
-sample-steps. One row per model: batch-steps, occupancy, and device-hours under both bounds, old
-and new, and their ratios.
+Device time of a pass: `--pass-latency` seconds (what a pass costs however few samples it holds:
+kernel launches, the weights read once; a stated assumption, no GPU was measured) plus its
+samples' FLOPs (padded) at `--efficiency` of the device's float32 peak. The engine's own split
+uses the same costs (latency over per-position time, in positions). Also printed: `flat`, every
+step costing a full batch (the latency-bound extreme: time follows batch-steps). One row per
+model: batch-steps, passes, occupancy and device-hours, old and new, and their ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import heapq
 import sys
 from pathlib import Path
@@ -40,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from sodaray.cost import DEFAULT_EFFICIENCY, KNOWN_SHAPES, device_seconds  # noqa: E402
 from sodaray.data import parse_lengths  # noqa: E402
+from sodaray.search.passes import plan_passes  # noqa: E402
+
+Run = tuple[int, dict[int, int]]  # (steps, active slots by input length)
 
 
 def distributions(folder: str) -> dict[int, np.ndarray]:
@@ -60,42 +65,61 @@ def draw(dist: dict[int, np.ndarray], n: int, count: int, rng: np.random.Generat
     return rng.choice(dist[nearest], size=count, replace=True)
 
 
-def old_scheduler(work: dict[int, np.ndarray], batch: int) -> list[tuple[int, int, int]]:
-    """(batch-steps, active slots, longest length) runs: one length at a time, a length's
-    samples in batches of `batch`, the next batch of that length when this one has drained."""
-    runs = []
+def old_scheduler(work: dict[int, np.ndarray], batch: int) -> list[Run]:
+    """Runs of steps with the same slots: one length at a time, a length's samples in batches
+    of `batch`, the next batch of that length when this one has drained."""
+    runs: list[Run] = []
     for n, steps in sorted(work.items()):
         for start in range(0, len(steps), batch):
             chunk = np.sort(steps[start : start + batch])
             prev = 0
             for i, s in enumerate(chunk):  # between finishing points, len(chunk) - i active
                 if s > prev:
-                    runs.append((int(s - prev), len(chunk) - i, n))
+                    runs.append((int(s - prev), {n: len(chunk) - i}))
                     prev = s
     return runs
 
 
-def new_scheduler(work: dict[int, np.ndarray], batch: int) -> list[tuple[int, int, int]]:
-    """The same as runs for the mixed batch: FIFO by length (the order sweeps submit), a
-    freed slot refilled at once; each run's cost is padded to the longest length in it."""
+def new_scheduler(work: dict[int, np.ndarray], batch: int) -> list[Run]:
+    """The same for the mixed batch: FIFO by length (the order sweeps submit), a freed slot
+    refilled at once."""
     queue = [(n, int(s)) for n in sorted(work) for s in work[n]]
     running: list[tuple[int, int, int]] = []  # (ends at, seq, length)
-    lengths: list[int] = []  # sorted lengths in the batch
+    active: dict[int, int] = {}
     now, nxt, runs = 0, 0, []
     while nxt < len(queue) or running:
         while nxt < len(queue) and len(running) < batch:
             n, s = queue[nxt]
             heapq.heappush(running, (now + s, nxt, n))
-            bisect.insort(lengths, n)
+            active[n] = active.get(n, 0) + 1
             nxt += 1
         end = running[0][0]
         if end > now:
-            runs.append((end - now, len(running), lengths[-1]))
+            runs.append((end - now, dict(active)))
             now = end
         while running and running[0][0] == now:
             _, _, n = heapq.heappop(running)
-            lengths.pop(bisect.bisect_left(lengths, n))
+            active[n] -= 1
+            if not active[n]:
+                del active[n]
     return runs
+
+
+def step_seconds(
+    active: dict[int, int], split: bool, flops, latency: float, rate: float, fixed: int
+) -> tuple[float, int]:
+    """(device seconds, passes) of one step over `active` slots: one pass (old: one length),
+    or the engine's split by cost (new)."""
+    if not split:
+        ((n, count),) = active.items()
+        return latency + count * flops(n) / rate, 1
+    lengths = np.repeat(np.array(list(active)), list(active.values()))
+    per_position = flops(int(lengths.max())) / (fixed + int(lengths.max())) / rate
+    overhead = latency / per_position  # positions, as `passes.pass_overhead` measures it
+    seconds, passes = 0.0, plan_passes(lengths, fixed, overhead)
+    for p in passes:
+        seconds += latency + len(p) * flops(int(lengths[p].max())) / rate
+    return seconds, len(passes)
 
 
 def main() -> None:
@@ -105,6 +129,7 @@ def main() -> None:
     p.add_argument("--device", default="h100")
     p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pass-latency", type=float, default=0.01, help="seconds a pass costs at least")
     args = p.parse_args()
     dist = distributions(args.results)
     doc = yaml.safe_load(Path(args.sweep).read_text())
@@ -113,47 +138,53 @@ def main() -> None:
     budget = int(doc["max_steps"])
     batch = int(doc["algorithms"][0].get("params", {}).get("max_batch_size", per_length))
     outputs = int(doc.get("objectives", [{}])[0].get("output_tokens", 1))
+    fixed = outputs  # positions besides the input: a BOS and the outputs but the last
     found = {n: float(np.mean(d < 1.0)) for n, d in sorted(dist.items())}
     print(
         f"# inputs: {args.results}: found share by length "
         + ", ".join(f"{n}: {v:.0%}" for n, v in found.items())
         + f"; sweep {Path(args.sweep).name}: lengths {lengths[0]}-{lengths[-1]} x {per_length}, "
-        f"{budget:,} steps, batch {batch}; {args.device} at {args.efficiency:.0%} of peak"
+        f"{budget:,} steps, batch {batch}; {args.device} at {args.efficiency:.0%} of float32 "
+        f"peak, {1000 * args.pass_latency:g} ms per pass"
     )
     rng = np.random.default_rng(args.seed)
     work = {n: np.maximum(1, np.ceil(draw(dist, n, per_length, rng) * budget)) for n in lengths}
+    schedules = {"old": old_scheduler(work, batch), "new": new_scheduler(work, batch)}
+    rate = device_seconds(1.0, args.device, "float32", args.efficiency) ** -1  # FLOP/s
     total = {"old": [0.0, 0.0], "new": [0.0, 0.0]}
     for model in doc["models"]:
         shape = KNOWN_SHAPES.get(model["id"])
         if shape is None:
             print(f"{model.get('name', model['id'])}: shape unknown offline, skipped")
             continue
+
+        def flops(n: int, shape=shape) -> float:
+            return shape.step_flops(n, outputs)
+
         row = []
-        for name, runs in (
-            ("old", old_scheduler(work, batch)),
-            ("new", new_scheduler(work, batch)),
-        ):
+        for name, runs in schedules.items():
             steps = sum(r[0] for r in runs)
-            occupancy = sum(r[0] * r[1] for r in runs) / (steps * batch)
-            # flat: every step costs a full batch at the length it is padded to
-            full = sum(r[0] * batch * shape.step_flops(r[2], outputs) for r in runs)
-            flat = device_seconds(full, args.device, "float32", args.efficiency) / 3600
-            flops = sum(r[0] * r[1] * shape.step_flops(r[2], outputs) for r in runs)
-            compute = device_seconds(flops, args.device, "float32", args.efficiency) / 3600
-            total[name][0] += flat
-            total[name][1] += compute
-            row.append((name, steps, occupancy, flat, compute))
-        (_, so, oo, fo, co), (_, sn, on, fn, cn) = row
+            occupancy = sum(r[0] * sum(r[1].values()) for r in runs) / (steps * batch)
+            seconds = passes = 0.0
+            for count, active in runs:
+                t, k = step_seconds(active, name == "new", flops, args.pass_latency, rate, fixed)
+                seconds, passes = seconds + count * t, passes + count * k
+            # flat: every step costs a full batch at its longest length (latency-bound extreme)
+            full = sum(r[0] * batch * flops(max(r[1])) for r in runs) / rate
+            total[name][0] += seconds / 3600
+            total[name][1] += full / 3600
+            row.append((steps, int(passes), occupancy, seconds / 3600, full / 3600))
+        (so, po, oo, ho, fo), (sn, pn, on, hn, fn) = row
         print(
-            f"{model.get('name', model['id']):<16} old: {so:>9,} batch-steps, occupancy "
-            f"{oo:6.1%}, {fo:9,.1f} h flat, {co:9,.1f} h compute | new: {sn:>9,} batch-steps, "
-            f"occupancy {on:6.1%}, {fn:9,.1f} h flat, {cn:9,.1f} h compute | "
-            f"old/new {fo / fn:.2f}x flat, {co / cn:.2f}x compute"
+            f"{model.get('name', model['id']):<16} old: {so:>9,} steps, {po:>9,} passes, "
+            f"occupancy {oo:6.1%}, {ho:9,.1f} h ({fo:9,.1f} h flat) | new: {sn:>9,} steps, "
+            f"{pn:>9,} passes, occupancy {on:6.1%}, {hn:9,.1f} h ({fn:9,.1f} h flat) | "
+            f"old/new {ho / hn:.2f}x ({fo / fn:.2f}x flat)"
         )
-    (fo, co), (fn, cn) = total["old"], total["new"]
+    (ho, fo), (hn, fn) = total["old"], total["new"]
     print(
-        f"total {args.device}-hours: old {fo:,.1f} flat / {co:,.1f} compute; new {fn:,.1f} flat "
-        f"/ {cn:,.1f} compute; old/new {fo / fn:.2f}x flat, {co / cn:.2f}x compute"
+        f"total {args.device}-hours: old {ho:,.1f} ({fo:,.1f} flat); new {hn:,.1f} "
+        f"({fn:,.1f} flat); old/new {ho / hn:.2f}x ({fo / fn:.2f}x flat)"
     )
 
 
