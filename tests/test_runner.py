@@ -133,3 +133,53 @@ def test_assumed_lengths_run_every_sample_at_each_length(tmp_path, local_ray):
     assert main(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
     length_md = (tmp_path / "report" / "length.md").read_text()
     assert "assumed 1" in length_md and "assumed 2" in length_md
+
+
+def test_more_models_than_the_machine_runs_at_once_take_turns(tmp_path, local_ray, monkeypatch):
+    """Three models of one CPU each on a 2-CPU Ray: the third model's replica waits for room,
+    which a finished model's replicas give back (they used to stay, and the sweep hung: an
+    alarm turns a hang into a failure). Model paths may name environment variables; a job
+    keeps the id as written."""
+    monkeypatch.setenv("SODARAY_TEST_MODELS", str(STORIES.parent))
+
+    def hung(*_):
+        raise TimeoutError("the sweep hung: a model's replica never got room")
+
+    models = [
+        {"id": "$SODARAY_TEST_MODELS/stories260K", "name": "a", "bos": True, "num_cpus": 1},
+        {"id": str(STORIES), "name": "b", "bos": False, "num_cpus": 1},
+        {"id": str(STORIES), "name": "c", "dtype": "bfloat16", "num_cpus": 1},
+    ]
+    sweep = load_sweep(write_sweep(tmp_path, models=models, algorithms=[{"name": "soda"}]))
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(180)
+    try:
+        run = run_sweep(sweep, tmp_path / "out")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not run.failed and len(run.done) == 3 * 4
+    assert len({d.pid for d in run.done}) == 3  # a replica per model
+    rows = read_results(tmp_path / "out").to_pylist()
+    assert {r["model"] for r in rows} == {"$SODARAY_TEST_MODELS/stories260K", str(STORIES)}
+
+
+def test_a_model_entry_runs_only_on_the_datasets_it_names(tmp_path, monkeypatch):
+    datasets = [
+        {"name": "random", "build": {"dataset": "random", "lengths": "1-2", "per_length": 4}},
+        {"name": "short", "build": {"dataset": "random", "lengths": "1", "per_length": 4}},
+    ]
+    models = [
+        {"id": str(STORIES), "name": "all"},
+        {"id": str(STORIES), "name": "some", "bos": False, "datasets": ["short"]},
+    ]
+    path = write_sweep(tmp_path, models=models, datasets=datasets, algorithms=[{"name": "soda"}])
+    pairs = sorted((j.model.label, j.dataset.name) for j in load_sweep(path).jobs())
+    assert pairs == [("all", "random"), ("all", "short"), ("some", "short")]
+    models[1]["datasets"] = ["nope"]
+    with pytest.raises(ValueError, match=r"models\[1\]\.datasets: no dataset entry named 'nope'"):
+        load_sweep(write_sweep(tmp_path, models=models, datasets=datasets))
+    monkeypatch.delenv("SODARAY_UNSET_VARIABLE", raising=False)
+    models[1] = {"id": "$SODARAY_UNSET_VARIABLE/stories260K"}
+    with pytest.raises(ValueError, match="environment variable SODARAY_UNSET_VARIABLE is not set"):
+        load_sweep(write_sweep(tmp_path, models=models, datasets=datasets))

@@ -90,7 +90,7 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
 
         log.info("building dataset %s for %s", spec.name, model.label)
         table = build_dataset(
-            model.id,
+            model.location,
             build.get("dataset", spec.name),
             build.get("lengths"),
             build.get("per_length"),

@@ -165,10 +165,12 @@ class ActorGroup:
         return [int(pid) for pid in ray.get([a.pid.remote() for a in self.actors])]
 
     def kill(self) -> None:
+        """End the replicas (their resources go back to Ray); a second call does nothing."""
         import ray
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+        self.actors = []
 
 
 def next_event(

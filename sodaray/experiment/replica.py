@@ -45,7 +45,7 @@ def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
     device = "cuda" if gpus and torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, int(num_cpus)))
-    where = spec.source or spec.id
+    where = spec.source or spec.location
     if spec.source is not None and not os.path.exists(spec.source):
         # Resolved on the driver (`ModelSpec.resolved`), absent on this node: say so in one line
         # rather than transformers' hub lookup of a path.

@@ -68,6 +68,8 @@ class ModelSpec:
     # Inputs of every length in one batch, split into passes by cost (the default), or a pass
     # per length; results are the same bit for bit either way (see `sodaray.search.passes`).
     mix_lengths: bool = True
+    # Sweeps only: the dataset entries (by name) this model runs on; empty: every one.
+    datasets: list[str] = field(default_factory=list, hash=False)
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
     # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
     # another node runs in that node's working directory, where `../models/x` is another folder
@@ -77,6 +79,12 @@ class ModelSpec:
     @property
     def label(self) -> str:
         return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
+
+    @property
+    def location(self) -> str:
+        """Where the model is loaded from here: `id` with `~` and environment variables
+        (`$SODARAY_REAL_MODELS/qwen/model.gguf`) expanded; a hub id as it is."""
+        return expand_path(self.id)
 
     def with_id(self, model: str) -> ModelSpec:
         """Another model (`--model`) on this entry's resources and dtype; presets dropped."""
@@ -117,12 +125,22 @@ class DatasetSpec:
     )
 
 
+def expand_path(path: str) -> str:
+    """`path` with `~` and `$NAME` / `${NAME}` expanded, so a file can name a model folder
+    that lies elsewhere on each machine. An unset variable is an error, not a literal `$`."""
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    unset = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        raise ValueError(f"environment variable {unset.group(1)} is not set (in {path})")
+    return expanded
+
+
 def local_path(path: str | None) -> str | None:
     """`path` as an absolute path when it names a file or folder here, else None (a hub id).
     Made absolute without following symlinks: a link that every node mounts stays that link."""
     if not path:
         return None
-    expanded = os.path.expanduser(path)
+    expanded = expand_path(path)
     return os.path.abspath(expanded) if os.path.exists(expanded) else None
 
 
@@ -193,7 +211,8 @@ def algorithm_config(
 ) -> SearchConfig:
     """The one place presets are applied: the model entry's preset (SODA's knobs), then the
     entry's own parameters, then the file's step budget and seed; validated."""
-    merged = {**preset_params(algorithm, model.preset, model.preset_file), **params}
+    preset_file = model.preset_file and expand_path(model.preset_file)
+    merged = {**preset_params(algorithm, model.preset, preset_file), **params}
     return make_config(algorithm, {**merged, "max_steps": steps, "seed": seed})
 
 
@@ -284,18 +303,24 @@ def check_positive(value: Any, where: str, fail) -> None:
 
 
 def check_model(spec: ModelSpec, where: str, fail) -> None:
-    looks_local = spec.id.startswith(("/", "./", "../", "~")) or spec.id.endswith(".gguf")
-    if looks_local and not Path(spec.id).expanduser().exists():
-        raise fail(f"{where}.id", f"no such model folder or file: {spec.id}")
+    try:
+        location = spec.location
+        preset_file = spec.preset_file and expand_path(spec.preset_file)
+    except ValueError as exc:
+        raise fail(where, str(exc)) from exc
+    looks_local = spec.id.startswith(("/", "./", "../", "~", "$")) or spec.id.endswith(".gguf")
+    if looks_local and not Path(location).exists():
+        shown = spec.id if location == spec.id else f"{spec.id} ({location})"
+        raise fail(f"{where}.id", f"no such model folder or file: {shown}")
     if spec.preset is not None and spec.preset not in PRESETS:
         raise fail(
             f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
         )
     if spec.preset is not None and spec.preset_file is not None:
         raise fail(where, "give `preset` or `preset_file`, not both")
-    if spec.preset_file is not None:
+    if preset_file:
         try:
-            load_preset_file(spec.preset_file)
+            load_preset_file(preset_file)
         except (OSError, ValueError) as exc:
             raise fail(f"{where}.preset_file", str(exc)) from exc
 

@@ -86,7 +86,7 @@ def select_counts(
 def job_cost(job: Job) -> JobCost:
     counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
     steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
-    shape, outputs = model_shape(job.model.id), job.objective.output_tokens
+    shape, outputs = model_shape(job.model.location), job.objective.output_tokens
     bos = job.model.bos is not False  # unknown: count one token, the common case
     flops = None
     if shape is not None:  # `length: auto` tries up to max_length: counted at the longest
@@ -114,7 +114,11 @@ def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
 
     m = job.model
     model = load_model(
-        m.id, gguf_file=m.gguf_file, dtype=m.dtype, bos=m.bos, trust_remote_code=m.trust_remote_code
+        m.location,
+        gguf_file=m.gguf_file,
+        dtype=m.dtype,
+        bos=m.bos,
+        trust_remote_code=m.trust_remote_code,
     )
     lengths = sorted(cost.samples_by_length)
     batch = max(1, min(cost.batch_size, max(cost.samples_by_length.values())))

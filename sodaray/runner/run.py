@@ -205,7 +205,7 @@ class _Shards:
                     refreshed = time.monotonic()
                 if event is None:
                     continue
-                _, unit, output = event
+                group, unit, output = event
                 plan, index = self.shards[unit.key]
                 if isinstance(output, Finished):
                     done = self.write(plan, index, output)
@@ -213,6 +213,10 @@ class _Shards:
                         on_shard(done)
                 elif isinstance(output, Failure) and output.final:
                     self.fail(plan, index, output)
+                if not len(group):
+                    # Its model is done: free its replicas' CPUs and GPUs for the models
+                    # whose actors wait for room (more models than the machine runs at once).
+                    group.kill()
         except KeyboardInterrupt:
             for group in self.groups:
                 group.kill()

@@ -166,6 +166,8 @@ class Sweep:
         for m, ds, (entry, variant, params), obj, seed, length in itertools.product(
             models, self.datasets, variants, self.objectives, self.seeds, self.length_modes()
         ):
+            if m.datasets and ds.name not in m.datasets:
+                continue
             steps = entry.max_steps or self.max_steps
             config = algorithm_config(entry.name, params, m, seed=seed, steps=steps)
             jobs.append(
@@ -215,6 +217,13 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         parse_dataset(e, f"datasets[{i}]", fail)
         for i, e in enumerate(entries(data, "datasets", fail))
     ]
+    names = [d.name for d in datasets]
+    for i, m in enumerate(models):
+        unknown = [n for n in m.datasets if n not in names]
+        if unknown:
+            raise fail(
+                f"models[{i}].datasets", f"no dataset entry named {unknown[0]!r} (have {names})"
+            )
     algorithms = [
         _algorithm_entry(e, f"algorithms[{i}]", fail)
         for i, e in enumerate(entries(data, "algorithms", fail))

@@ -160,6 +160,8 @@ def load_tuning(path: str | Path) -> TuningSpec:
 def parse_tuning(data: Any, path: Path) -> TuningSpec:
     fail, name = check_top(data, path, TuningError, TOP_KEYS, ("name", "model", "data", "space"))
     model = parse_model(data["model"], "model", fail)
+    if model.datasets:
+        raise fail("model.datasets", "a study has one `data` entry; `datasets` is for sweeps")
     data_spec = parse_dataset(data["data"], "data", fail, default_name="validation")
     algorithm = data.get("algorithm", "soda")
     if algorithm not in ALGORITHMS:
