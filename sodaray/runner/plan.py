@@ -9,11 +9,19 @@ device. Searches stop a sample once it is found, so every estimate is an upper b
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sodaray.cost import device_seconds, format_duration, measure_rate, model_shape
+from sodaray.cost import (
+    ModelShape,
+    device_seconds,
+    format_duration,
+    measure_rate,
+    model_shape,
+    shape_from_config,
+)
 from sodaray.errors import first_line
 from sodaray.runner.spec import Job
 
@@ -83,10 +91,12 @@ def select_counts(
     return chosen
 
 
-def job_cost(job: Job) -> JobCost:
+def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:
+    """`job`'s cost; `shape` (the loaded model's, for a GGUF file) where its id tells none."""
     counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
     steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
-    shape, outputs = model_shape(job.model.location), job.objective.output_tokens
+    shape = model_shape(job.model.location) or shape
+    outputs = job.objective.output_tokens
     bos = job.model.bos is not False  # unknown: count one token, the common case
     flops = None
     if shape is not None:  # `length: auto` tries up to max_length: counted at the longest
@@ -107,19 +117,24 @@ def job_cost(job: Job) -> JobCost:
     )
 
 
-def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
-    """Sample-steps per second for `job` on this machine (`sodaray.cost.measure_rate`) at its
-    middle length, batched as the job batches. Loads the model: hub models need the hub."""
+def load_for_plan(job: Job) -> Any:
+    """`job`'s model, loaded here for its calibration and (a GGUF file) its shape."""
     from sodaray.models import load_model
 
     m = job.model
-    model = load_model(
+    return load_model(
         m.location,
         gguf_file=m.gguf_file,
         dtype=m.dtype,
         bos=m.bos,
         trust_remote_code=m.trust_remote_code,
     )
+
+
+def calibrate(job: Job, cost: JobCost, model: Any, steps: int = CALIBRATION_STEPS) -> float:
+    """Sample-steps per second for `job` on this machine (`sodaray.cost.measure_rate`) at its
+    middle length, batched as the job batches, on `model` (`load_for_plan`)."""
+    m = job.model
     lengths = sorted(cost.samples_by_length)
     batch = max(1, min(cost.batch_size, max(cost.samples_by_length.values())))
     threads = max(1, int(m.num_cpus)) if m.num_gpus == 0 else None
@@ -138,8 +153,6 @@ def calibrate(job: Job, cost: JobCost, steps: int = CALIBRATION_STEPS) -> float:
 
 def calibration_key(job: Job, cost: JobCost) -> str:
     """Jobs that cost the same per sample-step share one calibration."""
-    import json
-
     obj = job.objective
     return json.dumps(
         [
@@ -160,21 +173,30 @@ def plan_sweep(
 ) -> dict[str, Any]:
     """Every job's cost and estimates, and their totals, as plain data (`sweep plan --json`)."""
     rates: dict[str, float | None] = {}
-    unloadable: set[str] = set()  # models that failed to load: not tried again per job
+    loaded: dict[str, Any] = {}  # model identity -> the model (None: not loadable here)
     keys = ("samples", "sample_steps", "device_hours", "gpu_hours", "cpu_hours")
     total: dict[str, Any] = dict.fromkeys((*keys, "unshaped", "unrated"), 0)
     rows = []
     for job in jobs:
+        identity = json.dumps(job.model.identity(), sort_keys=True, default=str)
         cost = job_cost(job)
+        if measure and rate is None and identity not in loaded:
+            try:  # once per model, however many jobs run it (a GGUF file loads for minutes)
+                loaded[identity] = load_for_plan(job)
+            except Exception as exc:  # a model not loadable here: say why, go on
+                say(f"  no calibration for {job.model.label}: {first_line(exc)}")
+                loaded[identity] = None
+        model = loaded.get(identity)
+        if cost.flops is None and model is not None:
+            cost = job_cost(job, shape_from_config(model.model.config))
         key = calibration_key(job, cost)
         if key not in rates:
             rates[key] = rate
-            if rate is None and measure and job.model.label not in unloadable:
+            if model is not None:
                 try:
-                    rates[key] = calibrate(job, cost)
-                except Exception as exc:  # a model not loadable here: say why, go on
-                    say(f"  no calibration for {job.model.label}: {first_line(exc)}")
-                    unloadable.add(job.model.label)
+                    rates[key] = calibrate(job, cost, model)
+                except Exception as exc:  # e.g. the batch does not fit here: say why, go on
+                    say(f"  no calibration for {job.name}: {first_line(exc)}")
         here, hours = rates[key], None
         if cost.flops is not None:
             hours = device_seconds(cost.flops, device, job.model.dtype, efficiency) / 3600
