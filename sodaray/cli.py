@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
@@ -200,7 +201,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
 
     if args.device:
         check_device(args.device)
-    if args.out:
+    if args.out is not None:
         check_output_file(args.out)
     kind = args.objective or ("text" if args.output_text else "logits")
     objective: Objective = make_objective(
@@ -242,27 +243,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         targets = targets_from_logits(model, values, indices, objective=objective)
         length = length or "auto"
 
-    bar = None
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(targets), desc="inverting", unit="target", file=sys.stderr)
-    counts = {"found": 0}
-
-    def progress(res) -> None:
-        counts["found"] += int(res.found)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(found=counts["found"])
-
-    try:
-        results = invert(
-            model, targets, config, length=length, max_length=args.max_length, on_result=progress
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    from sodaray.results import RunContext, result_rows, write_table_atomic
+    from sodaray.results import RunContext, result_rows
 
     context = RunContext.for_model(
         model,
@@ -270,28 +251,67 @@ def cmd_invert(args: argparse.Namespace) -> int:
         dataset=args.dataset_label,
         length_mode="auto" if length == "auto" else "fixed",
     )
-    table = result_rows(results, context)
-    for res, row in zip(results, table.to_pylist(), strict=True):
-        if args.json:  # the result schema's row, with its JSON columns decoded
-            row["params"] = json.loads(row["params"])
-            row["versions"] = json.loads(row["versions"])
-            row["finished_at"] = row["finished_at"].isoformat()  # as JSON, with its UTC offset
-            print(json.dumps(row))
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(targets), desc="inverting", unit="target", file=sys.stderr)
+    done: dict[int, Any] = {}  # sample id -> its result row (a one-row table)
+
+    def show(res) -> None:
+        """Print a target's result as soon as it finishes: a run cut short (Ctrl-C, a time
+        limit) keeps every result found before."""
+        table = result_rows([res], context)
+        done[res.sample_id] = table
+        line = _result_line(res, table.to_pylist()[0], args.json)
+        if bar is not None:
+            bar.write(line, file=sys.stdout)
+            bar.update(1)
+            bar.set_postfix(found=sum(int(t["found"][0].as_py()) for t in done.values()))
         else:
-            status = "FOUND" if res.found else "not found"
-            exact = "" if res.exact is None else (" exact" if res.exact else " (differs from true)")
-            print(
-                f"[{res.sample_id}] {status}{exact} after {res.steps} steps "
-                f"({res.seconds:.1f}s): tokens={res.tokens} text={res.text!r}"
-            )
-    if args.out:  # after printing: a failed write (disk full) must not lose the results
-        sys.stdout.flush()
+            print(line, flush=True)
+
+    interrupted = False
+    try:
+        invert(model, targets, config, length=length, max_length=args.max_length, on_result=show)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.out is not None and done:  # after printing: a failed write must not lose them
+        import pyarrow as pa
+
+        from sodaray.results import write_table_atomic
+
+        order = [i for i in targets.sample_ids if i in done]
+        table = pa.concat_tables([done[i] for i in order])
         try:
             write_table_atomic(table, args.out)
         except OSError as exc:
             raise CliError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
         logging.info("wrote %d result rows to %s", len(table), args.out)
+    if interrupted:
+        kept = f"; their rows are in {args.out}" if args.out is not None and done else ""
+        print(f"interrupted: {len(done)} of {len(targets)} targets finished{kept}", file=sys.stderr)
+        return 130
     return 0
+
+
+def _result_line(res: Any, row: dict[str, Any], as_json: bool) -> str:
+    """One result as `invert` prints it: the result schema's row as JSON (its JSON columns
+    decoded), or a line for people."""
+    if as_json:
+        row["params"] = json.loads(row["params"])
+        row["versions"] = json.loads(row["versions"])
+        row["finished_at"] = row["finished_at"].isoformat()  # as JSON, with its UTC offset
+        return json.dumps(row)
+    status = "FOUND" if res.found else "not found"
+    exact = "" if res.exact is None else (" exact" if res.exact else " (differs from true)")
+    return (
+        f"[{res.sample_id}] {status}{exact} after {res.steps} steps "
+        f"({res.seconds:.1f}s): tokens={res.tokens} text={res.text!r}"
+    )
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
@@ -321,6 +341,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not formats:
         raise CliError(f"--format names no format ({args.format!r}); give md, latex and/or csv")
     check_output_dir(args.out)
+    model = args.embedding_model
+    if (
+        model is not None
+        and model.startswith(("/", ".", "~"))
+        and not Path(model).expanduser().is_dir()
+    ):
+        raise CliError(f"--embedding-model {model}: no such model folder")
     report = build_report(
         args.results,
         args.out,

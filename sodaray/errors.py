@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 def first_line(exc: BaseException) -> str:
-    """An error's message as one line (its type when the message is empty)."""
+    """An error's message as one line (its type when the message is empty). A YAML error's
+    first line is its context ("while constructing a mapping"): its problem and where are the
+    line a user needs."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if isinstance(problem, str) and problem:
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return problem.strip().splitlines()[0] + where
     text = str(exc).strip()
     return text.splitlines()[0].strip() if text else type(exc).__name__
 

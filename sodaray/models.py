@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -296,6 +297,11 @@ def resolve_model_path(
     looks_local = name_or_path.startswith(("/", "./", "../", "~"))
     if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
         raise error(f"no such model folder or file: {name_or_path}")
+    if gguf_file is None and os.path.isfile(os.path.expanduser(name_or_path)):
+        raise error(
+            f"{name_or_path} is a file, not a model folder (give the folder that holds "
+            "config.json and the weights, or a .gguf file)"
+        )
     if gguf_file is not None and os.path.isdir(name_or_path):
         if not (Path(name_or_path) / gguf_file).is_file():
             raise error(f"GGUF file {gguf_file!r} not found in {name_or_path}")
@@ -337,6 +343,11 @@ def load_model(
         kwargs["gguf_file"] = gguf_file
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
+    except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused the file
+        raise ModelLoadError(
+            f"cannot load model {name_or_path!r}: its weights are a pickle that holds more than "
+            "tensors, which could run code when loaded; refused (convert it to safetensors)"
+        ) from exc
     except (OSError, ValueError, KeyError, *_weight_file_errors()) as exc:
         raise ModelLoadError(f"cannot load model {name_or_path!r}: {first_line(exc)}") from exc
     try:

@@ -19,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from sodaray.errors import first_line
+from sodaray.validation import yaml_load
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -85,9 +88,11 @@ def load_preset_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"preset file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({first_line(exc)})") from exc
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+        raise ValueError(f"{path}: not valid YAML ({first_line(exc)})") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset file must be a mapping of parameters")
     params = data.get("soda", data.get("params", data))

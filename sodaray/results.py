@@ -339,19 +339,65 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
             continue  # a sweep's built dataset beside its results, not result rows
         if version is None:
             raise ResultsError(f"{f}: not a sodaray result file (no {VERSION_KEY.decode()})")
+        if not version.isdigit():
+            raise ResultsError(f"{f}: result schema version {version[:20]!r} is not a number")
         if int(version) > SCHEMA_VERSION:
             raise ResultsError(
                 f"{f}: result schema version {int(version)} is newer than this sodaray's "
                 f"({SCHEMA_VERSION}); upgrade sodaray"
             )
+        lacking = [c for c in CORE_COLUMNS if c not in schema.names]
+        if lacking:  # every version has them: a file without is not result rows
+            raise ResultsError(f"{f}: lacks the column {lacking[0]} (every result file has it)")
         table = pq.read_table(f)
         for field in RESULT_SCHEMA:  # older files: add the columns they lack as nulls
             if field.name not in table.column_names:
                 table = table.append_column(field, pa.nulls(len(table), field.type))
-        tables.append(table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA))
+        try:
+            tables.append(table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            wrong = [
+                f"{n} is {table.schema.field(n).type}"
+                for n in RESULT_SCHEMA.names
+                if not table.schema.field(n).type.equals(RESULT_SCHEMA.field(n).type)
+            ]
+            raise ResultsError(
+                f"{f}: columns of types the result schema does not have ({', '.join(wrong)})"
+            ) from exc
     if not tables:
         raise ResultsError(f"no result files (*.parquet) in {where}")
     table = pa.concat_tables(tables)
     if len(table) == 0:
         raise ResultsError(f"the result files in {where} hold no rows")
+    check_unique(table, where)
     return table
+
+
+# In every schema version: a file without one of them is not result rows.
+CORE_COLUMNS = ("sample_id", "found", "exact", "steps", "algorithm", "tokens")
+# What names one row: a sweep job's or trial's sample at a seed; rows outside sweeps (`invert
+# --out`) by the call they came from (its model and the time it finished).
+ROW_KEY = ("sweep", "job", "sample_id", "seed", "model", "finished_at")
+
+
+def check_unique(table: pa.Table, where: str) -> None:
+    """Refuse rows that say the same thing twice (a file read twice, copies of one folder):
+    every rate would count them twice."""
+    import pyarrow.compute as pc
+
+    keys = [k for k in ROW_KEY if not (k in ("model", "finished_at") and _has_job(table))]
+    counts = table.select(keys).group_by(keys).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts["count_all"], 1))
+    if len(repeated):
+        row = repeated.slice(0, 1).to_pylist()[0]
+        job = row["job"] or "an `invert` run"
+        raise ResultsError(
+            f"the rows in {where} repeat: sample {row['sample_id']} of {job} (seed "
+            f"{row['seed']}) is there {row['count_all']} times (the same file given twice, or a "
+            "copy of a results folder inside another?)"
+        )
+
+
+def _has_job(table: pa.Table) -> bool:
+    """Whether every row comes from a sweep job or a trial (then its job names it)."""
+    return table["job"].null_count == 0 and len(table) > 0

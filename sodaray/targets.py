@@ -199,6 +199,10 @@ def targets_from_logits(
     vocabulary indices for top-k. (V,) / (m, V) shapes are read as a single target."""
     if np.iscomplexobj(values):  # a cast to float32 would drop the imaginary part silently
         raise ValueError("observed logits are complex numbers; logits are real")
+    kind = np.asarray(values).dtype
+    if kind == np.bool_ or not np.issubdtype(kind, np.number):  # a cast would make 0s and 1s
+        what = "booleans" if kind == np.bool_ else f"{kind.name.rstrip('0123456789')}s"
+        raise ValueError(f"the logits file holds {what} (dtype {kind}), not numbers")
     if np.asarray(values).size == 0:
         raise ValueError("observed logits are empty")
     if indices is not None and not np.issubdtype(np.asarray(indices).dtype, np.integer):
@@ -253,6 +257,8 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
     """Read observed logits from .npy (values only) or .safetensors (`values`/`logits` and
     optional `indices`). Never unpickles."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"logits file {path} is a directory, not a .npy or .safetensors file")
     if not path.is_file():
         raise ValueError(f"logits file not found: {path}")
     if path.suffix not in (".npy", ".safetensors"):

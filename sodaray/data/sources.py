@@ -136,7 +136,14 @@ def read_local_documents(path: str | os.PathLike) -> list[Document]:
         rows = _read_jsonl(p)
         if rows and not any("text" in r for r in rows):
             raise DatasetError(f"{path}: no 'text' field in its JSON lines")
-        texts = [str(r.get("text") or "") for r in rows]
+        texts = []
+        for number, row in enumerate(rows, 1):
+            text = row.get("text")
+            if text is not None and not isinstance(text, str):  # 12345 is not a text
+                raise DatasetError(
+                    f"{path}: line {number}: text must be a string, not {text!r:.60}"
+                )
+            texts.append(text or "")
     elif suffix == ".csv":
         texts = _read_csv(p)
     else:

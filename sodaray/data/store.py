@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.data.tokenizer import DatasetError
@@ -103,6 +104,7 @@ def write_dataset(table: pa.Table, path: str | os.PathLike) -> Path:
     """Write atomically (a temporary file in the same folder, then a rename), with fixed writer
     settings so that the same table gives the same bytes."""
     out = Path(path)
+    check_rows(table, f"the dataset for {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = dict(table.schema.metadata or {})
     metadata.setdefault(VERSION_KEY, FORMAT_VERSION.encode())
@@ -148,6 +150,25 @@ def read_dataset(path: str | os.PathLike, *, verify: bool = True) -> pa.Table:
     if missing:
         raise DatasetError(f"{path} lacks the column(s) {', '.join(missing)}")
     table = table.select(list(COLUMNS)).replace_schema_metadata(table.schema.metadata)
+    wrong = [f.name for f in SCHEMA if not table.schema.field(f.name).type.equals(f.type)]
+    if wrong:
+        kinds = ", ".join(
+            f"{n} is {table.schema.field(n).type}, not {SCHEMA.field(n).type}" for n in wrong
+        )
+        raise DatasetError(f"{path}: columns of the wrong type ({kinds})")
+    check_rows(table, str(path))
     if verify and content_hash(table) != dataset_hash(table):
         raise DatasetError(f"{path}: the rows do not match the recorded hash (file modified?)")
     return table
+
+
+def check_rows(table: pa.Table, where: str) -> None:
+    """A dataset's rows: at least one, and no sample id twice (a result row is named by its
+    sample id: two samples with one id would write two rows that say the same thing)."""
+    if not len(table):
+        raise DatasetError(f"{where} holds no samples")
+    ids = table.column("sample_id")
+    if pc.count_distinct(ids).as_py() != len(ids):
+        counts = pc.value_counts(ids)
+        repeated = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
+        raise DatasetError(f"{where}: sample_id {repeated} repeats")

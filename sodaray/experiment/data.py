@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from sodaray.experiment.spec import DatasetSpec, ModelSpec
+from sodaray.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,9 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
 
     build = dict(spec.build or {})
     key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
-    path = root / DATASET_CACHE / f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
+    path = inside(
+        root, *DATASET_CACHE.parts, f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
+    )
     if not path.exists():
         from sodaray.data import build_dataset, write_dataset
 

@@ -9,6 +9,7 @@ naming the file and the field, whichever file kind it came from.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import yaml
 from sodaray.api import make_config
 from sodaray.errors import first_line
 from sodaray.objectives import Objective
+from sodaray.paths import brief, component
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective, yaml_load
@@ -156,7 +158,13 @@ def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tu
     if not path.is_file():
         raise error(f"{path}: no such {kind} file")
     try:
-        data = yaml_load(path.read_text(encoding="utf-8"))  # YAML 1.2 numbers: 1e-3 a float
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+    try:
+        data = yaml_load(text)  # YAML 1.2 numbers: 1e-3 a float
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML ({first_line(exc)})") from exc
     return data, path
@@ -176,8 +184,16 @@ def check_top(
             raise fail(field_, "required field missing")
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise fail("name", f"use letters, digits, '.', '_' or '-', not {name!r}")
-    return fail, name
+        raise fail("name", f"use letters, digits, '.', '_' or '-', not {brief(name)}")
+    return fail, path_name(name, "name", fail)
+
+
+def path_name(value: Any, where: str, fail: Fail) -> str:
+    """A name from the file that becomes part of a path (`sodaray.paths.component`)."""
+    try:
+        return component(value, "it")
+    except ValueError as exc:
+        raise fail(where, str(exc).removeprefix("it ")) from exc
 
 
 def coerce_scalars(cls: type, values: dict[str, Any], fail, where: str = "") -> dict[str, Any]:
@@ -226,6 +242,8 @@ def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) ->
     if "id" not in entry:
         raise fail(f"{where}.id", "required field missing")
     spec = ModelSpec(**coerce_scalars(ModelSpec, entry, fail, where))  # num_gpus: .nan refused
+    if spec.name:
+        path_name(spec.name, f"{where}.name", fail)  # it names the model's dataset files
     if model is not None:
         spec = spec.with_id(model)
         where = f"--model (for {where})"
@@ -261,9 +279,20 @@ def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**base, **values} for values in grid(entry.get("grid") or {})]
 
 
+# Variants one grid may make, and jobs one sweep: counted before anything is built (a grid of
+# nine ten-value keys is a 300-byte file and a billion variants).
+MAX_VARIANTS = 10_000
+MAX_JOBS = 100_000
+
+
 def grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def grid_size(grid: dict[str, list[Any]]) -> int:
+    """How many combinations `grid` makes, without making them."""
+    return math.prod(len(values) for values in grid.values())
 
 
 def entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
@@ -286,15 +315,21 @@ def known_fields(entry: dict, known: set[str], where: str, fail) -> None:
     for old, new in RENAMED_KEYS.items():
         if old in entry and new in known:
             raise fail(f"{prefix}{old}", f"renamed: use `{new}`")
-    unknown = sorted(set(entry) - known)
+    unknown = sorted(map(str, set(entry) - known))
     if unknown:
-        raise fail(f"{prefix}{unknown[0]}", f"unknown field (known: {', '.join(sorted(known))})")
+        field_ = brief(unknown[0]).strip("'")
+        raise fail(f"{prefix}{field_}", f"unknown field (known: {', '.join(sorted(known))})")
 
 
-def check_grid(grid: dict, where: str, fail) -> None:
+def check_grid(grid: Any, where: str, fail) -> None:
+    if not isinstance(grid, dict):
+        raise fail(where, f"a mapping of field to a list of values, not {brief(grid)}")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise fail(f"{where}.{key}", "a grid entry is a non-empty list of values")
+            raise fail(f"{where}.{brief(key)}", "a grid entry is a non-empty list of values")
+    count = grid_size(grid)
+    if count > MAX_VARIANTS:
+        raise fail(where, f"a grid of {count:,} variants (at most {MAX_VARIANTS:,})")
 
 
 def check_positive(value: Any, where: str, fail) -> None:
@@ -326,8 +361,9 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
 
 
 def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
-    if not spec.name:
+    if spec.name == "":
         raise fail(f"{where}.name", "required field missing")
+    path_name(spec.name, f"{where}.name", fail)  # it names the dataset's cache file
     if (spec.path is None) == (spec.build is None):
         raise fail(where, "give exactly one of `path` (a built dataset) or `build` (a spec)")
     if spec.path is not None and not Path(spec.path).expanduser().is_file():

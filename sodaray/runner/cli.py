@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from sodaray.cost import DEFAULT_EFFICIENCY
@@ -157,8 +158,8 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import plan_sweep
 
-    if args.rate is not None and not args.rate > 0:
-        raise ValueError(f"--rate must be a positive number, not {args.rate}")
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise ValueError(f"--rate must be a positive finite number, not {args.rate}")
     if not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency must be in (0, 1], not {args.efficiency}")
     if args.device not in PEAK_TFLOPS:

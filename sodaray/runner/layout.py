@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.paths import brief, inside
 from sodaray.results import VERSION_KEY
 from sodaray.runner.spec import Job
 
@@ -60,7 +61,7 @@ def shard_path(folder: Path, index: int) -> Path:
 
 def meta_folder(root: Path, job: str) -> Path:
     """Where a job's settings, lock, errors and set-aside shards live (`root`: the sweep's)."""
-    return root / META_DIR / "jobs" / job
+    return inside(root, META_DIR, "jobs", job)
 
 
 def error_path(meta: Path, index: int) -> Path:
@@ -193,7 +194,7 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
         identity = dataset_identity(table)
         if job.dataset.path is not None:  # its rows decide the results, not its path
             job = dataclasses.replace(job, dataset_hash=identity.hash or "")
-        folder = root / job.name
+        folder = inside(root, job.name)
         meta = meta_folder(root, job.name)
         rows = select_rows(table, job.samples_per_length, job.limit)
         n = len(rows["sample_id"])
@@ -253,25 +254,59 @@ class JobStatus:
         return self.shards - self.done
 
 
+MAX_SHARDS = 10_000_000  # a job.json claiming more was not written by sodaray
+
+
+def read_job_file(meta: Path) -> dict[str, Any]:
+    """A job's `job.json`, checked: it is read back from disk, where anything may have written
+    it (a job naming `../../etc`, a count of 10^12 shards), so every field used is checked."""
+    path = meta / JOB_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable job file ({first_line(exc)})") from exc
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: not a job file (a JSON object)")
+    if info.get("job") != meta.name or not isinstance(info.get("sweep"), str):
+        raise ValueError(f"{path}: its job is {brief(info.get('job'))}, not its folder's name")
+    counts = [info.get(k) for k in ("shards", "shard_size", "samples")]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        raise ValueError(f"{path}: shards, shard_size and samples must be counts")
+    shards, size, samples = counts
+    if size < 1 or shards > MAX_SHARDS or shards != -(-samples // size):
+        raise ValueError(f"{path}: {shards} shards of {size} do not hold {samples} samples")
+    return info
+
+
 def job_status(meta: Path) -> JobStatus:
-    """A job's counts from its `meta` folder (`.sodaray/jobs/<job>`) and its shard files."""
-    info = json.loads((meta / JOB_FILE).read_text())
-    folder = meta.parents[2] / info["job"]
-    done = failed = samples = found = exact = 0
-    for i in range(info["shards"]):
-        path = shard_path(folder, i)
-        size = min(info["shard_size"], info["samples"] - i * info["shard_size"])
-        if path.exists() and shard_problem(path, rows=size) is None:  # `run` sets bad ones aside
-            done += 1
+    """A job's counts from its `meta` folder (`.sodaray/jobs/<job>`) and its shard files (the
+    files there are counted, not the shards the job file says it has)."""
+    info = read_job_file(meta)
+    shards, size, samples = info["shards"], info["shard_size"], info["samples"]
+    folder = inside(meta.parents[2], info["job"])
+    done = failed = samples_done = found = exact = 0
+    finished = set()
+    for path in folder.glob("shard-*.parquet"):
+        index = _shard_index(path.name, ".parquet")
+        if index is None or index >= shards:
+            continue
+        if shard_problem(path, rows=min(size, samples - index * size)) is None:
+            # `run` sets bad ones aside
+            finished.add(index)
             t = pq.read_table(path, columns=["found", "exact"])
-            samples += len(t)
+            samples_done += len(t)
             f, e = found_exact(t)
             found, exact = found + f, exact + e
-        elif error_path(meta, i).exists():
-            failed += 1
-    return JobStatus(
-        info["sweep"], info["job"], info["shards"], done, failed, samples, found, exact
-    )
+    done = len(finished)
+    for path in meta.glob("shard-*.error.json"):
+        index = _shard_index(path.name, ".error.json")
+        failed += index is not None and index < shards and index not in finished
+    return JobStatus(info["sweep"], info["job"], shards, done, failed, samples_done, found, exact)
+
+
+def _shard_index(name: str, suffix: str) -> int | None:
+    digits = name.removeprefix("shard-").removesuffix(suffix)
+    return int(digits) if name.endswith(suffix) and digits.isdigit() else None
 
 
 def sweep_status(out: str | Path) -> list[JobStatus]:

@@ -60,11 +60,11 @@ def dataset_lengths(job: Job) -> dict[int, int]:
         build = job.dataset.build
         per_length = int(build.get("per_length", 1))
         return {n: per_length for n in parse_lengths(str(build.get("lengths", "1-10")))}
-    import pyarrow.parquet as pq
+    from sodaray.data import read_dataset
 
     assert job.dataset.path is not None
     counts: dict[int, int] = {}
-    for n in pq.read_table(job.dataset.path, columns=["length"]).column("length").to_pylist():
+    for n in read_dataset(job.dataset.path).column("length").to_pylist():  # checked, as `run`
         counts[int(n)] = counts.get(int(n), 0) + 1
     return counts
 

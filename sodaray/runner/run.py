@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from sodaray.experiment.cluster import check_address, check_resources, ray_session
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Finished, Unit
+from sodaray.paths import inside
 from sodaray.progress import mean_occupancy
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
@@ -138,7 +139,7 @@ def run_sweep(
 
     started = time.perf_counter()
     check_address(address)  # before planning (dataset builds): fail fast
-    root = Path(out) / sweep.name
+    root = inside(out, sweep.name)
     plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))

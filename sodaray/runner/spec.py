@@ -19,6 +19,7 @@ from typing import Any
 
 from sodaray.api import ALGORITHMS
 from sodaray.experiment.spec import (
+    MAX_JOBS,
     DatasetSpec,
     Fail,
     ModelSpec,
@@ -31,6 +32,7 @@ from sodaray.experiment.spec import (
     entries,
     expand_objective,
     grid,
+    grid_size,
     known_fields,
     parse_dataset,
     parse_model,
@@ -39,6 +41,7 @@ from sodaray.experiment.spec import (
 )
 from sodaray.objectives import Objective
 from sodaray.observations import observation
+from sodaray.paths import brief
 from sodaray.results import config_hash
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1
@@ -256,10 +259,28 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     )
     if "seeds" in data:
         seeds = data["seeds"]
-        seeds = [seeds] if isinstance(seeds, int) else seeds
-        if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-            raise fail("seeds", "a list of integers")
+        seeds = [seeds] if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds
+        if not (
+            isinstance(seeds, list)
+            and seeds
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+        ):
+            raise fail("seeds", f"a list of integers, not {brief(seeds)}")
+        if len(set(seeds)) != len(seeds):  # two jobs would share one folder and its locks
+            raise fail("seeds", f"repeat: {brief(seeds)}")
+        for seed in seeds:
+            if not 0 <= seed < 2**63:
+                raise fail("seeds", f"each in [0, 2**63), not {seed}")
         sweep.seeds = seeds
+    jobs = (
+        sum(m.datasets and len(m.datasets) or len(datasets) for m in models)
+        * sum(grid_size(e.grid) for e in algorithms)
+        * len(objectives)
+        * len(sweep.seeds)
+        * len(sweep.length_modes())
+    )
+    if jobs > MAX_JOBS:
+        raise fail("name", f"the sweep makes {jobs:,} jobs (at most {MAX_JOBS:,})")
     if sweep.length not in ("fixed", "auto"):
         raise fail(
             "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"

@@ -23,6 +23,7 @@ from sodaray.experiment.cluster import check_address, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import TuningSpec
@@ -82,7 +83,7 @@ def run_tuning(
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     if model is not None:  # a copy: the caller's spec keeps its model
         spec = dataclasses.replace(spec, model=spec.model.with_id(model))
-    out = Path(out) / spec.name
+    out = inside(out, spec.name)
     url = storage_url(spec, out, storage)
     out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name

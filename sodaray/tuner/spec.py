@@ -52,12 +52,18 @@ class ParamSpace:
             )
         return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
 
+    def grid_count(self) -> int:
+        """How many values the grid sampler tries, counted without making them."""
+        if self.type == "categorical":
+            return len(self.choices or [])
+        return int(round((self.high - self.low) / (self.step or 1))) + 1
+
     def grid_values(self) -> list[Any]:
         """The values the grid sampler tries (categorical choices, or low..high by step)."""
         if self.type == "categorical":
             return list(self.choices or [])
-        count = int(round((self.high - self.low) / self.step)) + 1
-        values = [self.low + i * self.step for i in range(count)]
+        count = self.grid_count()
+        values = [self.low + i * (self.step or 1) for i in range(count)]
         return [int(v) for v in values] if self.type == "int" else [round(v, 12) for v in values]
 
 
@@ -145,6 +151,7 @@ class TuningSpec:
 
 
 TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
+MAX_GRID = 100_000  # points the grid sampler may try: counted before any is made
 # Objective knobs a trial may vary: they change the loss, not the observed targets.
 OBJECTIVE_PREFIX = "objective."
 TUNABLE_OBJECTIVE = ("fluency_weight", "huber_delta", "loss")
@@ -195,9 +202,16 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
                 "sampler", "cmaes needs the `cmaes` package (pip install 'sodaray[cmaes]')"
             ) from exc
     if spec.sampler == "grid":
+        points = 1
         for p in spec.space:
             if p.type == "float" and p.step is None:
                 raise fail(f"space.{p.name}", "the grid sampler needs a `step` (or `choices`)")
+            count = p.grid_count()
+            if count > MAX_GRID:
+                raise fail(f"space.{p.name}", f"a grid of {count:,} values (at most {MAX_GRID:,})")
+            points *= count
+        if points > MAX_GRID:
+            raise fail("space", f"a grid of {points:,} points (at most {MAX_GRID:,})")
     if spec.start_from is not None:
         try:
             spec.start_params()

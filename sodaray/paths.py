@@ -1,0 +1,60 @@
+"""The one rule for names read from files that become parts of paths, and the check that what
+the runner and tuner write lies under the output folder.
+
+A sweep's, study's, model entry's or dataset's `name` becomes a folder or file name. Without a
+rule, `name: ".."` put a sweep's jobs beside `--out` instead of in it, and `name: /etc/x` wrote a
+dataset cache at an absolute path. `component` refuses such names where they are read (one line
+naming the file's field); `inside` checks every path built from them before anything is written,
+so a name that reaches a path some other way still cannot leave the folder.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from pathlib import Path
+
+MAX_NAME = 128  # characters: folder names stay well under the filesystems' 255 bytes
+
+
+class PathEscape(ValueError):
+    """A path built from names read from a file would leave the folder it belongs in."""
+
+
+def component(value: object, what: str = "name") -> str:
+    """`value` if it can be one path component: a non-empty string of at most `MAX_NAME`
+    characters, not `.` or `..`, without `/`, `\\` or NUL. Raises ValueError saying why."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, not {brief(value)}")
+    if not value or value.strip() != value:
+        raise ValueError(
+            f"{what} must be a non-empty name without surrounding spaces, not {value!r}"
+        )
+    if len(value) > MAX_NAME:
+        raise ValueError(f"{what} must be at most {MAX_NAME} characters, not {len(value)}")
+    if value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError(f"{what} must be a plain name (no '/', '\\', '.' or '..'), not {value!r}")
+    return value
+
+
+def inside(base: Path | str, *parts: str) -> Path:
+    """`base / parts...`, refused (PathEscape) unless it lies under `base`, `..` and symlinks
+    resolved as far as the path exists."""
+    base = Path(base)
+    path = base.joinpath(*parts)
+    root = base.resolve()
+    if not path.resolve().is_relative_to(root):
+        raise PathEscape(f"{path} would be written outside {base}")
+    return path
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple = 2, 5, 5, 5
+_REPR.maxstring = _REPR.maxother = 50
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """`repr(value)` for a one-line message, shortened (a value read from a hostile file may be
+    megabytes long, or a structure that YAML aliases make exponentially large: `reprlib` never
+    walks more than a few levels and items of it)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
