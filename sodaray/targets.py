@@ -77,7 +77,9 @@ def check_token_ids(model: LoadedModel, tokens: list[list[int]]) -> None:
             raise ValueError("an input has no tokens")
         bad = [t for t in row if not 0 <= int(t) < model.vocab_size]
         if bad:
-            raise ValueError(f"token id {bad[0]} is out of range [0, {model.vocab_size})")
+            raise ValueError(
+                f"token id {bad[0]} is outside the model's vocabulary [0, {model.vocab_size})"
+            )
 
 
 @torch.no_grad()

@@ -75,7 +75,7 @@ BAD = [
     (["--model", "./no/such/model", "--tokens", "1"], "no such model"),
     (["--model", M, "--prompt", ""], "empty"),
     (["--model", M, "--tokens", "1,x"], "integers"),
-    (["--model", M, "--tokens", "600"], "out of range"),
+    (["--model", M, "--tokens", "600"], "outside the model's vocabulary"),
     (["--model", M, "--tokens", "1", "--max-steps", "-5"], "max_steps"),
     (["--model", M, "--tokens", "1", "--top-k", "513"], "vocabulary"),
     (["--model", M, "--tokens", "1", "--length", "0"], "length"),

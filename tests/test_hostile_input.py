@@ -383,13 +383,14 @@ def write_dataset(path: Path, kind: str) -> None:
     from sodaray.data.store import SCHEMA, VERSION_KEY, content_hash
 
     ids = [0, 0] if kind == "dataset-same-ids" else [0, 1]
+    oov = 100_000 if kind == "dataset-oov" else 7  # stories260K has 512 tokens
     rows = {
         "sample_id": ids,
         "dataset": ["mine"] * 2,
         "tokenizer": ["t"] * 2,
         "vocab_size": [512] * 2,
         "length": [1, 1],
-        "tokens": [[5], [7]],
+        "tokens": [[5], [oov]],
         "text": ["a", "b"],
         "pii_labels": [None, None],
         "document_id": [None, None],
@@ -485,3 +486,22 @@ def test_an_interrupted_invert_keeps_every_result_it_found(tmp_path):
     assert [r["tokens"] for r in rows] == [[172]] and rows[0]["found"]
     assert "interrupted: 1 of 2 targets finished" in err and "Traceback" not in err
     assert pq.read_table(out)["tokens"].to_pylist() == [[172]]
+
+
+def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray):
+    """Issue 30, case 6: a dataset holding a token id the model does not have fails its own
+    shards at once (one try each, the reason given) while the job beside it finishes."""
+    from sodaray.runner import load_sweep, run_sweep
+
+    write_dataset(tmp_path / "oov.parquet", "dataset-oov")
+    text = sweep_text(
+        model=f'{{id: "{STORIES}", num_cpus: 1}}',
+        dataset='{name: good, build: {dataset: random, lengths: "1", per_length: 2}}, '
+        f'{{name: bad, path: "{tmp_path / "oov.parquet"}"}}',
+    )
+    (tmp_path / "s.yaml").write_text(text)
+    run = run_sweep(load_sweep(tmp_path / "s.yaml"), tmp_path / "o")
+    [failed] = run.failed
+    assert failed.job.startswith("stories260K_bad") and failed.attempts == 1
+    assert "vocabulary" in failed.error
+    assert len(run.done) == 1 and run.done[0].job.startswith("stories260K_good")

@@ -211,7 +211,7 @@ def test_bad_objectives(bad):
 
 
 def test_bad_targets(tiny_llama):
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="outside the model.s vocabulary"):
         sodaray.make_targets(tiny_llama, [[64]])
     with pytest.raises(ValueError, match="no tokens"):
         sodaray.make_targets(tiny_llama, [[]])

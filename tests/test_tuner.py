@@ -221,7 +221,9 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
         load_tuning(write_tuning(tmp_path, start_from="no-such-preset"))
 
 
-def test_a_run_where_no_trial_completed_exits_non_zero():
+def test_a_run_whose_trials_all_failed_exits_non_zero_but_pruned_ones_are_no_error():
+    """Issue 30, case 8: a resumed study whose new trials were all pruned exited 1 with
+    "none of the 2 trials completed"; pruning is the pruner working. Only failures are errors."""
     from sodaray.tuner.cli import no_trial_completed
     from sodaray.tuner.run import TrialOutcome, TuneRun
 
@@ -229,13 +231,18 @@ def test_a_run_where_no_trial_completed_exits_non_zero():
     assert no_trial_completed(run) is None  # nothing added (e.g. the study was already full)
     run.outcomes = [
         TrialOutcome(0, "failed", None, {}, 1.0, "KeyError: 'Record does not exist.'"),
-        TrialOutcome(1, "pruned", 0.1, {}),
+        TrialOutcome(1, "failed", None, {}, 1.0, "KeyError: 'Record does not exist.'"),
     ]
     message = no_trial_completed(run)
-    assert message is not None and "none of the 2 trials" in message
+    assert message is not None and "all 2 trials of this run failed" in message
     assert "Record does not exist" in message
-    run.outcomes.append(TrialOutcome(2, "complete", 0.5, {}))
+    run.outcomes = [
+        TrialOutcome(0, "pruned", 0.1, {}, 1.0, "pruned at length 1, step 150"),
+        TrialOutcome(1, "pruned", 0.2, {}, 1.0, "pruned at length 1, step 150"),
+    ]
     assert no_trial_completed(run) is None
+    run.outcomes.append(TrialOutcome(2, "failed", None, {}, 1.0, "boom"))
+    assert no_trial_completed(run) is None  # one failure beside pruned ones: a warning's job
 
 
 def test_a_returned_trial_is_told_in_its_own_state_after_its_rows_are_written(tmp_path, local_ray):

@@ -79,14 +79,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def no_trial_completed(run) -> str | None:
-    """One line when this run added trials and none completed, else None. Such a run is not a
-    success (exit 1), whatever the study held before: on a cluster it is how a storage or path
-    that the nodes cannot reach shows itself."""
-    if not run.outcomes or any(o.state == "complete" for o in run.outcomes):
+    """One line when this run's trials all failed, else None. Such a run is not a success
+    (exit 1), whatever the study held before: on a cluster it is how a storage or path that the
+    nodes cannot reach shows itself. A pruned trial is the pruner at work, not an error: a run
+    whose trials were all pruned (a resumed study whose best is already good) succeeds."""
+    if not run.outcomes or any(o.state != "failed" for o in run.outcomes):
         return None
     errors = sorted({o.error for o in run.outcomes if o.error})
     detail = f"; first error: {errors[0]}" if errors else ""
-    return f"none of the {len(run.outcomes)} trials of this run completed{detail}"
+    return f"all {len(run.outcomes)} trials of this run failed{detail}"
 
 
 def leaderboard(run, top: int = 10) -> dict[str, Any]:
