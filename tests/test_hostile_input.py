@@ -150,6 +150,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         },
     ),
     (
+        "alias-grid-variants",  # 400 bytes of aliases: few nodes, ten million variants
+        PLAN,
+        "variants",
+        {
+            "s.yaml": sweep_text(
+                algorithm="{name: soda, grid: {learning_rate: &v [0.1, 0.2, 0.3, 0.4, 0.5, "
+                "0.6, 0.7, 0.8, 0.9, 0.95], temperature: *v, decay: *v, beta1: *v, beta2: *v, "
+                "eps: *v, reinit_std: *v}}"
+            )
+        },
+    ),
+    (
         "tune-grid-int-range-huge",
         TUNE,
         "grid of 1,000,000,000,000 values",
@@ -329,6 +341,12 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         {"rows.parquet": "rows-bad-version"},
     ),
     (
+        "report-version-not-a-number",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o"],
+        "is not a number",
+        {"rows.parquet": "rows-version-text"},
+    ),
+    (
         "report-string-sample-ids",
         ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o"],
         "sample_id",
@@ -419,6 +437,10 @@ def write_rows(path: Path, kind: str) -> None:
     elif kind == "rows-bad-version":
         meta = dict(table.schema.metadata)
         meta = {k: (b"999" if b"version" in k else v) for k, v in meta.items()}
+        table = table.replace_schema_metadata(meta)
+    elif kind == "rows-version-text":
+        meta = dict(table.schema.metadata)
+        meta = {k: (b"three" if b"version" in k else v) for k, v in meta.items()}
         table = table.replace_schema_metadata(meta)
     elif kind == "rows-string-ids":
         index = table.schema.get_field_index("sample_id")

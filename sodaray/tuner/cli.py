@@ -26,6 +26,11 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", help="Ray cluster address: auto, HOST:PORT or ray://...")
     p.add_argument("--json", action="store_true", help="the leaderboard as one JSON object")
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the tuning file and print the study it describes (JSON); run nothing",
+    )
+    p.add_argument(
         "--mlflow",
         metavar="URI",
         help="log each trial to this MLflow tracking URI (sqlite:///mlflow.db, http://HOST:5000; "
@@ -46,6 +51,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    if args.dry_run:
+        print(json.dumps(describe(spec, args), default=str))
+        return 0
     callbacks = []
     if args.mlflow:
         callbacks.append(tuning_callback(args.mlflow, spec.metric))
@@ -76,6 +84,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"sodaray: error: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def describe(spec, args: argparse.Namespace) -> dict[str, Any]:
+    """What `tune` would run and where it would write (`--dry-run`)."""
+    from sodaray.paths import inside
+
+    return {
+        "study": spec.name,
+        "folder": str(inside(args.out, spec.name)),
+        "model": args.model or spec.model.id,
+        "algorithm": spec.algorithm,
+        "trials": spec.trials if args.trials is None else args.trials,
+        "sampler": spec.sampler,
+        "pruner": spec.pruner,
+        "metric": spec.metric,
+        "max_steps": spec.max_steps,
+        "space": {p.name: p.distribution().__class__.__name__ for p in spec.space},
+    }
 
 
 def no_trial_completed(run) -> str | None:
