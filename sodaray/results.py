@@ -385,8 +385,16 @@ def check_unique(table: pa.Table, where: str) -> None:
     every rate would count them twice."""
     import pyarrow.compute as pc
 
-    keys = [k for k in ROW_KEY if not (k in ("model", "finished_at") and _has_job(table))]
-    counts = table.select(keys).group_by(keys).aggregate([([], "count_all")])
+    job = table["job"]
+    has_job = pc.fill_null(pc.not_equal(job, ""), False)
+    keys = table.select(["sweep", "job", "sample_id", "seed"])
+    for name in ("model", "finished_at"):  # only for rows no job names
+        column = table[name]
+        keys = keys.append_column(
+            name, pc.if_else(has_job, pa.nulls(len(table), column.type), column)
+        )
+    names = keys.column_names
+    counts = keys.group_by(names).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts["count_all"], 1))
     if len(repeated):
         row = repeated.slice(0, 1).to_pylist()[0]
@@ -396,8 +404,3 @@ def check_unique(table: pa.Table, where: str) -> None:
             f"{row['seed']}) is there {row['count_all']} times (the same file given twice, or a "
             "copy of a results folder inside another?)"
         )
-
-
-def _has_job(table: pa.Table) -> bool:
-    """Whether every row comes from a sweep job or a trial (then its job names it)."""
-    return table["job"].null_count == 0 and len(table) > 0

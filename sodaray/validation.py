@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from sodaray.objectives import Objective
+from sodaray.paths import brief
 
 
 # ---- YAML -------------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint) or (Any,)
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{name} must be a list, not {value!r}")
+            raise ValueError(f"{name} must be a list, not {brief(value)}")
         return [coerce_value(f"{name}[{i}]", v, item) for i, v in enumerate(value)]
     kinds, optional, literal = _kinds(hint)
     if value is None:
@@ -160,13 +161,14 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
         raise ValueError(f"{name} must be set, not null")
     if literal is not None and not kinds:
         if value not in literal:
-            raise ValueError(f"{name} must be one of {', '.join(map(str, literal))}, not {value!r}")
+            choices = ", ".join(map(str, literal))
+            raise ValueError(f"{name} must be one of {choices}, not {brief(value)}")
         return value
     if bool in kinds:
         if type(value) is int and value in (0, 1):
             return bool(value)
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, not {value!r}")
+            raise ValueError(f"{name} must be true or false, not {brief(value)}")
         return value
     if float in kinds:
         number = _number(name, value, "a number")
@@ -177,17 +179,17 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
         check_finite(name, number)
         if isinstance(number, float):
             if not number.is_integer():
-                raise ValueError(f"{name} must be an integer, not {value!r}")
+                raise ValueError(f"{name} must be an integer, not {brief(value)}")
             number = int(number)
         return number
     if str in kinds and not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, not {value!r}")
+        raise ValueError(f"{name} must be a string, not {brief(value)}")
     return value
 
 
 def _number(name: str, value: Any, what: str) -> int | float:
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be {what}, not {value!r}")
+        raise ValueError(f"{name} must be {what}, not {brief(value)}")
     if isinstance(value, (int, float)):
         return value
     if isinstance(value, str):
@@ -200,7 +202,7 @@ def _number(name: str, value: Any, what: str) -> int | float:
             return float(text)
         except ValueError:
             pass
-    raise ValueError(f"{name} must be {what}, not {value!r}")
+    raise ValueError(f"{name} must be {what}, not {brief(value)}")
 
 
 def coerce_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -223,9 +225,9 @@ AT_LEAST_1 = {"min": 1}  # counts and step budgets
 def in_bounds(name: str, value: Any, bounds: typing.Mapping[str, Any]) -> Any:
     """`value` (None passes) within the field's declared bounds."""
     if value is not None and "min" in bounds and value < bounds["min"]:
-        raise ValueError(f"{name} must be at least {bounds['min']}, not {value!r}")
+        raise ValueError(f"{name} must be at least {bounds['min']}, not {brief(value)}")
     if value is not None and "above" in bounds and not value > bounds["above"]:
-        raise ValueError(f"{name} must be above {bounds['above']}, not {value!r}")
+        raise ValueError(f"{name} must be above {bounds['above']}, not {brief(value)}")
     return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,13 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def stand_in(sweep_file: Path) -> str | None:
+    """`--model` for a shipped sweep whose models are not on this machine: the real-model study
+    names $SODARAY_REAL_MODELS (`../shared/models/fetch-real-models.sh`); without them its file
+    is still checked, on stories260K. None: the file's own models."""
+    real = Path(os.environ.get("SODARAY_REAL_MODELS", "/nonexistent"))
+    if sweep_file.stem == "real-models" and not (real / "qwen2.5-0.5b" / "model.gguf").is_file():
+        return str(STORIES)
+    return None

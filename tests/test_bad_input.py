@@ -302,7 +302,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "plan-negative-rate",
         ["sweep", "plan", "{tmp}/s.yaml", "--rate", "-5"],
-        "--rate must be a positive number",
+        "--rate must be a positive finite number",
         sweep(),
     ),
     (

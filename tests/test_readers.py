@@ -177,6 +177,9 @@ def test_schema_2_files_read_back_beside_new_ones_with_the_new_columns_null(swee
     new = pq.read_table(shard_file)
     added = ["dataset_hash", "dataset_seed", "shard", "host", "finished_at", "model_revision"]
     old = new.drop_columns(added).replace_schema_metadata({b"sodaray.results.version": b"2"})
+    # Another job's rows (the same rows twice would be refused: `check_unique`).
+    jobs = pa.array([f"{j}-v2" for j in old["job"].to_pylist()], pa.string())
+    old = old.set_column(old.schema.get_field_index("job"), "job", jobs)
     version = pa.array([2] * len(old), pa.int16())
     old = old.set_column(old.schema.get_field_index("schema_version"), "schema_version", version)
     pq.write_table(old, tmp_path / "old.parquet")
