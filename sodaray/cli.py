@@ -459,7 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    # KEY=VALUE overrides may come after options (`sweep run F --out o max_steps=5`), where a
+    # plain parse stops taking positionals; an unknown option is argparse's error.
+    if rest and hasattr(args, "overrides") and all(_is_override(a) for a in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -476,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stderr.write(f"sodaray: error: {first_line(exc)}\n")
         return EXIT_USAGE
+
+
+def _is_override(arg: str) -> bool:
+    return not arg.startswith("-")  # checked as KEY=VALUE where it is applied
 
 
 def _edge_errors() -> tuple[type[BaseException], ...]:

@@ -17,15 +17,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from sodaray.api import make_config
-from sodaray.errors import first_line
 from sodaray.objectives import Objective
 from sodaray.paths import brief, component
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective, yaml_load
+from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
 
 Fail = Callable[[str, str], ValueError]
 
@@ -150,24 +147,6 @@ MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"source"}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
 BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
-
-
-def read_config_file(path: str | Path, kind: str, error: type[ValueError]) -> tuple[Any, Path]:
-    """A YAML config file's data (safe_load), with one-line errors naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{path}: no such {kind} file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
-    except OSError as exc:
-        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
-    try:
-        data = yaml_load(text)  # YAML 1.2 numbers: 1e-3 a float
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML ({first_line(exc)})") from exc
-    return data, path
 
 
 def check_top(

@@ -8,6 +8,11 @@ import sys
 
 from sodaray.cost import DEFAULT_EFFICIENCY
 
+OVERRIDE_HELP = (
+    "KEY=VALUE overrides of the file's fields, in the file's own names (max_steps=500, "
+    "models.qwen.bos=true, algorithms.soda.grid.temperature=[0.07]); validated as the file"
+)
+
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
@@ -20,6 +25,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         "skipped.",
     )
     run.add_argument("sweep", help="sweep YAML file")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     run.add_argument("--out", default="results", help="results folder (default: ./results)")
     run.add_argument("--address", help="Ray cluster address: auto, or HOST:PORT, or ray://...")
     run.add_argument("--limit", type=int, help="cap the samples per job (a quick look)")
@@ -47,6 +53,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         "measured by a short calibration on this machine.",
     )
     plan.add_argument("sweep", help="sweep YAML file")
+    plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     plan.add_argument("--rate", type=float, help="sample-steps per second (skips calibration)")
     plan.add_argument(
         "--no-calibrate", action="store_true", help="no rate: counts only, no time estimate"
@@ -76,7 +83,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
-    sweep = load_sweep(args.sweep, model=args.model)  # validated before Ray starts
+    sweep = load_sweep(
+        args.sweep, model=args.model, overrides=args.overrides
+    )  # validated before Ray starts
     sweep = _quick(sweep, args, args.limit)
     from sodaray.validation import check_output_dir
 
@@ -164,7 +173,9 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--efficiency must be in (0, 1], not {args.efficiency}")
     if args.device not in PEAK_TFLOPS:
         raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {args.device!r}")
-    sweep = _quick(load_sweep(args.sweep, model=args.model), args, args.limit)
+    sweep = _quick(
+        load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
+    )
     plan = plan_sweep(
         sweep.jobs(limit=args.limit, model=args.model),
         rate=args.rate,

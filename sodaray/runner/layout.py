@@ -185,9 +185,12 @@ class JobPlan:
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
 
 
-def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPlan]:
+def plan_jobs(
+    jobs: list[Job], root: Path, *, lock: bool = False, overrides: list[str] | None = None
+) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
-    job another live driver holds comes back with no pending shards and `locked_by` set."""
+    job another live driver holds comes back with no pending shards and `locked_by` set.
+    `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`."""
     plans = []
     for job in jobs:
         table = dataset_table(job.model, job.dataset, root)
@@ -209,6 +212,7 @@ def plan_jobs(jobs: list[Job], root: Path, *, lock: bool = False) -> list[JobPla
             "shards": shards,
             "shard_size": job.shard_size,
             "config": job.config(),
+            "overrides": list(overrides or []),
         }
         if lock and (owner := acquire_lock(meta)) is not None:
             host, pid = owner.get("host"), owner.get("pid")

@@ -140,7 +140,8 @@ def run_sweep(
     started = time.perf_counter()
     check_address(address)  # before planning (dataset builds): fail fast
     root = inside(out, sweep.name)
-    plans = plan_jobs(sweep.jobs(limit=limit, model=model), root, lock=True)
+    jobs = sweep.jobs(limit=limit, model=model)
+    plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
     run.locked = [p.job.name for p in plans if p.locked_by is not None]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.api import ALGORITHMS
+from sodaray.configfile import read_document
 from sodaray.experiment.spec import (
     MAX_JOBS,
     DatasetSpec,
@@ -37,7 +38,6 @@ from sodaray.experiment.spec import (
     parse_dataset,
     parse_model,
     parse_objective,
-    read_config_file,
 )
 from sodaray.objectives import Objective
 from sodaray.observations import observation
@@ -142,6 +142,8 @@ class Sweep:
     # Assumed lengths: each one a job searching every sample at that length, whatever its true
     # length (the paper's length table; `length: [1, 2, 3]` in the file).
     assumed_lengths: list[int] = field(default_factory=list)
+    # The command line's KEY=VALUE overrides, as given (the jobs carry their final values).
+    overrides: list[str] = field(default_factory=list)
 
     def quick(self, max_steps: int | None) -> Sweep:
         """This sweep as a quick look: named NAME-quick (its own results folder) and, with
@@ -197,15 +199,21 @@ def _short(value: Any) -> str:
 
 
 # ---- loading and validation -------------------------------------------------------------------
-TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths"}
+TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths", "overrides"}
 ALGORITHM_KEYS = {f.name for f in fields(AlgorithmEntry)}
 
 
-def load_sweep(path: str | Path, model: str | None = None) -> Sweep:
+def load_sweep(
+    path: str | Path, model: str | None = None, overrides: list[str] | tuple = ()
+) -> Sweep:
     """Read and validate a sweep file; every job it makes is checked before returning. `model`
     (`--model`) replaces every entry's model before the check, so a file whose own model path
-    does not exist here (a relative path, another machine's folder) still runs on `model`."""
-    return parse_sweep(*read_config_file(path, "sweep", SweepError), model=model)
+    does not exist here (a relative path, another machine's folder) still runs on `model`.
+    `overrides` (`KEY=VALUE`, see `sodaray.configfile`) are applied to the file first."""
+    data, path = read_document(path, "sweep", SweepError, overrides)
+    sweep = parse_sweep(data, path, model=model)
+    sweep.overrides = list(overrides)
+    return sweep
 
 
 def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:

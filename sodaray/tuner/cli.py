@@ -18,6 +18,13 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         "plots/*.png.",
     )
     p.add_argument("tuning", help="tuning YAML file")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="overrides of the file's fields, in its own names (max_steps=500, "
+        "space.temperature.high=0.3, model.bos=true); validated as the file",
+    )
     p.add_argument("--trials", type=int, help="trials to add (default: the file's `trials`)")
     p.add_argument("--workers", type=int, default=1, help="trials at once, one actor each")
     p.add_argument("--storage", help="Optuna storage URL (default: a journal file in --out)")
@@ -47,7 +54,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
-    spec = load_tuning(args.tuning)  # validated before Ray starts
+    spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import ALGORITHMS
+from sodaray.configfile import read_document
 from sodaray.experiment.spec import (
     DatasetSpec,
     ModelSpec,
@@ -21,7 +22,6 @@ from sodaray.experiment.spec import (
     parse_dataset,
     parse_model,
     parse_objective,
-    read_config_file,
 )
 from sodaray.objectives import Objective
 from sodaray.presets import preset_params
@@ -158,10 +158,10 @@ TUNABLE_OBJECTIVE = ("fluency_weight", "huber_delta", "loss")
 PARAM_KEYS = {"type", "low", "high", "log", "step", "choices"}
 
 
-def load_tuning(path: str | Path) -> TuningSpec:
+def load_tuning(path: str | Path, overrides: list[str] | tuple = ()) -> TuningSpec:
     """Read and validate a tuning file (every parameter range is checked against the
-    algorithm's config)."""
-    return parse_tuning(*read_config_file(path, "tuning", TuningError))
+    algorithm's config); `overrides` (`KEY=VALUE`, see `sodaray.configfile`) applied first."""
+    return parse_tuning(*read_document(path, "tuning", TuningError, overrides))
 
 
 def parse_tuning(data: Any, path: Path) -> TuningSpec:

@@ -1,0 +1,177 @@
+"""Sweep and tuning files as documents: read as UTF-8 YAML (with the loader's limits), shared
+pieces merged in (`include:`), and `key=value` overrides from the command line applied, all
+before any field is checked. What the file says and what the command line says are validated
+alike, and a job's hash covers the final values.
+
+- `include: base.yaml` (or a list) at the top of a file: each named file (relative to the one
+  that names it) is read first, in order, and the file's own keys go over them; mappings merge
+  key by key, anything else (a list, a number) is replaced whole. Included files may include
+  others, to a depth of `MAX_DEPTH`; a file including itself is an error.
+- An override `a.b.c=VALUE` sets one field; VALUE is YAML (`0.07`, `true`, `[1, 2]`). A list
+  is entered by an entry's name (`models.qwen.bos=true`: the model entry named or labelled
+  `qwen`; `algorithms.soda.params.temperature=0.07`) or by its index (`models.0.bos=true`).
+  Names may hold dots (`models.qwen2.5-0.5b.bos=true`): the longest name that matches wins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sodaray.errors import first_line
+from sodaray.paths import brief
+from sodaray.validation import yaml_load
+
+MAX_BYTES = 4 << 20  # a config file larger than this is not a config file
+MAX_DEPTH = 8
+
+
+def read_document(
+    path: str | Path, kind: str, error: type[ValueError], overrides: list[str] | tuple = ()
+) -> tuple[Any, Path]:
+    """A config file's data with its includes merged in and `overrides` applied; one-line
+    `error`s naming the file (or the override)."""
+    path = Path(path)
+    data = _read(path, kind, error, ())
+    if isinstance(data, dict):
+        data = _with_includes(data, path, kind, error, (path.resolve(),))
+    for text in overrides:
+        if not isinstance(data, dict):
+            break  # the file itself is wrong: its own check says how
+        try:
+            data = apply_override(data, text)
+        except ValueError as exc:
+            raise error(f"override {brief(text)}: {exc}") from exc
+    return data, path
+
+
+def _read(path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...]) -> Any:
+    where = " (included by " + str(chain[-1]) + ")" if chain else ""
+    if not path.is_file():
+        raise error(f"{path}: no such {kind} file{where}")
+    if path.stat().st_size > MAX_BYTES:
+        raise error(f"{path}: {path.stat().st_size:,} bytes is not a {kind} file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+    try:
+        return yaml_load(text)  # YAML 1.2 numbers (1e-3 a float), limits, unique keys
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML ({first_line(exc)})") from exc
+
+
+def _with_includes(
+    data: dict, path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...]
+) -> dict:
+    names = data.get("include")
+    if names is None:
+        return data
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise error(f"{path}: include: a file name or a list of them, not {brief(names)}")
+    if len(chain) > MAX_DEPTH:
+        raise error(f"{path}: include: more than {MAX_DEPTH} files deep")
+    merged: dict = {}
+    for name in names:
+        child = (path.parent / Path(name).expanduser()).resolve()
+        if child in chain:
+            raise error(f"{path}: include: {name} includes itself")
+        piece = _read(child, kind, error, (*chain, path))
+        if not isinstance(piece, dict):
+            raise error(f"{child}: an included file is a mapping of fields")
+        merged = merge(merged, _with_includes(piece, child, kind, error, (*chain, child)))
+    return merge(merged, {k: v for k, v in data.items() if k != "include"})
+
+
+def merge(base: dict, top: dict) -> dict:
+    """`top` over `base`: mappings key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_override(data: dict, text: str) -> dict:
+    """`data` with one `a.b.c=VALUE` applied (a copy along the path; the rest shared)."""
+    if "=" not in text:
+        raise ValueError("write KEY=VALUE (e.g. max_steps=500)")
+    key, _, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not key.strip() or any(not p for p in parts):
+        raise ValueError("the key is empty or has an empty part")
+    try:
+        value = yaml_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not a YAML value ({first_line(exc)})") from exc
+    return _set(data, parts, value, [])
+
+
+def _set(node: Any, parts: list[str], value: Any, done: list[str]) -> Any:
+    if not parts:
+        return value
+    where = ".".join(done) or "the file"
+    if isinstance(node, dict):
+        key, used = _longest(parts, [k for k in node if isinstance(k, str)])
+        key = key if key is not None else parts[0]
+        child = node.get(key)
+        if child is None and len(parts) > used:
+            child = {}  # `params.temperature=0.07` where the entry has no params yet
+        out = dict(node)
+        out[key] = _set(child, parts[used:], value, [*done, key])
+        return out
+    if isinstance(node, list):
+        index, used = _entry(node, parts, where)
+        out = list(node)
+        out[index] = _set(node[index], parts[used:], value, [*done, ".".join(parts[:used])])
+        return out
+    raise ValueError(f"{where} is {brief(node)}, not a mapping or a list to go into")
+
+
+def _longest(parts: list[str], names: list[str]) -> tuple[str | None, int]:
+    """The longest run of `parts` joined by dots that is one of `names`, and its length."""
+    for used in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:used])
+        if candidate in names:
+            return candidate, used
+    return None, 1
+
+
+def _entry(entries: list, parts: list[str], where: str) -> tuple[int, int]:
+    """Which list entry `parts` starts with: an index, or the name of one entry."""
+    if parts[0].isdigit():
+        index = int(parts[0])
+        if index >= len(entries):
+            raise ValueError(f"{where} has {len(entries)} entries, not {index + 1}")
+        return index, 1
+    labels = [_labels(e) for e in entries]
+    for used in range(len(parts), 0, -1):
+        name = ".".join(parts[:used])
+        hits = [i for i, names in enumerate(labels) if name in names]
+        if len(hits) > 1:
+            raise ValueError(f"{where}: {len(hits)} entries are named {name!r}; use an index")
+        if hits:
+            return hits[0], used
+    have = ", ".join(sorted({n for names in labels for n in names})) or "none named"
+    raise ValueError(f"{where} has no entry named {parts[0]!r} (have: {have})")
+
+
+def _labels(entry: Any) -> set[str]:
+    """The names an entry answers to: its `name` and `label`, a model's id and the label made
+    from it (`SmolLM2-135M-Instruct.Q4_1` for a .gguf path), an objective's `kind`."""
+    if isinstance(entry, str):
+        return {entry}
+    if not isinstance(entry, dict):
+        return set()
+    names = {str(entry[k]) for k in ("name", "label", "kind") if isinstance(entry.get(k), str)}
+    if isinstance(entry.get("id"), str):
+        ident = entry["id"]
+        names |= {ident, Path(ident.rstrip("/")).name.removesuffix(".gguf")}
+    return names
