@@ -330,6 +330,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "the local Hugging Face cache, skipped when absent)",
     )
     p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument("--json", action="store_true", help="what was written, as one JSON object")
     p.set_defaults(func=cmd_report)
 
 
@@ -355,6 +356,16 @@ def cmd_report(args: argparse.Namespace) -> int:
         embedding_model=args.embedding_model,
         figures=not args.no_figures,
     )
+    if args.json:
+        summary = {
+            "rows": report.rows,
+            "tables": [t.name for t in report.tables],
+            "files": [str(f) for f in report.files],
+            "skipped": {s.name: s.reason for s in report.skipped},
+            "notes": list(report.notes),
+        }
+        print(json.dumps(summary))
+        return 0
     print(f"{report.rows} result rows -> {len(report.tables)} tables in {args.out}")
     for path in report.files:
         print(f"  {path}")
@@ -405,6 +416,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         "prefixes of longer records",
     )
     b.add_argument("--out", required=True, help="output Parquet file")
+    b.add_argument("--json", action="store_true", help="what was written, as one JSON object")
     b.set_defaults(func=cmd_data_build)
 
 
@@ -431,6 +443,20 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         records=args.records,
     )
     path = write_dataset(table, args.out)
+    if args.json:
+        lengths = table.column("length").to_pylist()
+        counts = {str(n): lengths.count(n) for n in sorted(set(lengths))}
+        print(
+            json.dumps(
+                {
+                    "path": str(path),
+                    "rows": len(table),
+                    "by_length": counts,
+                    "sha256": dataset_hash(table),
+                }
+            )
+        )
+        return 0
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")
     return 0
 

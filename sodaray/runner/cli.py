@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
@@ -37,6 +38,9 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--steps", type=int, help=argparse.SUPPRESS)  # renamed: refused by name
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
+    run.add_argument(
+        "--json", action="store_true", help="the run's outcome as one JSON object on stdout"
+    )
     run.add_argument(
         "--mlflow",
         metavar="URI",
@@ -133,7 +137,11 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     progress.close()
     if track is not None:
         track(sweep.name, f"{args.out}/{sweep.name}")
-    _print_status(sweep_status(f"{args.out}/{sweep.name}"))
+    jobs = sweep_status(f"{args.out}/{sweep.name}")
+    if args.json:
+        print(json.dumps(run_summary(sweep.name, run, jobs)))
+        return 1 if run.failed else 0
+    _print_status(jobs)
     occupancy = run.occupancy
     shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
     print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{shown}")
@@ -143,6 +151,24 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"{failure.error}"
         )
     return 1 if run.failed else 0
+
+
+def run_summary(name: str, run, jobs) -> dict:
+    """`sweep run --json`: what ran, what was skipped or failed, and every job's status."""
+    import dataclasses
+
+    return {
+        "sweep": name,
+        "jobs": run.jobs,
+        "shards_total": run.shards_total,
+        "shards_run": len(run.done),
+        "shards_skipped": run.shards_skipped,
+        "seconds": round(run.seconds, 3),
+        "occupancy": run.occupancy,
+        "failed": [dataclasses.asdict(f) for f in run.failed],
+        "locked": run.locked,
+        "status": [{**dataclasses.asdict(j), "pending": j.pending} for j in jobs],
+    }
 
 
 def _quick(sweep, args: argparse.Namespace, limit: int | None):
