@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sodaray.experiment.spec import DatasetSpec, ModelSpec
+from sodaray.experiment.spec import DatasetSpec, ModelSpec, expand_path
 from sodaray.paths import inside
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
     from sodaray.data import read_dataset
 
     if spec.path is not None:
-        return read_dataset(spec.path)
+        return read_dataset(expand_path(spec.path))
     from sodaray.results import config_hash
 
     build = dict(spec.build or {})

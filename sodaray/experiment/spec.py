@@ -345,7 +345,13 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
     path_name(spec.name, f"{where}.name", fail)  # it names the dataset's cache file
     if (spec.path is None) == (spec.build is None):
         raise fail(where, "give exactly one of `path` (a built dataset) or `build` (a spec)")
-    if spec.path is not None and not Path(spec.path).expanduser().is_file():
+    if spec.path is not None and not isinstance(spec.path, str):
+        raise fail(f"{where}.path", f"a file name, not {brief(spec.path)}")
+    try:
+        location = expand_path(spec.path) if spec.path is not None else None
+    except ValueError as exc:
+        raise fail(f"{where}.path", str(exc)) from exc
+    if location is not None and not Path(location).is_file():
         raise fail(
             f"{where}.path",
             f"no such dataset file: {spec.path} "
