@@ -10,6 +10,8 @@ so a name that reaches a path some other way still cannot leave the folder.
 
 from __future__ import annotations
 
+import os
+import re
 import reprlib
 from pathlib import Path
 
@@ -58,3 +60,22 @@ def brief(value: object, limit: int = 80) -> str:
     walks more than a few levels and items of it)."""
     text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def expand_path(path: str) -> str:
+    """`path` with `~` and `$NAME` / `${NAME}` expanded, so a file can name a model folder
+    that lies elsewhere on each machine. An unset variable is an error, not a literal `$`."""
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    unset = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        raise ValueError(f"environment variable {unset.group(1)} is not set (in {path})")
+    return expanded
+
+
+def local_path(path: str | None) -> str | None:
+    """`path` as an absolute path when it names a file or folder here, else None (a hub id).
+    Made absolute without following symlinks: a link that every node mounts stays that link."""
+    if not path:
+        return None
+    expanded = expand_path(path)
+    return os.path.abspath(expanded) if os.path.exists(expanded) else None

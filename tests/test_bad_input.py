@@ -483,7 +483,7 @@ def test_an_unreachable_hub_is_one_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "sodaray.cli",
+            "sodaray",
             "invert",
             "--model",
             "nobody/no-such-model-x",

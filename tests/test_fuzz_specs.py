@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sodaray.cli import main
-from sodaray.experiment.spec import BUILD_KEYS, MODEL_KEYS, OBJECTIVE_KEYS
+from sodaray.data.build import BUILD_KEYS
+from sodaray.experiment.spec import MODEL_KEYS, OBJECTIVE_KEYS
 from sodaray.runner.spec import ALGORITHM_KEYS, TOP_KEYS
 from sodaray.search.soda import SodaConfig
 from sodaray.tuner.spec import TOP_KEYS as TUNING_KEYS

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_model
@@ -114,6 +115,9 @@ def test_older_rows_without_a_parameter_are_not_split_off(tmp_path, model):
     old = new.set_column(
         new.schema.get_field_index("params"), "params", pa.array(map(json.dumps, params))
     )
+    # An older file was written earlier: the same rows at the same instant would be one run twice.
+    earlier = pc.subtract(new["finished_at"], pa.scalar(3_600_000_000, pa.duration("us")))
+    old = old.set_column(old.schema.get_field_index("finished_at"), "finished_at", earlier)
     frame = written(tmp_path, {"new": new, "old": old})
     (models,) = table_model(frame)
     assert len(models.rows) == 1 and models.rows[0][1][-1].n == 4
@@ -154,7 +158,9 @@ def test_tuning_trials_are_in_the_jobs_table_only(tmp_path, model):
     assert any("4 rows from tuning trials (tune:study)" in note for note in report.notes)
 
 
-def known_rows(outcomes: dict[int, list[bool]], model_name: str = "m", parameters: int = 100):
+def known_rows(
+    outcomes: dict[int, list[bool]], model_name: str = "m", parameters: int = 100, sweep: str = ""
+):
     """Result rows whose answers are known: per input length, whether each sample was solved
     (a solved one in 1 step, an unsolved one recovers nothing right)."""
     results = []
@@ -184,6 +190,7 @@ def known_rows(outcomes: dict[int, list[bool]], model_name: str = "m", parameter
         model_parameters=parameters,
         vocab_size=parameters // 10,
         dataset="random",
+        sweep=sweep,
     )
     return result_rows(results, context)
 
@@ -220,3 +227,24 @@ def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
     texts = sorted(t.get_text() for t in fig.axes[0].texts)
     assert texts == ["large (n=2)", "small (n=3)"]
     assert fig.axes[0].get_ylim()[0] < 0  # the small model's 0% point is visible
+
+
+def test_every_line_of_exact_vs_steps_can_be_seen_and_the_title_names_its_rows(tmp_path):
+    """Issue 28: lengths 2 and 3 both at 0% drew one line exactly under the other."""
+    rows = known_rows({1: [True, False], 2: [False] * 3, 3: [False] * 3}, "tiny", sweep="quick")
+    fig = exact_vs_steps_figure(written(tmp_path, {"a": rows}))
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if line.get_label().startswith("length")]
+    zero = [line for line in lines if max(line.get_ydata()) == 0]
+    assert len(zero) == 2
+    # Same values, yet each its own hollow marker shape and dash: both outlines show.
+    assert zero[0].get_marker() != zero[1].get_marker()
+    assert zero[0].get_linestyle() != zero[1].get_linestyle()
+    assert {line.get_markerfacecolor() for line in zero} == {"none"}
+    assert len(ax.collections) == len(lines)  # a Wilson band per curve
+    # The band of 1 of 2 found: Wilson's [9.5%, 90.5%] around the 50% end of length 1's curve.
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == 0 or band.min() > -1e-9
+    assert 90 < band.max() < 91
+    title = fig._suptitle.get_text()
+    assert "tiny" in title and "sweep quick" in title and "n=8" in title

@@ -64,7 +64,6 @@ def test_missing_mlflow_is_one_line_naming_the_extra(tmp_path, capsys, monkeypat
 @pytest.mark.parametrize("kind", ["tune", "sweep"])
 def test_a_bad_tracking_uri_is_one_line_before_anything_runs(tmp_path, capsys, kind):
     pytest.importorskip("mlflow")
-    pytest.importorskip("optuna_integration")
     code = main([*command(kind, tmp_path), "--mlflow", "nosuchscheme://x"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
@@ -75,7 +74,6 @@ def test_a_bad_tracking_uri_is_one_line_before_anything_runs(tmp_path, capsys, k
 @pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 def test_trials_and_sweep_jobs_are_logged_to_mlflow(tmp_path, local_ray, capsys):
     mlflow = pytest.importorskip("mlflow")
-    pytest.importorskip("optuna_integration")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
 
@@ -85,6 +83,8 @@ def test_trials_and_sweep_jobs_are_logged_to_mlflow(tmp_path, local_ray, capsys)
     assert sorted(r.info.run_name for r in trials) == ["0", "1"]
     for r in trials:
         assert 0 <= r.data.metrics["exact"] <= 1  # the tuning file's metric
+        checkpoints = client.get_metric_history(r.info.run_id, "checkpoint")
+        assert len(checkpoints) == 4 and checkpoints[-1].step == 20  # the default 4 per length
         assert 0.03 <= float(r.data.params["learning_rate"]) <= 0.3
         assert r.data.tags["state"] == "COMPLETE" and r.data.tags["total"] == "3"
         assert Path(r.data.tags["result_file"]).is_file()
@@ -94,10 +94,21 @@ def test_trials_and_sweep_jobs_are_logged_to_mlflow(tmp_path, local_ray, capsys)
         assert main([*sweep, "--mlflow", uri]) == 0, capsys.readouterr()
     jobs = client.get_experiment_by_name("tracked-sweep")  # the sweep's name
     runs = client.search_runs([jobs.experiment_id])
-    assert len(runs) == 2
-    assert sorted(r.data.params["params.temperature"] for r in runs) == ["0.05", "0.1"]
-    for r in runs:
+    jobs_runs = [r for r in runs if r.data.tags["sodaray.kind"] == "job"]
+    assert len(jobs_runs) == 2
+    assert sorted(r.data.params["params.temperature"] for r in jobs_runs) == ["0.05", "0.1"]
+    for r in jobs_runs:
         metrics = r.data.metrics
         assert metrics["samples_done"] == 3 and metrics["shards_done"] == 1
         assert metrics["exact_rate"] == pytest.approx(metrics["exact"] / 3)
         assert r.info.status == "FINISHED" and r.info.run_name.startswith("stories260K")
+        # Curves against steps, logged once although the sweep ran twice; they end at the rate.
+        curve = client.get_metric_history(r.info.run_id, "exact_by_step")
+        assert len(curve) == 20 and [m.step for m in curve] == list(range(1, 21))
+        assert curve[-1].value == pytest.approx(metrics["exact_rate"])
+        assert [m.value for m in curve] == sorted(m.value for m in curve)
+        assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["job.json"]
+    (report,) = [r for r in runs if r.data.tags["sodaray.kind"] == "sweep"]
+    names = [a.path for a in client.list_artifacts(report.info.run_id, "report")]
+    assert "report/README.md" in names and any(n.endswith(".png") for n in names), names
+    assert Path(tmp_path, "mlartifacts").is_dir()  # beside the database, not in the cwd

@@ -15,10 +15,10 @@ from conftest import STORIES
 
 import sodaray
 from sodaray.cli import main
+from sodaray.cli.tune import leaderboard, print_leaderboard
 from sodaray.data import dataset_hash, read_dataset
 from sodaray.presets import load_preset_file
 from sodaray.tuner import load_tuning, run_tuning
-from sodaray.tuner.cli import leaderboard, print_leaderboard
 from sodaray.tuner.study import open_storage
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -224,7 +224,7 @@ def test_start_from_opens_a_new_study_with_the_preset(tmp_path, local_ray):
 def test_a_run_whose_trials_all_failed_exits_non_zero_but_pruned_ones_are_no_error():
     """Issue 30, case 8: a resumed study whose new trials were all pruned exited 1 with
     "none of the 2 trials completed"; pruning is the pruner working. Only failures are errors."""
-    from sodaray.tuner.cli import no_trial_completed
+    from sodaray.cli.tune import no_trial_completed
     from sodaray.tuner.run import TrialOutcome, TuneRun
 
     run = TuneRun("s", "study.journal", Path("out"))

@@ -302,6 +302,46 @@ def _load_source(
 
 RECORDS = ("whole", "prefix")  # privacy samples: whole records or prefixes of longer ones
 VOCABS = ("tokenizer", "model")  # random ids over len(tokenizer) or the config's vocab_size
+BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
+
+
+class BuildSpecError(DatasetError):
+    """A bad field of a build spec; `key` names it."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
+    """A build spec as a sweep or tuning file gives it (`dataset` defaults to the entry's
+    `name`), checked, with the options that decide its rows written out, so the job hash and
+    the dataset cache key say which vocabulary and which records the samples came from (files
+    from before these options drew ids from the padded vocab_size and took whole records)."""
+    kind = build.get("dataset", name)
+    if kind not in DATASETS:
+        raise BuildSpecError("dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})")
+    if kind == "random":
+        vocab = build.get("vocab", "tokenizer")
+        if vocab not in VOCABS:
+            raise BuildSpecError("vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
+        build = {**build, "vocab": vocab}
+    if kind == "privacy":
+        records = build.get("records", "whole")
+        if records not in ("whole", "prefix"):
+            raise BuildSpecError("records", f"whole or prefix, not {records!r}")
+        build = {**build, "records": records}
+    if "lengths" in build:
+        try:
+            parse_lengths(str(build["lengths"]))
+        except ValueError as exc:
+            raise BuildSpecError("lengths", str(exc)) from exc
+    for key, least in (("per_length", 1), ("seed", 0)):
+        value = build.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            what = "positive" if least else "non-negative"
+            raise BuildSpecError(key, f"a {what} integer, not {value!r}")
+    return build
 
 
 def build_dataset(

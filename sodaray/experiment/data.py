@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sodaray.experiment.spec import DatasetSpec, ModelSpec, expand_path
-from sodaray.paths import inside
+from sodaray.experiment.spec import DatasetSpec, ModelSpec
+from sodaray.paths import expand_path, inside
 
 log = logging.getLogger(__name__)
 

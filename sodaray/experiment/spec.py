@@ -8,23 +8,26 @@ naming the file and the field, whichever file kind it came from.
 
 from __future__ import annotations
 
-import itertools
-import math
-import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import make_config
+from sodaray.fields import (
+    Fail,
+    check_grid,
+    coerce_scalars,
+    failer,
+    grid,
+    known_fields,
+    path_name,
+)
 from sodaray.objectives import Objective
-from sodaray.paths import brief, component
+from sodaray.paths import brief, expand_path, local_path
 from sodaray.presets import PRESETS, load_preset_file, preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
-
-Fail = Callable[[str, str], ValueError]
 
 
 class SpecError(ValueError):
@@ -43,11 +46,6 @@ class TuningError(SpecError):
     """An invalid tuning file."""
 
     kind = "tuning"
-
-
-def failer(path: Path, error: type[SpecError]) -> Fail:
-    """`fail(where, message)`: the one-line error for a field of the file at `path`."""
-    return lambda where, message: error(f"{path}: {where}: {message}")
 
 
 @dataclass(frozen=True)
@@ -124,28 +122,8 @@ class DatasetSpec:
     )
 
 
-def expand_path(path: str) -> str:
-    """`path` with `~` and `$NAME` / `${NAME}` expanded, so a file can name a model folder
-    that lies elsewhere on each machine. An unset variable is an error, not a literal `$`."""
-    expanded = os.path.expandvars(os.path.expanduser(path))
-    unset = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
-    if unset:
-        raise ValueError(f"environment variable {unset.group(1)} is not set (in {path})")
-    return expanded
-
-
-def local_path(path: str | None) -> str | None:
-    """`path` as an absolute path when it names a file or folder here, else None (a hub id).
-    Made absolute without following symlinks: a link that every node mounts stays that link."""
-    if not path:
-        return None
-    expanded = expand_path(path)
-    return os.path.abspath(expanded) if os.path.exists(expanded) else None
-
-
 MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"source"}
 DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
-BUILD_KEYS = {"dataset", "lengths", "per_length", "seed", "source", "vocab", "records"}
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
 
@@ -165,26 +143,6 @@ def check_top(
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise fail("name", f"use letters, digits, '.', '_' or '-', not {brief(name)}")
     return fail, path_name(name, "name", fail)
-
-
-def path_name(value: Any, where: str, fail: Fail) -> str:
-    """A name from the file that becomes part of a path (`sodaray.paths.component`)."""
-    try:
-        return component(value, "it")
-    except ValueError as exc:
-        raise fail(where, str(exc).removeprefix("it ")) from exc
-
-
-def coerce_scalars(cls: type, values: dict[str, Any], fail, where: str = "") -> dict[str, Any]:
-    """Fields (of the entry at `where`; default: the file's top level) by `cls`'s field types
-    and declared bounds, each error naming its field."""
-    out, prefix = {}, f"{where}." if where else ""
-    for key, value in values.items():
-        try:
-            out[key] = coerce_fields(cls, {key: value})[key]
-        except ValueError as exc:
-            raise fail(prefix + key, str(exc).removeprefix(f"{key} ")) from exc
-    return out
 
 
 def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:
@@ -258,64 +216,6 @@ def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**base, **values} for values in grid(entry.get("grid") or {})]
 
 
-# Variants one grid may make, and jobs one sweep: counted before anything is built (a grid of
-# nine ten-value keys is a 300-byte file and a billion variants).
-MAX_VARIANTS = 10_000
-MAX_JOBS = 100_000
-
-
-def grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    keys = list(grid)
-    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
-
-
-def grid_size(grid: dict[str, list[Any]]) -> int:
-    """How many combinations `grid` makes, without making them."""
-    return math.prod(len(values) for values in grid.values())
-
-
-def entries(data: dict, key: str, fail) -> list[dict[str, Any]]:
-    entries = data[key]
-    if not isinstance(entries, list) or not entries:
-        raise fail(key, "a non-empty list")
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise fail(f"{key}[{i}]", "must be a mapping")
-    return entries
-
-
-# Keys of older files -> their names now (one name per thing: the step budget is max_steps in
-# files, configs and on the command line).
-RENAMED_KEYS = {"steps": "max_steps"}
-
-
-def known_fields(entry: dict, known: set[str], where: str, fail) -> None:
-    prefix = f"{where}." if where else ""
-    for old, new in RENAMED_KEYS.items():
-        if old in entry and new in known:
-            raise fail(f"{prefix}{old}", f"renamed: use `{new}`")
-    unknown = sorted(map(str, set(entry) - known))
-    if unknown:
-        field_ = brief(unknown[0]).strip("'")
-        raise fail(f"{prefix}{field_}", f"unknown field (known: {', '.join(sorted(known))})")
-
-
-def check_grid(grid: Any, where: str, fail) -> None:
-    if not isinstance(grid, dict):
-        raise fail(where, f"a mapping of field to a list of values, not {brief(grid)}")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise fail(f"{where}.{brief(key)}", "a grid entry is a non-empty list of values")
-    count = grid_size(grid)
-    if count > MAX_VARIANTS:
-        raise fail(where, f"a grid of {count:,} variants (at most {MAX_VARIANTS:,})")
-
-
-def check_positive(value: Any, where: str, fail) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise fail(where, f"a positive integer, not {value!r}")
-
-
 def check_model(spec: ModelSpec, where: str, fail) -> None:
     try:
         location = spec.location
@@ -360,39 +260,11 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
     if spec.build is not None:
         if not isinstance(spec.build, dict):
             raise fail(f"{where}.build", "must be a mapping")
-        known_fields(spec.build, BUILD_KEYS, f"{where}.build", fail)
-        from sodaray.data import DATASETS, parse_lengths
-        from sodaray.data.build import VOCABS
+        from sodaray.data.build import BUILD_KEYS, BuildSpecError, check_build_spec
 
-        kind = spec.build.get("dataset", spec.name)
-        if kind == "random":
-            # Written out so the job hash and the dataset cache key say which vocabulary the ids
-            # came from (files built before the option drew from the padded vocab_size).
-            vocab = spec.build.get("vocab", "tokenizer")
-            if vocab not in VOCABS:
-                raise fail(f"{where}.build.vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
-            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "vocab": vocab})
-        if kind == "privacy":
-            # Written out, as `vocab` above: sets built before the option took prefixes.
-            records = spec.build.get("records", "whole")
-            if records not in ("whole", "prefix"):
-                raise fail(f"{where}.build.records", f"whole or prefix, not {records!r}")
-            spec = DatasetSpec(spec.name, spec.path, {**spec.build, "records": records})
-        if kind not in DATASETS:
-            raise fail(
-                f"{where}.build.dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})"
-            )
-        if "lengths" in spec.build:
-            try:
-                parse_lengths(str(spec.build["lengths"]))
-            except ValueError as exc:
-                raise fail(f"{where}.build.lengths", str(exc)) from exc
-        for key in ("per_length", "seed"):
-            value = spec.build.get(key, 1)
-            if not isinstance(value, int) or value < (1 if key == "per_length" else 0):
-                raise fail(
-                    f"{where}.build.{key}",
-                    f"a {'positive' if key == 'per_length' else 'non-negative'} integer, "
-                    f"not {value!r}",
-                )
+        known_fields(spec.build, BUILD_KEYS, f"{where}.build", fail)
+        try:
+            spec = replace(spec, build=check_build_spec(spec.build, spec.name))
+        except BuildSpecError as exc:
+            raise fail(f"{where}.build.{exc.key}", str(exc)) from exc
     return spec

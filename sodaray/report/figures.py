@@ -66,33 +66,71 @@ def _figure_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 # Each *_figure returns the matplotlib figure (None: no rows for it); the function of the plain
 # name saves it as PNG.
+# Each line its own hollow marker shape and dash, its markers staggered along x where the curve
+# is long enough: two curves with the same values (two lengths both at 0%) still both show.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+DASHES = ("-", "--", "-.", ":")
+
+
+def _title(rows: pd.DataFrame, what: str) -> str:
+    """`what`, then the model(s), sweep(s) and samples the figure is drawn from."""
+
+    def names(column: str) -> str:
+        values = sorted({str(v) for v in rows[column].dropna() if str(v)})
+        return ", ".join(values[:3]) + (f" +{len(values) - 3}" if len(values) > 3 else "")
+
+    parts = [what, names("model_name")]
+    sweeps = names("sweep")
+    if sweeps:
+        parts.append(f"sweep {sweeps}")
+    parts.append(f"n={_known_count(rows)}")
+    return " · ".join(p for p in parts if p)
+
+
 def exact_vs_steps_figure(df: pd.DataFrame):
-    """Exact vs steps, one curve per input length, one panel per configuration."""
+    """Exact vs steps, one curve per input length with its 95% Wilson band, one panel per
+    configuration."""
     base = _figure_rows(df)
     base = base[base["length"].notna()]
     if base.empty:
         return None
     plt = _pyplot()
     settings = by_setting(base)
-    fig, axes = _panels(plt, settings, 5, 3.5)
+    fig, axes = _panels(plt, settings, 5.5, 3.8)
     for ax, (setting, rows) in zip(axes, settings, strict=True):
-        for n in sorted(int(x) for x in rows["length"].unique()):
+        lengths = sorted(int(x) for x in rows["length"].unique())
+        for j, n in enumerate(lengths):
             sel = rows[rows["length"] == n]
             curve = metrics.solved_by_step(sel)
-            ax.plot(
+            count = _known_count(sel)
+            every = max(1, len(curve) // 8)
+            (line,) = ax.plot(
                 curve.index,
                 100 * curve.to_numpy(),
-                marker="o",
-                markersize=3,
-                markevery=max(1, len(curve) // 10),
-                label=f"length {n} (n={_known_count(sel)})",
+                marker=MARKERS[j % len(MARKERS)],
+                linestyle=DASHES[j % len(DASHES)],
+                markersize=5,
+                markerfacecolor="none",  # hollow: a circle over a square shows both outlines
+                markevery=(j * every // len(lengths), every),
+                label=f"length {n} (n={count})",
+            )
+            bands = [metrics.wilson_interval(round(v * count), count) for v in curve]
+            ax.fill_between(
+                curve.index,
+                [100 * lo for lo, _ in bands],
+                [100 * hi for _, hi in bands],
+                color=line.get_color(),
+                alpha=0.12,
+                linewidth=0,
             )
         ax.set_ylabel("exact (%)")
         _percent_axis(ax)
         _integer_axis(ax.xaxis)
-        ax.set_title(setting or "Exact inversion vs steps, by input length", fontsize="medium")
+        if setting:
+            ax.set_title(setting, fontsize="small")
         ax.legend(fontsize="small", ncol=2)
     axes[-1].set_xlabel("steps")
+    fig.suptitle(_title(base, "Exact inversion vs steps (95% Wilson bands)"), fontsize="medium")
     return fig
 
 
@@ -129,9 +167,11 @@ def exact_by_position_figure(df: pd.DataFrame):
         ax.set_ylabel("recovered (%)")
         _percent_axis(ax)
         _integer_axis(ax.xaxis)
-        ax.set_title(setting or "Tokens recovered by position, by input length", fontsize="medium")
+        if setting:
+            ax.set_title(setting, fontsize="small")
         ax.legend(fontsize="small", ncol=2)
     axes[-1].set_xlabel("token position")
+    fig.suptitle(_title(base, "Tokens recovered by position"), fontsize="medium")
     return fig
 
 
@@ -172,7 +212,10 @@ def scaling_figure(df: pd.DataFrame):
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel(f"exact (%) at length {int(length)}")
     _percent_axis(axes[0])
-    fig.suptitle("Exact inversion vs model size")
+    fig.suptitle(
+        _title(rows, f"Exact inversion vs model size, length {int(length)} (95% Wilson)"),
+        fontsize="medium",
+    )
     return fig
 
 

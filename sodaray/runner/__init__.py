@@ -1,6 +1,6 @@
 """The sweep runner: sweep files (YAML) -> jobs -> Ray actors -> sharded, resumable Parquet.
 
-Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.runner.cli`,
+Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.cli.sweep`,
 which must not pull in torch and Ray through `execute`.
 """
 
@@ -10,45 +10,17 @@ from typing import TYPE_CHECKING
 
 from sodaray._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # static checkers and IDEs see the real names
-    from sodaray.runner.layout import JobStatus, sweep_status
-    from sodaray.runner.run import ShardDone, ShardFailed, SweepInterrupted, SweepRun, run_sweep
-    from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep
+if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `__all__`)
+    from sodaray.runner.layout import JobStatus, sweep_status  # noqa: F401
+    from sodaray.runner.run import ShardDone, ShardFailed, SweepInterrupted, SweepRun, run_sweep  # noqa: F401
+    from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep  # noqa: F401
 
-_RUN = "sodaray.runner.run"
-_LAYOUT = "sodaray.runner.layout"
-_SPEC = "sodaray.runner.spec"
-_LAZY: dict[str, str] = {
-    "JobStatus": _LAYOUT,
-    "ShardDone": _RUN,
-    "ShardFailed": _RUN,
-    "SweepInterrupted": _RUN,
-    "SweepRun": _RUN,
-    "run_sweep": _RUN,
-    "sweep_status": _LAYOUT,
-    "DatasetSpec": _SPEC,
-    "Job": _SPEC,
-    "ModelSpec": _SPEC,
-    "Sweep": _SPEC,
-    "SweepError": _SPEC,
-    "load_sweep": _SPEC,
+_MODULES = {  # the module that defines each public name
+    "sodaray.runner.run": ("ShardDone", "ShardFailed", "SweepInterrupted", "SweepRun", "run_sweep"),
+    "sodaray.runner.layout": ("JobStatus", "sweep_status"),
+    "sodaray.runner.spec": ("DatasetSpec", "Job", "ModelSpec", "Sweep", "SweepError", "load_sweep"),
 }
-
-__all__ = [
-    "DatasetSpec",
-    "Job",
-    "JobStatus",
-    "ModelSpec",
-    "ShardDone",
-    "ShardFailed",
-    "Sweep",
-    "SweepError",
-    "SweepInterrupted",
-    "SweepRun",
-    "load_sweep",
-    "run_sweep",
-    "sweep_status",
-]
-
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_attributes("sodaray.runner", globals(), _LAZY)

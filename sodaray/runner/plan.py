@@ -61,7 +61,7 @@ def dataset_lengths(job: Job) -> dict[int, int]:
         per_length = int(build.get("per_length", 1))
         return {n: per_length for n in parse_lengths(str(build.get("lengths", "1-10")))}
     from sodaray.data import read_dataset
-    from sodaray.experiment.spec import expand_path
+    from sodaray.paths import expand_path
 
     assert job.dataset.path is not None
     counts: dict[int, int] = {}

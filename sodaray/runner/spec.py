@@ -20,24 +20,25 @@ from typing import Any
 from sodaray.api import ALGORITHMS
 from sodaray.configfile import read_document
 from sodaray.experiment.spec import (
-    MAX_JOBS,
     DatasetSpec,
-    Fail,
     ModelSpec,
     SweepError,
     algorithm_config,
-    check_grid,
-    check_positive,
     check_top,
-    coerce_scalars,
-    entries,
     expand_objective,
-    grid,
-    grid_size,
-    known_fields,
     parse_dataset,
     parse_model,
     parse_objective,
+)
+from sodaray.fields import (
+    Fail,
+    check_grid,
+    check_positive,
+    coerce_scalars,
+    entries,
+    grid,
+    grid_size,
+    known_fields,
 )
 from sodaray.objectives import Objective
 from sodaray.observations import observation
@@ -199,6 +200,7 @@ def _short(value: Any) -> str:
 
 
 # ---- loading and validation -------------------------------------------------------------------
+MAX_JOBS = 100_000  # jobs one sweep may make: counted before any is built
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths", "overrides"}
 ALGORITHM_KEYS = {f.name for f in fields(AlgorithmEntry)}
 

@@ -312,15 +312,9 @@ class Engine:
         """Fill the free slots, step every batch once, then report the checkpoints reached."""
         self._fill()
         active: dict[str, int] = {}
-        step = Occupancy()
-        for key, pool in list(self.pools.items()):
+        for pool in self.pools.values():
             active[pool.family] = active.get(pool.family, 0) + len(pool)
-            sizes = pool.step()
-            if sizes is not None:
-                step.positions += sizes[0]
-                step.useful += sizes[1]
-            if not len(pool) and not pool.queue:
-                del self.pools[key]  # its state's memory goes back
+        step = Occupancy()
         for family, count in active.items():
             if count:  # a family's batches are one batch's worth of slots
                 step.slot_steps += count
@@ -328,8 +322,20 @@ class Engine:
                 step.steps += 1
                 if self.on_batch is not None:
                     self.on_batch(count)
+        # Counted before the step: a search finishing in it wakes its caller, who takes the
+        # occupancy so far (`take_occupancy`), and must find this step's slots in it.
         with self._lock:
             self.occupancy.add(step)
+        sized = Occupancy()
+        for key, pool in list(self.pools.items()):
+            sizes = pool.step()
+            if sizes is not None:
+                sized.positions += sizes[0]
+                sized.useful += sizes[1]
+            if not len(pool) and not pool.queue:
+                del self.pools[key]  # its state's memory goes back
+        with self._lock:
+            self.occupancy.add(sized)
         self._checkpoints()
 
     def _fill(self) -> None:

@@ -183,6 +183,22 @@ class Workspace:
         self.probs, self.grad = self._probs[:rows], self._grad[:rows]
 
 
+def _aten_out(name: str) -> Any:
+    """The `out=` overload of an ATen kernel, or None where this torch lacks it. These are the
+    kernels autograd itself runs for softmax (so outcomes match `torch.softmax` bit for bit),
+    written into the workspace's buffers; they are not public API, so a torch without them
+    takes the public path (`tests/test_soda_kernels.py` fails if the pinned torch does, and
+    `benchmarks/bench_kernels.py` measures what the public path costs)."""
+    try:
+        return getattr(torch.ops.aten, name).out
+    except (AttributeError, RuntimeError):
+        return None
+
+
+SOFTMAX_OUT = _aten_out("_softmax")
+SOFTMAX_BACKWARD_OUT = _aten_out("_softmax_backward_data")
+
+
 class RelaxedEmbedding(torch.autograd.Function):
     """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers.
 
@@ -196,7 +212,10 @@ class RelaxedEmbedding(torch.autograd.Function):
     def forward(ctx, z: Tensor, embedding: Tensor, temperature: Hyper, ws: Workspace) -> Tensor:
         ws.fit(z)
         probs = torch.div(z, temperature, out=ws.probs)
-        torch.ops.aten._softmax.out(probs, -1, False, out=probs)
+        if SOFTMAX_OUT is not None:
+            SOFTMAX_OUT(probs, -1, False, out=probs)
+        else:  # the public path: a temporary the size of `probs`, then copied back
+            probs.copy_(torch.softmax(probs, -1))
         ctx.save_for_backward(probs, embedding)
         ctx.temperature, ctx.ws = temperature, ws
         rows = len(probs)
@@ -211,7 +230,10 @@ class RelaxedEmbedding(torch.autograd.Function):
             torch.mm(g, embedding.T, out=grad)
         else:  # few rows (padded: see `invariant_rows`), or a bfloat16 pass: copied in after
             grad.copy_((pad_rows(g) @ embedding.T)[: len(g)])
-        torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
+        if SOFTMAX_BACKWARD_OUT is not None:
+            SOFTMAX_BACKWARD_OUT(grad, probs, -1, probs.dtype, grad_input=grad)
+        else:  # the public path: dP -> P * (dP - <dP, P>), not bit-identical to the kernel
+            grad.sub_(torch.linalg.vecdot(grad, probs).unsqueeze(-1)).mul_(probs)
         # div, not multiply by 1/tau: bit-identical to autograd's, so outcomes do not move.
         return grad.div_(ctx.temperature), None, None, None
 

@@ -1,6 +1,6 @@
 """The tuner: Optuna studies over an algorithm's parameters, trials on Ray actors, presets out.
 
-Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.tuner.cli`,
+Names are imported on first use (PEP 562): `sodaray --help` imports `sodaray.cli.tune`,
 which must not pull in torch through the tuning file's checks.
 """
 
@@ -10,31 +10,15 @@ from typing import TYPE_CHECKING
 
 from sodaray._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # static checkers and IDEs see the real names
-    from sodaray.tuner.run import TrialOutcome, TuneRun, run_tuning
-    from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning
+if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `__all__`)
+    from sodaray.tuner.run import TrialOutcome, TuneRun, run_tuning  # noqa: F401
+    from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning  # noqa: F401
 
-_SPEC = "sodaray.tuner.spec"
-_RUN = "sodaray.tuner.run"
-_LAZY: dict[str, str] = {
-    "ParamSpace": _SPEC,
-    "TuningError": _SPEC,
-    "TuningSpec": _SPEC,
-    "load_tuning": _SPEC,
-    "TrialOutcome": _RUN,
-    "TuneRun": _RUN,
-    "run_tuning": _RUN,
+_MODULES = {  # the module that defines each public name
+    "sodaray.tuner.spec": ("ParamSpace", "TuningError", "TuningSpec", "load_tuning"),
+    "sodaray.tuner.run": ("TrialOutcome", "TuneRun", "run_tuning"),
 }
-
-__all__ = [
-    "ParamSpace",
-    "TrialOutcome",
-    "TuneRun",
-    "TuningError",
-    "TuningSpec",
-    "load_tuning",
-    "run_tuning",
-]
-
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_LAZY)
 
 __getattr__, __dir__ = lazy_attributes("sodaray.tuner", globals(), _LAZY)

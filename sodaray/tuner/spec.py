@@ -16,14 +16,13 @@ from sodaray.experiment.spec import (
     TuningError,
     algorithm_config,
     check_top,
-    coerce_scalars,
-    known_fields,
-    local_path,
     parse_dataset,
     parse_model,
     parse_objective,
 )
+from sodaray.fields import coerce_scalars, known_fields
 from sodaray.objectives import Objective
+from sodaray.paths import local_path
 from sodaray.presets import preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1

@@ -1,4 +1,9 @@
-"""The `sodaray` command. Bad input ends in one line on stderr and exit code 2."""
+"""The `sodaray` command. Bad input ends in one line on stderr and exit code 2.
+
+The top floor: `invert`, `data build` and `report` are here; `sweep` (`cli.sweep`), `tune`
+(`cli.tune`) and `train-inverter` (`cli.train`) each have a module, above the runner, the tuner
+and the inverter they drive, which know nothing of argparse.
+"""
 
 from __future__ import annotations
 
@@ -470,14 +475,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_invert(sub)
     _add_report(sub)
-    from sodaray.runner.cli import add_sweep_parser
+    from sodaray.cli.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
-    from sodaray.tuner.cli import add_tune_parser
+    from sodaray.cli.tune import add_tune_parser
 
     add_tune_parser(sub)
     _add_data(sub)
-    from sodaray.inverter.cli import add_train_parser
+    from sodaray.cli.train import add_train_parser
 
     add_train_parser(sub)
     return parser
@@ -548,7 +553,3 @@ def _quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -96,7 +96,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     check_output_dir(args.out)
     track = None
     if args.mlflow:
-        from sodaray.runner.tracking import sweep_logger
+        from sodaray.cli.tracking import sweep_logger
 
         track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
     progress = SweepProgress(sweep.name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 
@@ -63,7 +62,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     callbacks = []
     if args.mlflow:
-        callbacks.append(tuning_callback(args.mlflow, spec.metric))
+        from sodaray.cli.tracking import trial_logger
+
+        callbacks.append(trial_logger(args.mlflow, spec.metric))
     progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
     try:
         run = run_tuning(
@@ -162,23 +163,3 @@ def print_leaderboard(run, top: int = 10) -> None:
 
 def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def tuning_callback(uri: str, metric: str) -> Callable[[Any, Any], None]:
-    """An Optuna callback `(study, frozen_trial)` logging each finished trial to MLflow with
-    Optuna's own integration: one MLflow run per trial, in an experiment named after the study,
-    with the trial's parameters, its value under the tuning file's metric, its state and its
-    user attributes (result file, exact, total, seconds) as tags."""
-    from sodaray.experiment.tracking import check_tracking, guarded
-
-    check_tracking(uri)
-    from optuna_integration import MLflowCallback
-
-    callback = MLflowCallback(
-        tracking_uri=uri,
-        metric_name=metric,
-        create_experiment=True,
-        tag_study_user_attrs=True,
-        tag_trial_user_attrs=True,
-    )
-    return guarded("trial logging", callback)
