@@ -82,6 +82,10 @@ log = logging.getLogger(__name__)
 # keeps the version as the nullable columns of 2 did).
 SCHEMA_VERSION = 3
 VERSION_KEY = b"sodaray.results.version"
+# A sweep's folder: a folder of rows per job, and beside them, hidden (readers skip it), each
+# job's settings as written when it was planned: META_DIR/jobs/<job>/JOB_FILE.
+META_DIR = ".sodaray"
+JOB_FILE = "job.json"
 
 RESULT_SCHEMA = pa.schema(
     [

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -248,3 +249,26 @@ def test_every_line_of_exact_vs_steps_can_be_seen_and_the_title_names_its_rows(t
     assert 90 < band.max() < 91
     title = fig._suptitle.get_text()
     assert "tiny" in title and "sweep quick" in title and "n=8" in title
+
+
+def test_the_scaling_figure_draws_a_line_per_length_and_marks_the_bos(tmp_path):
+    """Issue 27: exact against parameters, one line per length, BOS and no-BOS told apart."""
+    small, large = tmp_path / "small", tmp_path / "large"
+    small.mkdir(), large.mkdir()
+    pq.write_table(known_rows({1: [True, False], 2: [False]}, "small", 100), small / "a.parquet")
+    pq.write_table(known_rows({1: [True, True], 2: [True]}, "large", 1000), large / "a.parquet")
+    frame = load_frame([small, large])
+    assert frame["bos"].isna().all()  # no sweep job's settings beside these rows
+    with_bos = frame.assign(bos=True)
+    without = frame[frame["length"] == 1].assign(bos=False)
+    fig = scaling_figure(pd.concat([with_bos, without], ignore_index=True))
+    ax = fig.axes[0]
+    lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}  # errorbar's data lines
+    assert sorted(lines) == ["length 1, BOS", "length 1, no BOS", "length 2, BOS"]
+    assert lines["length 1, BOS"].get_fillstyle() == "full"
+    assert lines["length 1, no BOS"].get_fillstyle() == "none"
+    # A line through both models, rising with size: 50% -> 100% at length 1, 0% -> 100% at 2.
+    assert list(lines["length 2, BOS"].get_ydata()) == [0, 100]
+    assert list(lines["length 1, BOS"].get_ydata()) == [50, 100]
+    x1, x2 = lines["length 1, BOS"].get_xdata()[0], lines["length 2, BOS"].get_xdata()[0]
+    assert x1 < 100 < x2  # one model's lengths side by side, not on one another

@@ -122,8 +122,8 @@ def log_job(client: Any, experiment: str, meta: Path, results: Path, sweep: str)
     """One job (its `job.json` and status in `meta`, its rows in `results`) as a run."""
     from mlflow.entities import Metric
 
-    from sodaray.results import ResultsError, read_results
-    from sodaray.runner.layout import JOB_FILE, job_status
+    from sodaray.results import JOB_FILE, ResultsError, read_results
+    from sodaray.runner.layout import job_status
 
     info = json.loads((meta / JOB_FILE).read_text())
     status = job_status(meta)
@@ -171,7 +171,8 @@ def log_sweep(uri: str, sweep: str, folder: str | Path) -> int:
     status as the artifacts of one run for the sweep. Returns the job runs logged."""
     from mlflow.tracking import MlflowClient
 
-    from sodaray.runner.layout import JOB_FILE, sweep_status
+    from sodaray.results import JOB_FILE
+    from sodaray.runner.layout import sweep_status
 
     folders = sorted(p.parent for p in Path(folder).rglob(JOB_FILE))
     if not folders:

@@ -3,6 +3,7 @@ rows, wherever the rows for them are present."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ import pandas as pd
 from sodaray import metrics
 from sodaray.report.render import FORMATS, RENDERERS
 from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
-from sodaray.results import read_results
+from sodaray.results import JOB_FILE, META_DIR, read_results
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,31 @@ class Report:
 
 
 def load_frame(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """Result rows under `paths` as a DataFrame with the report's derived columns."""
-    return prepare(read_results(paths).to_pandas())
+    """Result rows under `paths` as a DataFrame with the report's derived columns, and `bos`
+    (whether a BOS came before the input) from the settings of the sweep jobs that wrote them
+    (None where no job's settings say: `invert` rows, or the model's default)."""
+    frame = prepare(read_results(paths).to_pandas())
+    models = {job: config.get("model") or {} for job, config in job_settings(paths).items()}
+    frame["bos"] = [models.get(job, {}).get("bos") for job in frame["job"]]
+    return frame
+
+
+def job_settings(paths: str | Path | Iterable[str | Path]) -> dict[str, dict]:
+    """Each sweep job's settings by job name, from the `job.json` files beside its rows (in
+    the folders given, their parents, or the sweeps inside them); unreadable ones skipped."""
+    roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    out: dict[str, dict] = {}
+    for root in roots:
+        for base in (root, root.parent):
+            for pattern in (f"{META_DIR}/jobs/*/{JOB_FILE}", f"*/{META_DIR}/jobs/*/{JOB_FILE}"):
+                for path in base.glob(pattern) if base.is_dir() else ():
+                    try:
+                        info = json.loads(path.read_text())
+                    except (OSError, ValueError):
+                        continue
+                    if isinstance(info, dict) and isinstance(info.get("config"), dict):
+                        out[str(info.get("job"))] = info["config"]
+    return out
 
 
 def add_cosine(df: pd.DataFrame, embedder: metrics.SentenceEmbedder | None) -> pd.DataFrame:

@@ -51,6 +51,19 @@ def _known_count(rows: pd.DataFrame) -> int:
     return int(rows["exact"].notna().sum())
 
 
+def _model_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """A panel per model and configuration, labelled with what tells them apart (the model's
+    name where the figure has more than one)."""
+    models = sorted(rows["model_name"].dropna().unique())
+    if len(models) < 2:
+        return by_setting(rows)
+    return [
+        (named(str(model), setting), part)
+        for model in models
+        for setting, part in by_setting(rows[rows["model_name"] == model])
+    ]
+
+
 def _panels(plt, settings: list[tuple[str, pd.DataFrame]], width: float, height: float):
     """One axes per configuration (rows of different configurations are never one curve)."""
     fig, axes = plt.subplots(
@@ -79,12 +92,12 @@ def _title(rows: pd.DataFrame, what: str) -> str:
         values = sorted({str(v) for v in rows[column].dropna() if str(v)})
         return ", ".join(values[:3]) + (f" +{len(values) - 3}" if len(values) > 3 else "")
 
-    parts = [what, names("model_name")]
+    parts = [names("model_name")]
     sweeps = names("sweep")
     if sweeps:
         parts.append(f"sweep {sweeps}")
     parts.append(f"n={_known_count(rows)}")
-    return " · ".join(p for p in parts if p)
+    return what + "\n" + " · ".join(p for p in parts if p)  # two lines: fits a narrow figure
 
 
 def exact_vs_steps_figure(df: pd.DataFrame):
@@ -95,7 +108,7 @@ def exact_vs_steps_figure(df: pd.DataFrame):
     if base.empty:
         return None
     plt = _pyplot()
-    settings = by_setting(base)
+    settings = _model_settings(base)
     fig, axes = _panels(plt, settings, 5.5, 3.8)
     for ax, (setting, rows) in zip(axes, settings, strict=True):
         lengths = sorted(int(x) for x in rows["length"].unique())
@@ -142,7 +155,7 @@ def exact_by_position_figure(df: pd.DataFrame):
     if base.empty:
         return None
     plt = _pyplot()
-    settings = by_setting(base)
+    settings = _model_settings(base)
     fig, axes = _panels(plt, settings, 6, 3.5)
     for ax, (setting, rows) in zip(axes, settings, strict=True):
         table = metrics.solved_by_position_by_length(rows)
@@ -175,45 +188,80 @@ def exact_by_position_figure(df: pd.DataFrame):
     return fig
 
 
+DODGE = 1.08  # x factor between the lengths' points of one model on the log axis
+BOS_STYLES = {  # how the scaling figure marks what came before the input
+    True: ("BOS", "-", "full"),
+    False: ("no BOS", "--", "none"),
+    None: ("model default", ":", "left"),
+}
+
+
 def scaling_figure(df: pd.DataFrame):
-    """Exact at one input length vs parameters and vocabulary, a point per model."""
+    """Exact vs parameters and vocabulary: a line per input length (and BOS setting) through
+    the models measured at it, each point with its 95% Wilson interval; filled markers with a
+    BOS before the input, hollow without, half-filled where the model's default was used."""
     base = _figure_rows(df)
     base = base[base["length"].notna() & base["model_parameters"].notna()]
     if base["model_name"].nunique() < 2:
         return None
-    # The length shared by the most models, so every point is measured at the same length.
-    length = base.groupby("length")["model_name"].nunique().sort_values(kind="stable").index[-1]
-    rows = base[base["length"] == length]
-    # One point per model and configuration (a model run with two presets is two points).
-    points = [
-        (
-            g["model_parameters"].max(),
-            g["vocab_size"].max(),
-            metrics.exact_rate(g),
-            named(str(model), setting),
+    if "bos" not in base:
+        base = base.assign(bos=None)
+    bos = base["bos"].map(lambda v: None if v is None or v != v else bool(v))
+    series = []  # (length, bos, [(params, vocab, rate, label)])
+    for (length, flag), rows in base.groupby([base["length"].astype(int), bos], dropna=False):
+        flag = None if flag is None or flag != flag else bool(flag)
+        points = sorted(
+            (
+                g["model_parameters"].max(),
+                g["vocab_size"].max(),
+                metrics.exact_rate(g),
+                named(str(model), setting),
+            )
+            for model, rows_m in rows.groupby("model_name")
+            for setting, g in by_setting(rows_m)
         )
-        for model, rows_m in rows.groupby("model_name")
-        for setting, g in by_setting(rows_m)
-    ]
+        series.append((int(length), flag, points))
     plt = _pyplot()
     from matplotlib.ticker import NullFormatter
 
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.5), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    lengths = sorted({length for length, _, _ in series})
+    colors = {n: f"C{i % 10}" for i, n in enumerate(lengths)}
     for ax, x_index, xlabel in ((axes[0], 0, "parameters"), (axes[1], 1, "vocabulary size")):
-        for p in points:
-            rate = p[2]
+        for length, flag, points in series:
+            name, dash, fill = BOS_STYLES[flag]
+            # Lengths side by side around each model's x (log axis): their bars do not overlap.
+            dodge = DODGE ** (lengths.index(length) - (len(lengths) - 1) / 2)
+            xs = [p[x_index] * dodge for p in points]
+            ys = [100 * p[2].value for p in points]
             # Clamped at 0: at 0 of n the Wilson bound rounds a hair above the value, and a
             # negative error bar makes matplotlib refuse the whole figure.
-            err = [[100 * max(rate.value - rate.low, 0)], [100 * max(rate.high - rate.value, 0)]]
-            ax.errorbar(p[x_index], 100 * rate.value, yerr=err, fmt="o", capsize=3)
-            ax.annotate(f"{p[3]} (n={rate.n})", (p[x_index], 100 * rate.value), fontsize=7)
+            err = [
+                [100 * max(p[2].value - p[2].low, 0) for p in points],
+                [100 * max(p[2].high - p[2].value, 0) for p in points],
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                color=colors[length],
+                linestyle=dash,
+                marker=MARKERS[lengths.index(length) % len(MARKERS)],
+                fillstyle=fill,
+                capsize=3,
+                label=f"length {length}, {name}",
+            )
+            if length == lengths[0]:  # each model named once, at its first length's point
+                for x, y, p in zip(xs, ys, points, strict=True):
+                    ax.annotate(f"{p[3]} (n={p[2].n})", (x, y), fontsize=7)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # crowded labels over a narrow range
         ax.set_xlabel(xlabel)
-    axes[0].set_ylabel(f"exact (%) at length {int(length)}")
+    axes[0].set_ylabel("exact (%)")
     _percent_axis(axes[0])
+    axes[1].legend(fontsize="small", loc="best")
     fig.suptitle(
-        _title(rows, f"Exact inversion vs model size, length {int(length)} (95% Wilson)"),
+        _title(base, "Exact inversion vs model size, by input length (95% Wilson)"),
         fontsize="medium",
     )
     return fig

@@ -36,14 +36,12 @@ import pyarrow.parquet as pq
 from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.paths import brief, inside
-from sodaray.results import VERSION_KEY
+from sodaray.results import JOB_FILE, META_DIR, VERSION_KEY
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
 
-JOB_FILE = "job.json"
 LOCK_FILE = "job.lock"
-META_DIR = ".sodaray"  # hidden: result readers skip it
 LOCK_REFRESH_SECONDS = 30.0
 LOCK_STALE_SECONDS = 300.0
 
