@@ -250,6 +250,12 @@ def test_every_line_of_exact_vs_steps_can_be_seen_and_the_title_names_its_rows(t
     title = fig._suptitle.get_text()
     assert "tiny" in title and "sweep quick" in title and "n=8" in title
 
+    fig = exact_by_position_figure(written(tmp_path, {"a": rows}))
+    groups = fig.axes[0].containers
+    bars = [c for c in groups if hasattr(c, "patches") and len(c.patches)]
+    assert len(bars) == 3 and all(c.errorbar is not None for c in bars)  # Wilson bars on each
+    assert "tiny" in fig._suptitle.get_text()
+
 
 def test_the_scaling_figure_draws_a_line_per_length_and_marks_the_bos(tmp_path):
     """Issue 27: exact against parameters, one line per length, BOS and no-BOS told apart."""

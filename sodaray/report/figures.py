@@ -165,8 +165,19 @@ def exact_by_position_figure(df: pd.DataFrame):
             curve = table[n].dropna()
             offsets = [i + (j - (len(lengths) - 1) / 2) * width for i in curve.index]
             count = int((rows["length"] == n).sum())
+            bounds = [metrics.wilson_interval(round(v * count), count) for v in curve]
+            err = [
+                [100 * max(v - lo, 0) for v, (lo, _) in zip(curve, bounds, strict=True)],
+                [100 * max(hi - v, 0) for v, (_, hi) in zip(curve, bounds, strict=True)],
+            ]
             bars = ax.bar(
-                offsets, 100 * curve.to_numpy(), width=width, label=f"length {n} (n={count})"
+                offsets,
+                100 * curve.to_numpy(),
+                width=width,
+                yerr=err,  # 95% Wilson
+                capsize=2,
+                error_kw={"elinewidth": 0.8, "alpha": 0.6},
+                label=f"length {n} (n={count})",
             )
             # A marker on each bar's top: a bar of height 0 has no area to see.
             ax.plot(
@@ -184,7 +195,7 @@ def exact_by_position_figure(df: pd.DataFrame):
             ax.set_title(setting, fontsize="small")
         ax.legend(fontsize="small", ncol=2)
     axes[-1].set_xlabel("token position")
-    fig.suptitle(_title(base, "Tokens recovered by position"), fontsize="medium")
+    fig.suptitle(_title(base, "Tokens recovered by position (95% Wilson)"), fontsize="medium")
     return fig
 
 
