@@ -510,6 +510,35 @@ def test_an_interrupted_invert_keeps_every_result_it_found(tmp_path):
     assert pq.read_table(out)["tokens"].to_pylist() == [[172]]
 
 
+def test_a_ctrl_c_dropped_inside_a_c_callback_still_stops_invert(capsys, monkeypatch):
+    """A KeyboardInterrupt raised while the main thread runs the denormal flush's OpenMP
+    callback is printed and dropped by ctypes; `invert` raises it again at the next step
+    (found in a fresh-clone run: the interrupted-invert test above hung after its Ctrl-C)."""
+    import ctypes
+    import os
+    import signal
+
+    from sodaray.search import denormals
+
+    calls = []
+
+    def interrupt_once(_data):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)  # its handler runs inside this callback
+
+    callback = denormals._Callback(interrupt_once)
+    monkeypatch.setitem(denormals._CALLBACKS, True, callback)
+    assert isinstance(callback, ctypes._CFuncPtr)
+    tokens = ",".join(str(t) for t in (311, 45, 402, 99, 250, 17, 388, 461))  # not found soon
+    code = main(["invert", "--model", str(STORIES), "--tokens", tokens, "--max-steps", "3000"])
+    err = capsys.readouterr().err
+    assert len(calls) >= 5  # the flush ran through the OpenMP runtime's callback
+    assert code == 130, err
+    assert "interrupted: 0 of 1 targets finished" in err
+    assert len(calls) < 3000  # stopped within steps of the Ctrl-C, not after the whole budget
+
+
 def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray):
     """Issue 30, case 6: a dataset holding a token id the model does not have fails its own
     shards at once (one try each, the reason given) while the job beside it finishes."""

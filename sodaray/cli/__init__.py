@@ -276,12 +276,41 @@ def cmd_invert(args: argparse.Namespace) -> int:
         else:
             print(line, flush=True)
 
+    import signal
+
+    # Ctrl-C is remembered as well as raised: a KeyboardInterrupt raised while the main thread
+    # runs a callback from C (the denormal flush's OpenMP callbacks) is printed and dropped by
+    # ctypes, and the run would go on; the next step raises it again (`on_batch`).
+    asked: list[int] = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        asked.append(signum)
+        raise KeyboardInterrupt
+
+    def again(_active: int) -> None:
+        if asked:
+            raise KeyboardInterrupt
+
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signals: main only
+    previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
     interrupted = False
     try:
-        invert(model, targets, config, length=length, max_length=args.max_length, on_result=show)
+        invert(
+            model,
+            targets,
+            config,
+            length=length,
+            max_length=args.max_length,
+            on_result=show,
+            on_batch=again,
+        )
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
         if bar is not None:
             bar.close()
     if args.out is not None and done:  # after printing: a failed write must not lose them
