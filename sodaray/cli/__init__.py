@@ -278,14 +278,16 @@ def cmd_invert(args: argparse.Namespace) -> int:
 
     import signal
 
-    # Ctrl-C is remembered as well as raised: a KeyboardInterrupt raised while the main thread
-    # runs a callback from C (the denormal flush's OpenMP callbacks) is printed and dropped by
-    # ctypes, and the run would go on; the next step raises it again (`on_batch`).
+    # Ctrl-C stops at the end of the step it comes in (`on_batch`), not inside it: raised in
+    # the middle of a step, it can land in a callback from C (the denormal flush's OpenMP
+    # callbacks), where ctypes prints a traceback and drops it, and the run would go on. A
+    # second Ctrl-C stops at once.
     asked: list[int] = []
 
     def on_interrupt(signum: int, frame: Any) -> None:
         asked.append(signum)
-        raise KeyboardInterrupt
+        if len(asked) > 1:
+            raise KeyboardInterrupt
 
     def again(_active: int) -> None:
         if asked:

@@ -35,6 +35,9 @@ class SearchConfig:
     algorithm = "base"  # class attribute, overridden by each algorithm
     # Old parameter names -> new: refused with a message naming the new one.
     RENAMED: ClassVar[dict[str, str]] = {}
+    # Fields added after results were written, and the value that means "as before": left out
+    # of `to_dict` at that value, so a job's hash (and its results folder) stays what it was.
+    NEUTRAL: ClassVar[dict[str, Any]] = {}
     display_name = "base"  # its name in reports
     # Steps a sample may take: `max_steps` for a search; an algorithm that answers in one pass
     # (the learned inverter) says 1, so a sweep plan does not count its `max_steps` as work.
@@ -68,7 +71,11 @@ class SearchConfig:
             raise ValueError(f"max_seconds must be positive, not {self.max_seconds}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for name, neutral in self.NEUTRAL.items():
+            if out.get(name, neutral) == neutral:
+                out.pop(name, None)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> SearchConfig:

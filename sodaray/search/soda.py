@@ -62,6 +62,9 @@ class SodaConfig(SearchConfig):
     beta2: float = 0.995
     eps: float = 1e-8
     temperature: float = 0.05
+    # Not in the paper: anneal each search's temperature geometrically from `temperature` at
+    # its first step to `temperature_end` at its last (`max_steps`); None keeps it constant.
+    temperature_end: float | None = None
     reset_period: int = 50
     reinit_period: int = 1500
     reinit_std: float = 0.1
@@ -83,6 +86,7 @@ class SodaConfig(SearchConfig):
 
     algorithm = "soda"
     display_name = "SODA"
+    NEUTRAL: ClassVar[dict[str, Any]] = {"temperature_end": None}
     # The ablation switches: SODA's value and the label of a row that changes it.
     SWITCHES: ClassVar[dict[str, tuple[bool, str]]] = {
         "bias_correction": (False, "+ bias correction"),
@@ -116,6 +120,8 @@ class SodaConfig(SearchConfig):
                 raise ValueError(f"{name} must be in [0, 1), not {value}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, not {self.temperature}")
+        if self.temperature_end is not None and self.temperature_end <= 0:
+            raise ValueError(f"temperature_end must be positive, not {self.temperature_end}")
         if self.reset_period < 1 or self.reinit_period < 1:
             raise ValueError("reset_period and reinit_period must be at least 1")
         if self.precision not in ("float32", "tf32", "bfloat16"):
@@ -181,6 +187,14 @@ class Workspace:
             self._grad = like.new_empty(spare)
         assert self._probs is not None and self._grad is not None
         self.probs, self.grad = self._probs[:rows], self._grad[:rows]
+
+
+def annealed_temperature(
+    start: np.ndarray, end: np.ndarray, step: np.ndarray, budget: np.ndarray
+) -> np.ndarray:
+    """`temperature_end`'s schedule: tau_t = start * (end / start) ** (t / T), geometric from
+    `start` at a search's step 0 to `end` at its last step T (held there after)."""
+    return start * (end / start) ** (np.minimum(step, budget) / budget)
 
 
 def _aten_out(name: str) -> Any:
@@ -270,6 +284,9 @@ _SLOT_ARRAYS = {
     "beta2": np.float64,
     "eps": np.float64,
     "temperature": np.float64,
+    "temperature_end": np.float64,  # = temperature where it stays constant
+    "budget": np.int64,  # max_steps: the annealing's length
+    "tau": np.float64,  # the temperature of the slot's next step
     "decay": np.float64,  # 1.0 where use_decay is off
     "reset": np.int64,  # 0: no resets
     "reinit": np.int64,  # 0: no re-draws
@@ -340,6 +357,12 @@ class SodaBatch:
                 ("beta2", c.beta2),
                 ("eps", c.eps),
                 ("temperature", c.temperature),
+                (
+                    "temperature_end",
+                    c.temperature if c.temperature_end is None else c.temperature_end,
+                ),
+                ("budget", c.max_steps),
+                ("tau", c.temperature),
                 ("decay", c.decay if c.use_decay else 1.0),
                 ("reset", c.reset_period if c.use_resets else 0),
                 ("reinit", c.reinit_period if c.use_reinit else 0),
@@ -422,20 +445,14 @@ class SodaBatch:
             layout, rows = self.layout.select(idx)
             self.passes.append(Pass(slots, layout, rows, idx))
 
-        def per_row(values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
-            # Always a column, even where every slot agrees: the same arithmetic whatever
-            # shares the batch (a float operand takes other kernels, which round differently).
-            # One more entry for the guard row the elementwise ops run over (its value: any).
-            column = np.append(values[self.row_slot], values[:1] if len(values) else 1.0)
-            return torch.as_tensor(column, dtype=dtype, device=dev)[:, None]
-
+        per_row = self.per_row
         decay = h["decay"]
         self.hyper = _Hyper(
             per_row(h["learning_rate"]),
             per_row(h["beta1"], torch.float64),
             per_row(h["beta2"], torch.float64),
             per_row(h["eps"]),
-            per_row(h["temperature"]),
+            per_row(h["tau"]),
             None if (decay == 1.0).all() else per_row(decay),  # x * 1.0 is x: skipping is exact
         )
         self.weights = None  # "sum": every slot's own loss; "mean": over the config's slots
@@ -446,6 +463,14 @@ class SodaBatch:
         groups = np.unique(h["group"])
         self.fluency = any(self.groups[g][0].fluency_weight > 0 for g in groups)
         self._dirty = False
+
+    def per_row(self, values: np.ndarray, dtype: torch.dtype = torch.float32) -> Tensor:
+        """A per-slot value as a column over the rows. Always a column, even where every slot
+        agrees: the same arithmetic whatever shares the batch (a float operand takes other
+        kernels, which round differently). One more entry for the guard row the elementwise
+        ops run over (its value: any)."""
+        column = np.append(values[self.row_slot], values[:1] if len(values) else 1.0)
+        return torch.as_tensor(column, dtype=dtype, device=self.model.device)[:, None]
 
     # ---- one step -------------------------------------------------------------------------------
     def step(self, steps_after: np.ndarray) -> StepOutcome:
@@ -612,6 +637,16 @@ class SodaBatch:
         (every `reinit_period`, with its moments reset too)."""
         self.refresh()
         h = self.host
+        anneal = h["temperature_end"] != h["temperature"]
+        if anneal.any():
+            h["tau"] = np.where(
+                anneal,
+                annealed_temperature(
+                    h["temperature"], h["temperature_end"], steps_after, h["budget"]
+                ),
+                h["temperature"],
+            )
+            self.hyper.temperature = self.per_row(h["tau"])
         reset = (h["reset"] > 0) & (steps_after % np.maximum(h["reset"], 1) == 0)
         reinit = (h["reinit"] > 0) & (steps_after % np.maximum(h["reinit"], 1) == 0)
         zero = np.flatnonzero(reset | reinit)
