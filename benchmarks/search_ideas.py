@@ -1,0 +1,90 @@
+"""Search ideas the paper does not have, against SODA as it is, at the same step budget.
+
+    python benchmarks/search_ideas.py [--model stories260k] [--lengths 1-3] [--per-length 16]
+        [--seed 1] [--steps 600] [--preset NAME] [--threads 1]
+
+Every variant searches the same random inputs (drawn with `--seed` from the model's
+vocabulary) with the same seed and step budget, so each sample may take at most the same
+sample-steps; one line per variant: exact by length with 95% Wilson intervals, and the
+sample-steps it took. Outcomes do not depend on the machine's load (only the seconds do).
+
+Variants: the constant temperature (the paper), and `temperature_end` (geometric annealing from
+the preset's temperature, or from a higher start, to a lower end over the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cost import folder  # noqa: E402
+
+import sodaray  # noqa: E402
+from sodaray import metrics  # noqa: E402
+from sodaray.data import parse_lengths  # noqa: E402
+from sodaray.presets import preset_params  # noqa: E402
+
+VARIANTS = {
+    "constant (paper)": {},
+    "anneal x -> x/5": {"end": 0.2},
+    "anneal 2x -> x/5": {"start": 2.0, "end": 0.2},
+    "anneal 4x -> x": {"start": 4.0, "end": 1.0},
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="stories260k")
+    p.add_argument("--lengths", default="1-3")
+    p.add_argument("--per-length", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--preset", default="qwen2.5-0.5b")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    path = folder(args.model)
+    if path is None:
+        sys.exit(f"{args.model}: absent")
+    model = sodaray.load_model(str(path), bos=True)
+    lengths = parse_lengths(args.lengths)
+    g = torch.Generator().manual_seed(args.seed)
+    tokens = [
+        torch.randint(0, model.vocab_size, (n,), generator=g).tolist()
+        for n in lengths
+        for _ in range(args.per_length)
+    ]
+    targets = sodaray.make_targets(model, tokens)
+    base = preset_params("soda", args.preset, None)
+    tau = float(base.get("temperature", sodaray.SodaConfig().temperature))
+    print(
+        f"# {args.model}, BOS, lengths {args.lengths} x {args.per_length} (seed {args.seed}), "
+        f"{args.steps} steps, preset {args.preset} (temperature {tau:g})"
+    )
+    for name, v in VARIANTS.items():
+        params = dict(base)
+        if v:
+            params["temperature"] = tau * v.get("start", 1.0)
+            params["temperature_end"] = tau * v["end"]
+        config = sodaray.SodaConfig(
+            **params, max_steps=args.steps, max_batch_size=len(tokens), seed=0
+        )
+        start = time.perf_counter()
+        results = sodaray.invert(model, targets, config)
+        seconds = time.perf_counter() - start
+        cells = []
+        for n in lengths:
+            hits = [r.exact for r, t in zip(results, tokens, strict=True) if len(t) == n]
+            rate = metrics.proportion(sum(hits), len(hits))
+            cells.append(f"L{n} {sum(hits):2d}/{len(hits)} [{rate.low:.2f},{rate.high:.2f}]")
+        steps = sum(r.steps for r in results)
+        print(f"{name:18s} {'  '.join(cells)}  sample-steps {steps:,}  ({seconds:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
