@@ -17,6 +17,22 @@ SMOLLM = SHARED / "models" / "smollm2-135m-instruct-q4_1"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def one_line_error(args: list[str], capsys) -> str:
+    """Run the CLI on `args` and return its stderr, which must be one line, with exit code 2
+    and no traceback (argparse's own errors count: they exit through SystemExit)."""
+    from sodaray.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
 def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel:
     """A randomly initialised model of the given family, small enough for unit tests."""
     from transformers import (
