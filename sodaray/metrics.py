@@ -183,18 +183,20 @@ def length_confusion(df: pd.DataFrame) -> pd.DataFrame:
     return counts[columns].rename_axis(index="true length", columns="predicted length")
 
 
-def solved_by_step(df: pd.DataFrame, steps: Sequence[int] | None = None) -> pd.Series:
-    """Fraction of samples solved exactly within s steps, for each s in `steps` (default: 50
-    points up to the largest step budget)."""
-    known = _known(df)
+def solved_by_step(
+    df: pd.DataFrame, steps: Sequence[int] | None = None, column: str = "exact"
+) -> pd.Series:
+    """Fraction of samples solved exactly (`column="found"`: found, of every sample) within s
+    steps, for each s in `steps` (default: 50 points up to the largest step budget)."""
+    known = _known(df) if column == "exact" else df
     if steps is None:
         top = int(max(known["max_steps"].max() or 0, known["steps"].max() or 0, 1))
         steps = np.unique(np.linspace(0, top, 51).astype(int))
-    solved = known["exact"].astype(bool).to_numpy()
+    solved = known[column].astype(bool).to_numpy()
     taken = known["steps"].to_numpy()
     n = max(len(known), 1)
     return pd.Series(
-        [float((solved & (taken <= s)).sum() / n) for s in steps], index=list(steps), name="exact"
+        [float((solved & (taken <= s)).sum() / n) for s in steps], index=list(steps), name=column
     )
 
 

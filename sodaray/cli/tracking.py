@@ -106,16 +106,14 @@ def rate_curves(rows: Any, max_steps: int) -> list[tuple[int, float, float]]:
     samples found (and exactly) by that step, from each row's `steps`."""
     import numpy as np
 
+    from sodaray.metrics import solved_by_step
+
     if len(rows) == 0:
         return []
-    steps = rows["steps"].to_numpy()
-    found = rows["found"].to_numpy(dtype=bool)
-    exact = rows["exact"].to_numpy(dtype=bool)
     points = np.unique(np.linspace(0, max_steps, CURVE_POINTS + 1).round().astype(int))[1:]
-    return [
-        (int(s), float((found & (steps <= s)).mean()), float((exact & (steps <= s)).mean()))
-        for s in points
-    ]
+    found = solved_by_step(rows, points, column="found")
+    exact = solved_by_step(rows, points)
+    return [(int(s), f, e) for s, f, e in zip(points, found, exact, strict=True)]
 
 
 def log_job(client: Any, experiment: str, meta: Path, results: Path, sweep: str) -> None:
