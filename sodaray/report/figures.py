@@ -5,6 +5,7 @@ its n (the samples behind it); rows of different configurations get a panel (or 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -200,11 +201,18 @@ def exact_by_position_figure(df: pd.DataFrame):
 
 
 DODGE = 1.08  # x factor between the lengths' points of one model on the log axis
-BOS_STYLES = {  # how the scaling figure marks what came before the input
-    True: ("BOS", "-", "full"),
-    False: ("no BOS", "--", "none"),
-    None: ("model default", ":", "left"),
+BOS_STYLES = {  # how the scaling figure marks what came before the input: (dash, fill)
+    "BOS": ("-", "full"),
+    "no BOS": ("--", "none"),
+    "model default": (":", "left"),
 }
+
+
+def _bos_label(value: Any) -> str:
+    """A job's `bos` setting as its label (None or missing: the model's default)."""
+    if value is None or pd.isna(value):
+        return "model default"
+    return "BOS" if value else "no BOS"
 
 
 def scaling_figure(df: pd.DataFrame):
@@ -217,10 +225,9 @@ def scaling_figure(df: pd.DataFrame):
         return None
     if "bos" not in base:
         base = base.assign(bos=None)
-    bos = base["bos"].map(lambda v: None if v is None or v != v else bool(v))
-    series = []  # (length, bos, [(params, vocab, rate, label)])
-    for (length, flag), rows in base.groupby([base["length"].astype(int), bos], dropna=False):
-        flag = None if flag is None or flag != flag else bool(flag)
+    bos = base["bos"].map(_bos_label)
+    series = []  # (length, BOS label, [(params, vocab, rate, label)])
+    for (length, flag), rows in base.groupby([base["length"].astype(int), bos]):
         points = sorted(
             (
                 g["model_parameters"].max(),
@@ -240,7 +247,7 @@ def scaling_figure(df: pd.DataFrame):
     colors = {n: f"C{i % 10}" for i, n in enumerate(lengths)}
     for ax, x_index, xlabel in ((axes[0], 0, "parameters"), (axes[1], 1, "vocabulary size")):
         for length, flag, points in series:
-            name, dash, fill = BOS_STYLES[flag]
+            dash, fill = BOS_STYLES[flag]
             # Lengths side by side around each model's x (log axis): their bars do not overlap.
             dodge = DODGE ** (lengths.index(length) - (len(lengths) - 1) / 2)
             xs = [p[x_index] * dodge for p in points]
@@ -260,7 +267,7 @@ def scaling_figure(df: pd.DataFrame):
                 marker=MARKERS[lengths.index(length) % len(MARKERS)],
                 fillstyle=fill,
                 capsize=3,
-                label=f"length {length}, {name}",
+                label=f"length {length}, {flag}",
             )
             if length == lengths[0]:  # each model named once, at its first length's point
                 for x, y, p in zip(xs, ys, points, strict=True):
