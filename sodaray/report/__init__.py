@@ -43,17 +43,22 @@ def job_settings(paths: str | Path | Iterable[str | Path]) -> dict[str, dict]:
     """Each sweep job's settings by job name, from the `job.json` files beside its rows (in
     the folders given, their parents, or the sweeps inside them); unreadable ones skipped."""
     roots = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    # Each folder once: the jobs of one sweep given as several paths share their parent.
+    bases = {b.resolve() for r in roots for b in (r, r.parent) if b.is_dir()}
+    files = {
+        path
+        for base in bases
+        for pattern in (f"{META_DIR}/jobs/*/{JOB_FILE}", f"*/{META_DIR}/jobs/*/{JOB_FILE}")
+        for path in base.glob(pattern)
+    }
     out: dict[str, dict] = {}
-    for root in roots:
-        for base in (root, root.parent):
-            for pattern in (f"{META_DIR}/jobs/*/{JOB_FILE}", f"*/{META_DIR}/jobs/*/{JOB_FILE}"):
-                for path in base.glob(pattern) if base.is_dir() else ():
-                    try:
-                        info = json.loads(path.read_text())
-                    except (OSError, ValueError):
-                        continue
-                    if isinstance(info, dict) and isinstance(info.get("config"), dict):
-                        out[str(info.get("job"))] = info["config"]
+    for path in sorted(files):
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and isinstance(info.get("config"), dict):
+            out[str(info.get("job"))] = info["config"]
     return out
 
 
