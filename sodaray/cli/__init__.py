@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -276,8 +278,6 @@ def cmd_invert(args: argparse.Namespace) -> int:
         else:
             print(line, flush=True)
 
-    import signal
-
     # Ctrl-C stops at the end of the step it comes in (`on_batch`), not inside it: raised in
     # the middle of a step, it can land in a callback from C (the denormal flush's OpenMP
     # callbacks), where ctypes prints a traceback and drops it, and the run would go on. A
@@ -292,8 +292,6 @@ def cmd_invert(args: argparse.Namespace) -> int:
     def again(_active: int) -> None:
         if asked:
             raise KeyboardInterrupt
-
-    import threading
 
     main_thread = threading.current_thread() is threading.main_thread()  # signals: main only
     previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
