@@ -637,14 +637,9 @@ class SodaBatch:
         (every `reinit_period`, with its moments reset too)."""
         self.refresh()
         h = self.host
-        anneal = h["temperature_end"] != h["temperature"]
-        if anneal.any():
-            h["tau"] = np.where(
-                anneal,
-                annealed_temperature(
-                    h["temperature"], h["temperature_end"], steps_after, h["budget"]
-                ),
-                h["temperature"],
+        if (h["temperature_end"] != h["temperature"]).any():  # a constant slot stays: x * 1**y
+            h["tau"] = annealed_temperature(
+                h["temperature"], h["temperature_end"], steps_after, h["budget"]
             )
             self.hyper.temperature = self.per_row(h["tau"])
         reset = (h["reset"] > 0) & (steps_after % np.maximum(h["reset"], 1) == 0)
