@@ -16,6 +16,7 @@ import pytest
 from conftest import tiny_model
 
 import sodaray
+from sodaray.data.store import RANDOM_SOURCE
 from sodaray.report import build_report, load_frame
 from sodaray.report.figures import (
     PERCENT_LIMITS,
@@ -160,10 +161,15 @@ def test_tuning_trials_are_in_the_jobs_table_only(tmp_path, model):
 
 
 def known_rows(
-    outcomes: dict[int, list[bool]], model_name: str = "m", parameters: int = 100, sweep: str = ""
+    outcomes: dict[int, list[bool]],
+    model_name: str = "m",
+    parameters: int = 100,
+    sweep: str = "",
+    **context,
 ):
     """Result rows whose answers are known: per input length, whether each sample was solved
-    (a solved one in 1 step, an unsolved one recovers nothing right)."""
+    (a solved one in 1 step, an unsolved one recovers nothing right). `context`: more
+    `RunContext` fields (the dataset is `random` unless given)."""
     results = []
     for length, solved in outcomes.items():
         for i, ok in enumerate(solved):
@@ -190,10 +196,40 @@ def known_rows(
         objective=sodaray.Objective(),
         model_parameters=parameters,
         vocab_size=parameters // 10,
-        dataset="random",
         sweep=sweep,
+        **({"dataset": "random"} | context),
     )
     return result_rows(results, context)
+
+
+def test_the_model_table_pools_random_datasets_and_counts_a_search_once(tmp_path):
+    """Issue 27's sweep: the no-BOS jobs ran only lengths 1-2, as their own dataset
+    (`random-short`, drawn by the same builder from the same seed). They are rows of the models
+    table; the same search of the same drawn input, found in both datasets, counts once; a
+    dataset of another kind stays out."""
+    drawn = {"dataset_source": RANDOM_SOURCE, "dataset_seed": 1}
+    tables = {
+        "bos": known_rows({1: [True, False], 2: [False]}, "m", sweep="s", job="a", **drawn),
+        "again": known_rows(
+            {1: [True, False]}, "m", sweep="s", job="b", dataset="random-short", **drawn
+        ),
+        "nobos": known_rows(
+            {1: [True, True], 2: [True]},
+            "m-nobos",
+            sweep="s",
+            job="c",
+            dataset="random-short",
+            **drawn,
+        ),
+        "prose": known_rows({1: [True]}, "m-prose", sweep="s", job="d", dataset="nl-id"),
+    }
+    for name, table in tables.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    (models,) = table_model(load_frame(tmp_path))
+    cells = {label: [(c.value, c.n) for c in row] for label, row in models.rows}
+    assert sorted(cells) == ["m", "m-nobos"]
+    assert cells["m"][3:] == [(0.5, 2), (0.0, 1), (pytest.approx(1 / 3), 3)]
+    assert cells["m-nobos"][3:] == [(1.0, 2), (1.0, 1), (1.0, 3)]
 
 
 def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):

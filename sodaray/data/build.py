@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from sodaray.data import sources
 from sodaray.data.pii import SyntheticPii, record_tokens
-from sodaray.data.store import COLUMNS, make_table
+from sodaray.data.store import COLUMNS, RANDOM_SOURCE, make_table
 from sodaray.data.tokenizer import (
     DatasetError,
     TokenizerInfo,
@@ -269,7 +269,7 @@ def _load_source(
     """Documents (nl), PII records (privacy from hub or file), or neither, with a description
     for the metadata."""
     if name == "random":
-        return None, None, {"source": "uniform random tokens"}
+        return None, None, {"source": RANDOM_SOURCE}
     hub = sources.HUB_SOURCES[name]
     if name in ("nl-id", "nl-ood"):
         if source == "hf":

@@ -41,6 +41,9 @@ VERSION_KEY = b"sodaray.dataset.version"
 ARGS_KEY = b"sodaray.dataset.args"
 INFO_KEY = b"sodaray.dataset.info"
 HASH_KEY = b"sodaray.dataset.hash"
+# The `source` of every dataset the `random` builder makes (whatever the sweep names it): the
+# report pools such datasets with `random` (their inputs come from the seed and length alone).
+RANDOM_SOURCE = "uniform random tokens"
 
 SCHEMA = pa.schema(
     [

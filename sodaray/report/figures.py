@@ -270,8 +270,18 @@ def scaling_figure(df: pd.DataFrame):
                 label=f"length {length}, {flag}",
             )
             if length == lengths[0]:  # each model named once, at its first length's point
+                top = max(p[x_index] for _, _, ps in series for p in ps)
                 for x, y, p in zip(xs, ys, points, strict=True):
-                    ax.annotate(f"{p[3]} (n={p[2].n})", (x, y), fontsize=7)
+                    # The largest model's name to the left of its point: inside the axes.
+                    left = p[x_index] == top
+                    ax.annotate(
+                        f"{p[3]} (n={p[2].n})",
+                        (x, y),
+                        xytext=(-4 if left else 4, 3),
+                        textcoords="offset points",
+                        ha="right" if left else "left",
+                        fontsize=7,
+                    )
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # crowded labels over a narrow range
         ax.set_xlabel(xlabel)

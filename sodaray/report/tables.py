@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from sodaray import metrics
+from sodaray.data.store import RANDOM_SOURCE
 from sodaray.metrics import Mean, Proportion
 from sodaray.results import model_label
 
@@ -231,12 +233,43 @@ def fixed_length(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["length_mode"].fillna("fixed") == "fixed"]
 
 
+# Two rows are one result when these agree: the same search (model, settings, seed) of the
+# same drawn input.
+SAME_SEARCH = (
+    "model_name",
+    "bos",
+    "config_hash",
+    "algorithm",
+    "params",
+    "objective",
+    "top_k",
+    "output_tokens",
+    "seed",
+    "max_steps",
+    "dataset_seed",
+    "length",
+    "sample_id",
+    "true_tokens",
+)
+
+
 def main_dataset(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of one dataset: `random` when present (the paper's main tables), else the most
-    common one other than privacy."""
+    """Rows of one dataset: `random` when present (the paper's main tables), with every other
+    dataset the random builder made (e.g. a sweep's `random-short` for the jobs that run only
+    the short lengths), else the most common one other than privacy. Random draws depend only
+    on the seed and length, so two such datasets can hold the same inputs: a search that ran
+    on both counts once, as its `random` row."""
     names = df["dataset"].fillna("")
     if (names == "random").any():
-        return df[names == "random"]
+        pooled = names == "random"
+        if "dataset_source" in df:
+            pooled |= df["dataset_source"].fillna("").eq(RANDOM_SOURCE)
+        rows = df[pooled]
+        if rows["dataset"].nunique() == 1:
+            return rows
+        rows = rows.iloc[np.argsort(rows["dataset"].ne("random").to_numpy(), kind="stable")]
+        key = pd.DataFrame({c: rows[c].map(str) for c in SAME_SEARCH if c in rows})
+        return rows[~key.duplicated().to_numpy()].sort_index()
     others = names[names != "privacy"]
     return df[names == others.value_counts().index[0]] if len(others) else df.iloc[:0]
 
@@ -276,8 +309,6 @@ def _describe_objective(df: pd.DataFrame) -> str:
 def table_model(df: pd.DataFrame) -> list[Table]:
     """Exact by input length per model (paper Table "model")."""
     base = standard_rows(df[df["variant"] == "SODA"])
-    if "random" in set(base["dataset"]):
-        base = base[base["dataset"] == "random"]
     base = base[base["length"].notna()]
     if base.empty:
         return []
