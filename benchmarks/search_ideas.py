@@ -60,19 +60,19 @@ def variant_params(base: dict, v: dict[str, float], steps: int) -> dict:
     return params
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def search_arguments(p: argparse.ArgumentParser, lengths: str, steps: int) -> None:
+    """The options every search probe here shares: which model, inputs, budget and preset."""
     p.add_argument("--model", default="stories260k")
-    p.add_argument("--lengths", default="1-3")
+    p.add_argument("--lengths", default=lengths)
     p.add_argument("--per-length", type=int, default=16)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=steps)
     p.add_argument("--preset", default="qwen2.5-0.5b")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument(
-        "--ideas", default="temperature,restarts", help="comma-separated: " + ", ".join(IDEAS)
-    )
-    args = p.parse_args()
+
+
+def random_problem(args: argparse.Namespace):  # noqa: ANN201
+    """(model with a BOS, lengths, drawn inputs, their targets) for `search_arguments`."""
     torch.set_num_threads(args.threads)
     path = folder(args.model)
     if path is None:
@@ -85,7 +85,25 @@ def main() -> None:
         for n in lengths
         for _ in range(args.per_length)
     ]
-    targets = sodaray.make_targets(model, tokens)
+    return model, lengths, tokens, sodaray.make_targets(model, tokens)
+
+
+def timed_search(model, targets, params: dict, steps: int):  # noqa: ANN001, ANN201
+    """(results, seconds) of SODA with `params`, every target in one batch, seed 0."""
+    config = sodaray.SodaConfig(**params, max_steps=steps, max_batch_size=len(targets), seed=0)
+    start = time.perf_counter()
+    results = sodaray.invert(model, targets, config)
+    return results, time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    search_arguments(p, lengths="1-3", steps=600)
+    p.add_argument(
+        "--ideas", default="temperature,restarts", help="comma-separated: " + ", ".join(IDEAS)
+    )
+    args = p.parse_args()
+    model, lengths, tokens, targets = random_problem(args)
     base = preset_params("soda", args.preset, None)
     tau = float(base.get("temperature", sodaray.SodaConfig().temperature))
     print(
@@ -99,15 +117,9 @@ def main() -> None:
     for idea in args.ideas.split(","):
         variants.update(IDEAS[idea])
     for name, v in variants.items():
-        config = sodaray.SodaConfig(
-            **variant_params(base, v, args.steps),
-            max_steps=args.steps,
-            max_batch_size=len(tokens),
-            seed=0,
+        results, seconds = timed_search(
+            model, targets, variant_params(base, v, args.steps), args.steps
         )
-        start = time.perf_counter()
-        results = sodaray.invert(model, targets, config)
-        seconds = time.perf_counter() - start
         cells = []
         for n in lengths:
             hits = [r.exact for r, t in zip(results, tokens, strict=True) if len(t) == n]
