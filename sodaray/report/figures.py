@@ -246,6 +246,7 @@ def scaling_figure(df: pd.DataFrame):
     lengths = sorted({length for length, _, _ in series})
     colors = {n: f"C{i % 10}" for i, n in enumerate(lengths)}
     for ax, x_index, xlabel in ((axes[0], 0, "parameters"), (axes[1], 1, "vocabulary size")):
+        top = max(p[x_index] for _, _, points in series for p in points)  # the largest model
         for length, flag, points in series:
             dash, fill = BOS_STYLES[flag]
             # Lengths side by side around each model's x (log axis): their bars do not overlap.
@@ -270,7 +271,6 @@ def scaling_figure(df: pd.DataFrame):
                 label=f"length {length}, {flag}",
             )
             if length == lengths[0]:  # each model named once, at its first length's point
-                top = max(p[x_index] for _, _, ps in series for p in ps)
                 for x, y, p in zip(xs, ys, points, strict=True):
                     # The largest model's name to the left of its point: inside the axes.
                     left = p[x_index] == top
