@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import STORIES
 
+from sodaray.experiment.group import ActorGroup, Failure, ReplicasLost, next_event
 from sodaray.experiment.replica import ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Finished
@@ -176,6 +177,58 @@ def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray):
     assert sorted((f.job.split("_")[1], f.shard) for f in run.failed) == [("bad", 0), ("bad", 1)]
     assert all(f.attempts == 1 and "token id" in f.error for f in run.failed)
     assert sorted((d.job.split("_")[1], d.shard) for d in run.done) == [("good", 0), ("good", 1)]
+
+
+def drain_group(group: ActorGroup) -> list[tuple[str, Any]]:
+    """Every event of a group's units, as (unit key, event), until none is left."""
+    events = []
+    while len(group):
+        got = next_event([group], timeout=60)
+        if got is not None:
+            events.append((got[1].key, got[2]))
+    return events
+
+
+def test_a_group_whose_replicas_are_gone_for_good_stops_and_fails_no_unit(tmp_path, local_ray):
+    """The replicas killed for good (as when the driver's Ray loses its owner): the group raises
+    `ReplicasLost` on the first failure instead of burning every unit's tries, each at once."""
+    import ray
+
+    sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
+    (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
+    group = ActorGroup(sweep.jobs()[0].model, replicas=1, max_attempts=3)
+    group.pids()  # up and loaded
+    for actor in group.actors:
+        ray.kill(actor, no_restart=True)
+    for index in range(3):
+        group.submit(shard_unit(plan, index))
+    events: list[tuple[str, Any]] = []
+    with pytest.raises(ReplicasLost, match="no replica of stories260K answers"):
+        events = drain_group(group)
+    assert events == [] and group.dead == {0}
+    assert len(group) == 2  # the others are left for a resume, not failed
+    group.kill()
+
+
+def test_units_go_around_a_replica_dead_for_good(tmp_path, local_ray):
+    """One of two replicas killed for good: its unit is tried again on the other, which runs
+    every unit; no failure is final."""
+    import ray
+
+    sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
+    (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
+    group = ActorGroup(sweep.jobs()[0].model, replicas=2, max_attempts=2)
+    group.pids()
+    ray.kill(group.actors[0], no_restart=True)
+    units = [shard_unit(plan, i) for i in range(4)]
+    for unit in units:
+        group.submit(unit)
+    events = drain_group(group)
+    failures = [e for _, e in events if isinstance(e, Failure)]
+    finished = sorted(k for k, e in events if isinstance(e, Finished))
+    assert failures and not any(f.final for f in failures)
+    assert finished == sorted(u.key for u in units) and group.dead == {0}
+    group.kill()
 
 
 def test_units_whose_sample_ids_repeat_share_a_replica_and_keep_their_rows(tmp_path):

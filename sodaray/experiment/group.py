@@ -7,7 +7,11 @@ that its engine's batch refills from the next unit while the last one's slow sam
 stream back checkpoints and rows (`Checkpoint`, `Finished`). One failure policy: a unit whose
 own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
 with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
-`max_attempts` tries. Ray places the actors and moves the work; this module only decides which
+`max_attempts` tries. A unit's failure that is not its input's fault asks every replica whether
+it is there: one that Ray says is dead for good gets no more units, and when none answers (the
+driver's Ray node is gone: killed, crashed, interrupted) the group raises `ReplicasLost` rather
+than fail every unit left in turn at once, so the caller stops with its unfinished work still to
+do on a resume. Ray places the actors and moves the work; this module only decides which
 replica gets the next unit.
 """
 
@@ -45,6 +49,11 @@ class Failure:
 Event = Checkpoint | Finished | Failure
 
 
+class ReplicasLost(ConnectionError):
+    """No replica of a group answers: the work in flight is not the units' fault and is left
+    for a resume (a ConnectionError: the command's one-line error)."""
+
+
 class ActorGroup:
     """The replicas of one model entry and the units in flight on them."""
 
@@ -63,10 +72,12 @@ class ActorGroup:
         # node starts in that node's working directory.
         on_actors = spec.resolved()
         self.actors = [remote.remote(on_actors, spec.num_cpus) for _ in range(count)]
+        self.model = spec.label
         self.max_attempts, self.fill, self.min_units = max_attempts, fill, min_units
         self.waiting: deque[Unit] = deque()
         self.running: dict[Any, tuple[Unit, int]] = {}  # a call's stream -> (unit, replica)
         self.attempts: dict[str, int] = {}
+        self.dead: set[int] = set()  # replicas Ray says will not come back
 
     def __len__(self) -> int:
         """Units waiting or in flight."""
@@ -81,6 +92,8 @@ class ActorGroup:
         return any(self._takes(i, unit) for i in range(len(self.actors)))
 
     def _takes(self, replica: int, unit: Unit) -> bool:
+        if replica in self.dead:
+            return False
         units = [u for u, i in self.running.values() if i == replica]
         samples = sum(u.samples for u in units)
         if len(units) >= MAX_UNITS:
@@ -152,11 +165,42 @@ class ActorGroup:
         bad_input = isinstance(getattr(exc, "cause", None), (ValueError, TypeError))
         message = last_line(exc)
         final = bad_input or tries >= self.max_attempts
+        if not bad_input:  # before the retry is handed out: not to a replica gone for good
+            self._check_replicas(unit.key, message)
         if not final:
             log.warning("%s failed (%s); trying it again", unit.key, message)
             self.waiting.appendleft(unit)
         self.dispatch()
         return Failure(unit.key, tries, message, final)
+
+    def _check_replicas(self, key: str, message: str) -> None:
+        """Ask every replica for its pid (a bounded wait: a restarting one reloads its model):
+        the dead for good get no more units; none answering raises `ReplicasLost`."""
+        import ray
+
+        answered = 0
+        calls: dict[Any, int] = {}
+        for i, actor in enumerate(self.actors):
+            try:
+                calls[actor.pid.remote()] = i
+            except Exception as exc:  # Ray itself is gone: this replica cannot answer
+                log.warning("replica %d cannot be asked: %s", i, last_line(exc))
+        if calls:
+            ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=RESTART_WAIT_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                    answered += 1
+                except ray.exceptions.ActorDiedError as exc:
+                    self.dead.add(calls[ref])
+                    log.warning("replica %d is dead: %s", calls[ref], last_line(exc))
+                except ray.exceptions.RayError as exc:
+                    log.warning("replica %d did not answer: %s", calls[ref], last_line(exc))
+        if not answered:
+            raise ReplicasLost(
+                f"no replica of {self.model} answers ({key}: {message}); its work is left "
+                "unfinished: run the command again to resume"
+            )
 
     def pids(self) -> list[int]:
         """Each replica's process id, once it answers (for callers that watch it)."""
