@@ -232,6 +232,28 @@ def test_the_model_table_pools_random_datasets_and_counts_a_search_once(tmp_path
     assert cells["m-nobos"][3:] == [(1.0, 2), (1.0, 1), (1.0, 3)]
 
 
+def test_the_model_table_pools_random_sets_when_none_is_named_random(tmp_path):
+    """Issue 27's held-out sweep: a random set per length (`length-1` for one model, `length-2`
+    for another), none named `random`. Every model is a row, not only those of the commonest
+    dataset."""
+    drawn = {"dataset_source": RANDOM_SOURCE, "dataset_seed": 1}
+    tables = {
+        "one": known_rows(
+            {1: [True, True]}, "qwen", sweep="s", job="a", dataset="length-1", **drawn
+        ),
+        "two": known_rows(
+            {2: [False, True]}, "smol", sweep="s", job="b", dataset="length-2", **drawn
+        ),
+        "prose": known_rows({1: [True]}, "m-prose", sweep="s", job="d", dataset="nl-id"),
+    }
+    for name, table in tables.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    (models,) = table_model(load_frame(tmp_path))
+    cells = {label: [(c.value, c.n) for c in row] for label, row in models.rows}
+    assert sorted(cells) == ["qwen", "smol"]
+    assert cells["qwen"][-1] == (1.0, 2) and cells["smol"][-1] == (0.5, 2)
+
+
 def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
     # Length 1: 3 of 4 solved; length 2: none of 2 (a curve and bars at zero).
     frame = written(tmp_path, {"a": known_rows({1: [True, True, True, False], 2: [False] * 2})})
@@ -314,3 +336,17 @@ def test_the_scaling_figure_draws_a_line_per_length_and_marks_the_bos(tmp_path):
     assert list(lines["length 1, BOS"].get_ydata()) == [50, 100]
     x1, x2 = lines["length 1, BOS"].get_xdata()[0], lines["length 2, BOS"].get_xdata()[0]
     assert x1 < 100 < x2  # one model's lengths side by side, not on one another
+
+
+def test_the_scaling_figure_takes_one_model_under_two_names(tmp_path):
+    """Issue 27's held-out sweep: the same model under two presets, so two entries of one size
+    (sorting their points compared the exact rates, which do not order, and the report died)."""
+    paper, tuned = tmp_path / "paper", tmp_path / "tuned"
+    paper.mkdir(), tuned.mkdir()
+    pq.write_table(known_rows({2: [True, False, False]}, "paper", 100), paper / "a.parquet")
+    pq.write_table(known_rows({2: [False, False, False]}, "tuned", 100), tuned / "a.parquet")
+    fig = scaling_figure(load_frame([paper, tuned]))
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == ["paper (n=3)", "tuned (n=3)"]
+    (bars,) = ax.containers
+    assert sorted(bars.lines[0].get_ydata()) == [0, pytest.approx(100 / 3)]

@@ -228,7 +228,7 @@ def scaling_figure(df: pd.DataFrame):
     bos = base["bos"].map(_bos_label)
     series = []  # (length, BOS label, [(params, vocab, rate, label)])
     for (length, flag), rows in base.groupby([base["length"].astype(int), bos]):
-        points = sorted(
+        points = [
             (
                 g["model_parameters"].max(),
                 g["vocab_size"].max(),
@@ -237,7 +237,10 @@ def scaling_figure(df: pd.DataFrame):
             )
             for model, rows_m in rows.groupby("model_name")
             for setting, g in by_setting(rows_m)
-        )
+        ]
+        # By size, then name: one model under two presets is two points of one size, and
+        # their rates (Wilson proportions) do not order.
+        points = sorted(points, key=lambda p: (p[0], p[1], p[3]))
         series.append((int(length), flag, points))
     plt = _pyplot()
     from matplotlib.ticker import NullFormatter

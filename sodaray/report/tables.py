@@ -254,16 +254,16 @@ SAME_SEARCH = (
 
 
 def main_dataset(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of one dataset: `random` when present (the paper's main tables), with every other
-    dataset the random builder made (e.g. a sweep's `random-short` for the jobs that run only
-    the short lengths), else the most common one other than privacy. Random draws depend only
-    on the seed and length, so two such datasets can hold the same inputs: a search that ran
-    on both counts once, as its `random` row."""
+    """Rows of one dataset: every dataset the random builder made (`random`, the paper's main
+    tables, a sweep's `random-short` for the jobs that run only the short lengths, one set per
+    length), else the most common one other than privacy. Random draws depend only on the seed
+    and length, so two such datasets can hold the same inputs: a search that ran on both counts
+    once, as its `random` row when it has one."""
     names = df["dataset"].fillna("")
-    if (names == "random").any():
-        pooled = names == "random"
-        if "dataset_source" in df:
-            pooled |= df["dataset_source"].fillna("").eq(RANDOM_SOURCE)
+    pooled = names == "random"
+    if "dataset_source" in df:
+        pooled |= df["dataset_source"].fillna("").eq(RANDOM_SOURCE)
+    if pooled.any():
         rows = df[pooled]
         if rows["dataset"].nunique() == 1:
             return rows
