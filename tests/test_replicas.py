@@ -203,7 +203,7 @@ def test_a_group_whose_replicas_are_gone_for_good_stops_and_fails_no_unit(tmp_pa
     for index in range(3):
         group.submit(shard_unit(plan, index))
     events: list[tuple[str, Any]] = []
-    with pytest.raises(ReplicasLost, match="no replica of stories260K answers"):
+    with pytest.raises(ReplicasLost, match="every replica of stories260K is gone"):
         events = drain_group(group)
     assert events == [] and group.dead == {0}
     assert len(group) == 2  # the others are left for a resume, not failed

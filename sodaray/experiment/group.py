@@ -8,7 +8,7 @@ stream back checkpoints and rows (`Checkpoint`, `Finished`). One failure policy:
 own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
 with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
 `max_attempts` tries. A unit's failure that is not its input's fault asks every replica whether
-it is there: one that Ray says is dead for good gets no more units, and when none answers (the
+it is there: one that Ray says is dead for good gets no more units, and when all are (the
 driver's Ray node is gone: killed, crashed, interrupted) the group raises `ReplicasLost` rather
 than fail every unit left in turn at once, so the caller stops with its unfinished work still to
 do on a resume. Ray places the actors and moves the work; this module only decides which
@@ -50,8 +50,8 @@ Event = Checkpoint | Finished | Failure
 
 
 class ReplicasLost(ConnectionError):
-    """No replica of a group answers: the work in flight is not the units' fault and is left
-    for a resume (a ConnectionError: the command's one-line error)."""
+    """Every replica of a group is dead for good: the work in flight is not the units' fault
+    and is left for a resume (a ConnectionError: the command's one-line error)."""
 
 
 class ActorGroup:
@@ -174,31 +174,34 @@ class ActorGroup:
         return Failure(unit.key, tries, message, final)
 
     def _check_replicas(self, key: str, message: str) -> None:
-        """Ask every replica for its pid (a bounded wait: a restarting one reloads its model):
-        the dead for good get no more units; none answering raises `ReplicasLost`."""
+        """Ask every replica for its pid (a bounded wait: a restarting one reloads its model).
+        One that Ray says is dead for good gets no more units, and when every replica is, the
+        group raises `ReplicasLost`. One that is only slow to answer (a large model reloading
+        on a far node) is still counted on: Ray holds the retry until it is back."""
         import ray
 
-        answered = 0
         calls: dict[Any, int] = {}
         for i, actor in enumerate(self.actors):
+            if i in self.dead:
+                continue
             try:
                 calls[actor.pid.remote()] = i
-            except Exception as exc:  # Ray itself is gone: this replica cannot answer
+            except Exception as exc:  # Ray itself is gone: nothing can reach this replica
+                self.dead.add(i)
                 log.warning("replica %d cannot be asked: %s", i, last_line(exc))
         if calls:
             ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=RESTART_WAIT_S)
             for ref in ready:
                 try:
                     ray.get(ref)
-                    answered += 1
                 except ray.exceptions.ActorDiedError as exc:
                     self.dead.add(calls[ref])
                     log.warning("replica %d is dead: %s", calls[ref], last_line(exc))
                 except ray.exceptions.RayError as exc:
                     log.warning("replica %d did not answer: %s", calls[ref], last_line(exc))
-        if not answered:
+        if len(self.dead) == len(self.actors):
             raise ReplicasLost(
-                f"no replica of {self.model} answers ({key}: {message}); its work is left "
+                f"every replica of {self.model} is gone ({key}: {message}); its work is left "
                 "unfinished: run the command again to resume"
             )
 
