@@ -131,11 +131,16 @@ def local_ray():
     ray.shutdown()
 
 
-def stand_in(sweep_file: Path) -> str | None:
-    """`--model` for a shipped sweep whose models are not on this machine: the real-model study
-    names $SODARAY_REAL_MODELS (`../shared/models/fetch-real-models.sh`); without them its file
-    is still checked, on stories260K. None: the file's own models."""
+def real_models_missing(sweep_file: Path) -> bool:
+    """Whether a shipped sweep names the real models ($SODARAY_REAL_MODELS, assembled by
+    `../shared/models/fetch-real-models.sh`) and they are not on this machine."""
     real = Path(os.environ.get("SODARAY_REAL_MODELS", "/nonexistent"))
-    if sweep_file.stem == "real-models" and not (real / "qwen2.5-0.5b" / "model.gguf").is_file():
-        return str(STORIES)
-    return None
+    names_them = "$SODARAY_REAL_MODELS" in sweep_file.read_text()
+    return names_them and not (real / "qwen2.5-0.5b" / "model.gguf").is_file()
+
+
+def stand_in(sweep_file: Path) -> str | None:
+    """`--model` for a shipped sweep whose models are not on this machine (the real-model study
+    and its held-out check): its file is still checked, on stories260K. None: the file's own
+    models."""
+    return str(STORIES) if real_models_missing(sweep_file) else None

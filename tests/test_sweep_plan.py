@@ -3,12 +3,11 @@ real calibration on stories260K, and quick looks in their own results folder."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from conftest import STORIES
+from conftest import STORIES, real_models_missing
 
 from sodaray.cli import main
 from sodaray.experiment.data import select_rows
@@ -20,8 +19,7 @@ SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 
 @pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_plan_works_on_every_shipped_sweep(path, capsys):
-    real = Path(os.environ.get("SODARAY_REAL_MODELS", "/nonexistent"))
-    if path.stem == "real-models" and not (real / "qwen2.5-0.5b" / "model.gguf").is_file():
+    if real_models_missing(path):
         pytest.skip("the real models are not assembled (../shared/models/fetch-real-models.sh)")
     assert main(["sweep", "plan", str(path), "--no-calibrate"]) == 0
     out = capsys.readouterr().out
