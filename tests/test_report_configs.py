@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import pandas as pd
@@ -202,6 +203,14 @@ def known_rows(
     return result_rows(results, context)
 
 
+def model_cells(folder: Path, tables: dict[str, Any]) -> dict[str, list[tuple[Any, int]]]:
+    """The models table over `tables` written to `folder`: (value, n) per cell, by row label."""
+    for name, table in tables.items():
+        pq.write_table(table, folder / f"{name}.parquet")
+    (models,) = table_model(load_frame(folder))
+    return {label: [(c.value, c.n) for c in row] for label, row in models.rows}
+
+
 def test_the_model_table_pools_random_datasets_and_counts_a_search_once(tmp_path):
     """Issue 27's sweep: the no-BOS jobs ran only lengths 1-2, as their own dataset
     (`random-short`, drawn by the same builder from the same seed). They are rows of the models
@@ -223,10 +232,7 @@ def test_the_model_table_pools_random_datasets_and_counts_a_search_once(tmp_path
         ),
         "prose": known_rows({1: [True]}, "m-prose", sweep="s", job="d", dataset="nl-id"),
     }
-    for name, table in tables.items():
-        pq.write_table(table, tmp_path / f"{name}.parquet")
-    (models,) = table_model(load_frame(tmp_path))
-    cells = {label: [(c.value, c.n) for c in row] for label, row in models.rows}
+    cells = model_cells(tmp_path, tables)
     assert sorted(cells) == ["m", "m-nobos"]
     assert cells["m"][3:] == [(0.5, 2), (0.0, 1), (pytest.approx(1 / 3), 3)]
     assert cells["m-nobos"][3:] == [(1.0, 2), (1.0, 1), (1.0, 3)]
@@ -246,10 +252,7 @@ def test_the_model_table_pools_random_sets_when_none_is_named_random(tmp_path):
         ),
         "prose": known_rows({1: [True]}, "m-prose", sweep="s", job="d", dataset="nl-id"),
     }
-    for name, table in tables.items():
-        pq.write_table(table, tmp_path / f"{name}.parquet")
-    (models,) = table_model(load_frame(tmp_path))
-    cells = {label: [(c.value, c.n) for c in row] for label, row in models.rows}
+    cells = model_cells(tmp_path, tables)
     assert sorted(cells) == ["qwen", "smol"]
     assert cells["qwen"][-1] == (1.0, 2) and cells["smol"][-1] == (0.5, 2)
 
