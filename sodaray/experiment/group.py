@@ -131,7 +131,7 @@ class ActorGroup:
         """The next output of a ready call (None: it ended)."""
         import ray
 
-        unit, replica = self.running[stream]
+        unit, _ = self.running[stream]
         try:
             output = ray.get(next(stream))
         except StopIteration:
@@ -139,8 +139,6 @@ class ActorGroup:
             return None
         except ray.exceptions.RayError as exc:
             self.running.pop(stream, None)
-            if isinstance(exc, ray.exceptions.ActorUnavailableError):
-                self._await_restart(replica)
             return unit, self._failed(unit, exc)
         if isinstance(output, Finished):
             self._ended(stream)
@@ -149,16 +147,6 @@ class ActorGroup:
     def _ended(self, stream: Any) -> None:
         self.running.pop(stream, None)
         self.dispatch()
-
-    def _await_restart(self, replica: int) -> None:
-        """Wait (a bounded time) for Ray to restart a lost replica, so a retry is not spent on
-        an actor that is still coming back."""
-        import ray
-
-        try:
-            ray.get(self.actors[replica].pid.remote(), timeout=RESTART_WAIT_S)
-        except (ray.exceptions.RayError, TimeoutError) as exc:
-            log.warning("replica %d did not come back: %s", replica, last_line(exc))
 
     def _failed(self, unit: Unit, exc: BaseException) -> Failure:
         tries = self.attempts[unit.key] = self.attempts.get(unit.key, 0) + 1
@@ -190,7 +178,11 @@ class ActorGroup:
                 self.dead.add(i)
                 log.warning("replica %d cannot be asked: %s", i, last_line(exc))
         if calls:
-            ready, _ = ray.wait(list(calls), num_returns=len(calls), timeout=RESTART_WAIT_S)
+            # The bounded wait for a lost replica's restart too, so a retry is not spent on an
+            # actor that is still coming back.
+            ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=RESTART_WAIT_S)
+            for ref in late:
+                log.warning("replica %d did not answer in %.0f s", calls[ref], RESTART_WAIT_S)
             for ref in ready:
                 try:
                     ray.get(ref)
