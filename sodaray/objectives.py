@@ -36,6 +36,10 @@ FLUENCY_FORMS: tuple[str, ...] = ("argmax", "relaxed")
 # `observations.observed_in_space` and `observations.predicted_in_space`.
 ObservationSpace = Literal["raw", "centred", "logprobs"]
 SPACES: tuple[str, ...] = ("raw", "centred", "logprobs")
+# The fields that say how a candidate is compared, which a preset file may carry beside SODA's
+# knobs (`sodaray.presets`): a setting tuned or chosen for a model. What is observed (kind,
+# top_k, output_tokens) and when a candidate counts as found (atol, rtol) stay the caller's.
+PRESET_FIELDS: tuple[str, ...] = ("space", "loss", "huber_delta", "fluency_weight")
 
 
 @dataclass(frozen=True)

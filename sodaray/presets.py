@@ -8,7 +8,8 @@ config (0.3 is ten times every other model's rate, most likely a typo; `qwen2.5-
 it for anyone who wants the printed value); the Pythia-1.4B model is named only `pythia-1.4b`
 in the config, and the preset uses the TDC-2023 trojan base model's test-phase release (the
 paper's TDC setting; the dev-phase release is another checkpoint). A preset YAML (as written by
-`sodaray tune`) can be loaded with `load_preset_file`.
+`sodaray tune`) can be loaded with `load_preset_file`; beside SODA's knobs it may set how
+candidates are compared (`objective: {space: centred}`), read by `load_preset_objective`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
-from sodaray.validation import yaml_load
+from sodaray.objectives import PRESET_FIELDS
+from sodaray.validation import make_objective, yaml_load
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,8 @@ def get_preset(name: str) -> Preset:
     return PRESETS[key]
 
 
-def load_preset_file(path: str | Path) -> dict[str, Any]:
-    """SODA parameters from a preset YAML: either a flat mapping or one under `soda:`."""
+def _read_preset(path: str | Path) -> dict[str, Any]:
+    """A preset YAML's mapping, or a one-line error naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"preset file not found: {path}")
@@ -95,10 +97,40 @@ def load_preset_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid YAML ({first_line(exc)})") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset file must be a mapping of parameters")
+    return data
+
+
+def load_preset_file(path: str | Path) -> dict[str, Any]:
+    """SODA parameters from a preset YAML: either a flat mapping or one under `soda:`."""
+    data = _read_preset(path)
     params = data.get("soda", data.get("params", data))
     if not isinstance(params, dict):
         raise ValueError(f"{path}: 'soda' must be a mapping of parameters")
     return dict(params)
+
+
+def load_preset_objective(path: str | Path) -> dict[str, Any]:
+    """The objective settings a preset YAML carries under `objective:` (none: {}), coerced and
+    checked: only `PRESET_FIELDS` (how candidates are compared, e.g. `space: centred`), each a
+    valid value. They are defaults: an objective field a sweep, tuning file or command line
+    sets itself wins."""
+    data = _read_preset(path)
+    if "soda" not in data and "params" not in data:
+        return {}  # a flat mapping is SODA parameters only
+    section = data.get("objective") or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: 'objective' must be a mapping of objective fields")
+    unknown = sorted(str(k) for k in section if k not in PRESET_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"{path}: objective.{unknown[0]} is not a preset setting "
+            f"(a preset may set {', '.join(PRESET_FIELDS)})"
+        )
+    try:
+        objective = make_objective(dict(section))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: objective: {first_line(exc)}") from exc
+    return {k: getattr(objective, k) for k in section}
 
 
 def preset_params(

@@ -70,6 +70,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     ("max-steps-overflow", [*INV[:-2], "--max-steps", "9" * 23], "max_steps must be at most", {}),
     ("seed-negative", [*INV, "--seed", "-1"], "seed must be in", {}),
     ("seed-overflow", [*INV, "--seed", "9" * 23], "seed must be in", {}),
+    (
+        "preset-objective-not-a-setting",
+        [*INV, "--preset-file", "{tmp}/p.yaml"],
+        "objective.top_k is not a preset setting",
+        {"p.yaml": "soda: {learning_rate: 0.03}\nobjective: {top_k: 5}\n"},
+    ),
+    (
+        "preset-objective-clashes-with-flag",
+        [*INV, "--preset-file", "{tmp}/p.yaml", "--top-k", "1"],
+        "centred top-1 logits are always 0",
+        {"p.yaml": "soda: {learning_rate: 0.03}\nobjective: {space: centred}\n"},
+    ),
     ("device-tpu", [*INV, "--device", "tpu"], "--device tpu", {}),
     ("device-nonsense", [*INV, "--device", "gpu0"], "--device gpu0", {}),
     # ---- invert: sizes the model or the machine cannot take

@@ -105,8 +105,9 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         "position's mean) or logprobs; a --logits-file holds values of this space",
     )
     obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
-    obj.add_argument("--loss", choices=["huber", "mse"], default="huber")
-    obj.add_argument("--fluency-weight", type=float, default=0.0)
+    # None: the preset file's setting, else the objective's default (huber, 0).
+    obj.add_argument("--loss", choices=["huber", "mse"], default=None, help="default: huber")
+    obj.add_argument("--fluency-weight", type=float, default=None, help="default: 0")
     obj.add_argument(
         "--text-loss",
         choices=["logprob", "prob"],
@@ -211,14 +212,17 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output_file(args.out)
     kind = args.objective or ("text" if args.output_text else "logits")
+    # The preset file's comparison settings (`objective: {space: centred}`), under any flag given.
+    from sodaray.presets import load_preset_objective
+
+    preset = load_preset_objective(args.preset_file) if args.preset_file else {}
+    given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
     objective: Objective = make_objective(
         dict(
             kind=kind,
             top_k=args.top_k,
-            **({"space": args.space} if args.space else {}),
+            **{**preset, **{k: v for k, v in given.items() if v is not None}},
             output_tokens=args.output_tokens,
-            loss=args.loss,
-            fluency_weight=args.fluency_weight,
             text_loss=args.text_loss,
             fluency_form=args.fluency_form,
             atol=args.atol,

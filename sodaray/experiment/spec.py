@@ -1,9 +1,10 @@
 """Entries shared by sweep and tuning files, parsed once into dataclasses.
 
-A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and the one
-place a model's preset meets an algorithm entry's parameters (`algorithm_config`). Every check
-raises through a `fail(where, message)` the caller makes with `failer`, so an error is one line
-naming the file and the field, whichever file kind it came from.
+A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and the two
+places a model's preset meets an algorithm entry's parameters (`algorithm_config`) and an
+objective entry's fields (`objective_config`). Every check raises through a `fail(where,
+message)` the caller makes with `failer`, so an error is one line naming the file and the field,
+whichever file kind it came from.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sodaray.fields import (
 )
 from sodaray.objectives import Objective
 from sodaray.paths import brief, expand_path, local_path
-from sodaray.presets import PRESETS, load_preset_file, preset_params
+from sodaray.presets import PRESETS, load_preset_file, load_preset_objective, preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
 
@@ -169,6 +170,15 @@ def algorithm_config(
     return make_config(algorithm, {**merged, "max_steps": steps, "seed": seed})
 
 
+def objective_config(entry: dict[str, Any], model: ModelSpec) -> Objective:
+    """The one place a preset's objective settings are applied: the model entry's preset file's
+    `objective:` (e.g. `space: centred`), then the objective entry's own fields, which win;
+    validated."""
+    preset_file = model.preset_file and expand_path(model.preset_file)
+    preset = load_preset_objective(preset_file) if preset_file else {}
+    return make_objective({**preset, **entry})
+
+
 def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) -> ModelSpec:
     """A model entry (a mapping, or a bare id); `model` (`--model`) replaces its id first."""
     if isinstance(entry, str):
@@ -235,6 +245,7 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
     if preset_file:
         try:
             load_preset_file(preset_file)
+            load_preset_objective(preset_file)
         except (OSError, ValueError) as exc:
             raise fail(f"{where}.preset_file", str(exc)) from exc
 

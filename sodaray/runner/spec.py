@@ -26,6 +26,7 @@ from sodaray.experiment.spec import (
     algorithm_config,
     check_top,
     expand_objective,
+    objective_config,
     parse_dataset,
     parse_model,
     parse_objective,
@@ -132,7 +133,9 @@ class Sweep:
     models: list[ModelSpec] = field(default_factory=list)
     datasets: list[DatasetSpec] = field(default_factory=list)
     algorithms: list[AlgorithmEntry] = field(default_factory=list)
-    objectives: list[Objective] = field(default_factory=list)  # each grid expanded
+    # Each objective entry's own fields, its grid expanded; a job's `Objective` adds its model's
+    # preset settings under them (`objective_config`).
+    objectives: list[dict[str, Any]] = field(default_factory=list)
     # The step budget of every algorithm entry without its own.
     max_steps: int = field(default=2000, metadata=AT_LEAST_1)
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -176,6 +179,7 @@ class Sweep:
                 continue
             steps = entry.max_steps or self.max_steps
             config = algorithm_config(entry.name, params, m, seed=seed, steps=steps)
+            objective = objective_config(obj, m)
             jobs.append(
                 Job(
                     self.name,
@@ -184,7 +188,7 @@ class Sweep:
                     entry.name,
                     variant,
                     config,
-                    obj,
+                    objective,
                     length,
                     self.max_length,
                     self.samples_per_length,
@@ -192,7 +196,12 @@ class Sweep:
                     self.shard_size,
                 )
             )
-        return jobs
+        # Entries can make one job twice (a preset's `space: centred` under an objective entry
+        # that says nothing, beside one that says `space: centred`): one folder, run once.
+        unique: dict[str, Job] = {}
+        for job in jobs:
+            unique.setdefault(job.name, job)
+        return list(unique.values())
 
 
 def _short(value: Any) -> str:
@@ -242,7 +251,7 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         for i, e in enumerate(entries(data, "algorithms", fail))
     ]
     objectives = [
-        Objective(**o)
+        o
         for i, e in enumerate(data.get("objectives") or [{"kind": "logits"}])
         for o in expand_objective(parse_objective(e, f"objectives[{i}]", fail))
     ]
@@ -304,6 +313,11 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
             except (TypeError, ValueError) as exc:
                 message = str(exc).removeprefix("config: ")
                 raise fail(f"algorithms[{i}]", message) from exc
+    for (i, m), obj in itertools.product(enumerate(models), objectives):
+        try:  # a preset's settings with each objective entry: `space: centred` and top_k 1 clash
+            objective_config(obj, m)
+        except (TypeError, ValueError) as exc:
+            raise fail(f"models[{i}].preset_file", f"{exc} (with objective {obj})") from exc
     return sweep
 
 

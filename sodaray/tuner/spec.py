@@ -16,6 +16,7 @@ from sodaray.experiment.spec import (
     TuningError,
     algorithm_config,
     check_top,
+    objective_config,
     parse_dataset,
     parse_model,
     parse_objective,
@@ -98,13 +99,14 @@ class TuningSpec:
         )
 
     def objective_for(self, params: dict[str, Any]) -> Objective:
-        """The objective with a trial's `objective.*` parameters applied."""
+        """The objective with the model's preset settings, then the file's `objective`, then a
+        trial's `objective.*` parameters applied."""
         over = {
             k.removeprefix(OBJECTIVE_PREFIX): v
             for k, v in params.items()
             if k.startswith(OBJECTIVE_PREFIX)
         }
-        return Objective(**{**self.objective, **over})
+        return objective_config({**self.objective, **over}, self.model)
 
     def resolved(self) -> TuningSpec:
         """This spec as it crosses to Ray actors: the model's local paths (`ModelSpec.resolved`),
@@ -246,6 +248,10 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         spec.config({})
     except (TypeError, ValueError) as exc:
         raise fail("fixed", str(exc).removeprefix("config: ")) from exc
+    try:  # the model's preset settings under the file's objective: a clash is the preset's
+        spec.objective_for({})
+    except (TypeError, ValueError) as exc:
+        raise fail("model.preset_file", str(exc)) from exc
     return spec
 
 

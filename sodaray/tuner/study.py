@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
+from sodaray.objectives import PRESET_FIELDS, Objective
 from sodaray.tuner.spec import TuningSpec
 
 
@@ -222,8 +223,12 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
         ),
         "model": spec.model.id,
     }
-    objective = {k: v for k, v in best.params.items() if k.startswith("objective.")}
-    if objective:  # not SODA parameters: kept apart so the file loads as a preset
-        doc["objective"] = {k.removeprefix("objective."): v for k, v in objective.items()}
+    # How the trial compared candidates (the file's `objective` with any tuned `objective.*`),
+    # where it is not the default: a preset tuned under `space: centred` is used so.
+    objective = dataclasses.asdict(spec.objective_for(best.params))
+    default = dataclasses.asdict(Objective())
+    settings = {k: objective[k] for k in PRESET_FIELDS if objective[k] != default[k]}
+    if settings:  # not SODA parameters: kept apart so the file loads as a preset
+        doc["objective"] = settings
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
