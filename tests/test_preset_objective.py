@@ -169,3 +169,12 @@ def test_entries_that_make_one_job_twice_make_it_once(tmp_path):
     assert [j.objective.space for j in jobs] == ["centred"]  # one folder: one job
     twice = f'[{{id: "{STORIES}"}}, {{id: "{STORIES}"}}]'
     assert len(load_sweep(sweep_file(tmp_path, twice, "[{kind: logits}]")).jobs()) == 1
+
+
+def test_shipped_presets_load_and_the_centred_one_compares_in_centred_logits():
+    root = Path(__file__).resolve().parents[1] / "tuning" / "presets"
+    settings = {p.name: load_preset_objective(p) for p in sorted(root.glob("*.yaml"))}
+    for path in root.glob("*.yaml"):
+        assert load_preset_file(path)["learning_rate"] > 0
+    assert settings.pop("smollm2-135m-bos-centred.yaml") == {"space": "centred"}
+    assert settings and all(s == {} for s in settings.values())  # the others: raw, the default
