@@ -215,13 +215,14 @@ def cmd_invert(args: argparse.Namespace) -> int:
     # The preset file's comparison settings (`objective: {space: centred}`), under any flag given.
     from sodaray.presets import load_preset_objective
 
-    preset = load_preset_objective(args.preset_file) if args.preset_file else {}
+    settings = load_preset_objective(args.preset_file) if args.preset_file else {}
     given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
+    settings.update({k: v for k, v in given.items() if v is not None})
     objective: Objective = make_objective(
         dict(
             kind=kind,
             top_k=args.top_k,
-            **{**preset, **{k: v for k, v in given.items() if v is not None}},
+            **settings,
             output_tokens=args.output_tokens,
             text_loss=args.text_loss,
             fluency_form=args.fluency_form,
