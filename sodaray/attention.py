@@ -75,27 +75,26 @@ def _padded_attention(
     v = nn.functional.pad(value, (0, 0, 0, width - keys))
     scale = dim**-0.5 if scaling is None else scaling
     bias = _causal_bias(width, keys - length, keys, groups, query.device, query.dtype)
-    if softcap is None and attention_mask is None:  # the usual case: one fused op
+    bias = bias.view(1, 1, groups, width, width)
+    if attention_mask is not None:
+        # SDPA's mask joins the causal bias, so that whether transformers sends one for a width
+        # (a sliding window does from some width on) changes no kernel, only the bias's values,
+        # exact 0s wherever both let a query see a key: the same bits with a mask or without.
+        bias = bias + _mask_bias(attention_mask, length, keys, width, heads, kv_heads, bias.dtype)
+    if softcap is None:  # the usual case: one fused op
+        per_head = bias.shape[0] * bias.shape[1] > 1  # else one (GW, W) bias for every head
+        rows = bias.expand(batch, kv_heads, -1, -1, -1) if per_head else bias
+        rows = rows.reshape(-1, groups * width, width)  # (1 or B x kv heads, GW, W)
         scores = torch.baddbmm(
-            bias,
+            rows,
             q.reshape(batch * kv_heads, groups * width, dim),
             k.reshape(batch * kv_heads, width, dim).transpose(1, 2),
             alpha=scale,
         )
     else:
         scores = torch.matmul(q, k.transpose(-1, -2))
-        if softcap is not None:
-            scores = torch.tanh(scores * (scale / softcap)) * softcap
-        else:
-            scores = scores * scale
-        scores = scores.view(batch, kv_heads, groups, width, width) + bias.view(groups, width, -1)
-        if attention_mask is not None:  # SDPA's mask: True attends (a float mask is added)
-            mask = attention_mask[..., :length, :keys]
-            pad = (0, width - keys, 0, width - length)
-            if mask.dtype == torch.bool:
-                mask = torch.zeros_like(mask, dtype=scores.dtype).masked_fill(~mask, -torch.inf)
-            mask = nn.functional.pad(mask.to(scores.dtype), pad)  # (B or 1, H or 1, W, W)
-            scores = scores.view(batch, heads, width, width) + mask
+        scores = torch.tanh(scores * (scale / softcap)) * softcap
+        scores = scores.view(batch, kv_heads, groups, width, width) + bias
     scores = scores.view(batch, kv_heads, groups * width, width)
     if scores.dtype == torch.float32:
         probs = torch.softmax(scores, dim=-1)
@@ -104,6 +103,20 @@ def _padded_attention(
     out = torch.matmul(probs, v)
     out = out.view(batch, heads, width, dim)[:, :, :length]
     return out.transpose(1, 2).contiguous()
+
+
+def _mask_bias(
+    mask: Tensor, length: int, keys: int, width: int, heads: int, kv_heads: int, dtype: torch.dtype
+) -> Tensor:
+    """SDPA's attention mask (B or 1, H or 1, L, keys; True attends, or a float added) as an
+    additive bias padded to (B or 1, kv heads or 1, groups or 1, width, width)."""
+    mask = mask[..., :length, :keys]
+    if mask.dtype == torch.bool:
+        mask = torch.zeros_like(mask, dtype=dtype).masked_fill(~mask, -torch.inf)
+    mask = nn.functional.pad(mask.to(dtype), (0, width - keys, 0, width - length))
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(1)  # (B or 1, 1, 1, W, W)
+    return mask.view(mask.shape[0], kv_heads, heads // kv_heads, width, width)
 
 
 _BIAS: dict[tuple[Any, ...], Tensor] = {}
