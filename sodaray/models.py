@@ -237,6 +237,20 @@ class LoadedModel:
         logits = self.model(input_ids=pad_rows(tokens, tokens.shape[1]), use_cache=False).logits
         return logits[:batch, len(self.prefix_ids) :]
 
+    @torch.no_grad()
+    def canonical_logits(self, tokens: Tensor, last: int) -> Tensor:
+        """Float32 logits (C, last, V) at the last `last` positions of equal-length token rows
+        (C, L), after the prefix, in the canonical shape: each sequence alone, first in its
+        batch (`token_logits` pads it with zero rows).
+
+        Targets are recorded and candidates confirmed through this one computation, so a true
+        input meets its target in the same kernels and reproduces it bit for bit: a GPU picks
+        its matmul kernels by shape (issue 37: four exact inputs of 181 went unreported on an
+        H100), and a CPU on several threads rounds a row by where it falls in its matrix."""
+        if not len(tokens):
+            return torch.zeros((0, last, self.vocab_size), device=tokens.device)
+        return torch.cat([self.token_logits(row[None])[:, -last:].float() for row in tokens])
+
     def relaxed_embeds(self, mixture_embeds: Tensor) -> Tensor:
         """`p @ embedding_matrix` as the model's own embedding module would have scaled it."""
         return mixture_embeds if self.embed_scale == 1.0 else mixture_embeds * self.embed_scale

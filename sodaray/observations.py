@@ -130,8 +130,25 @@ class Observation:
         rows: Tensor,
         atol: float,
         rtol: float,
+        slack: float = 0.0,
     ) -> Tensor:
-        """Whether each candidate (C,) reproduces its row's observation exactly, (C,) bool."""
+        """Whether each candidate (C,) reproduces its row's observation, (C,) bool, from its
+        final hidden states (C, m, d). `slack` loosens the test by that fraction of the row's
+        largest observed magnitude (a screen; 0: the exact test)."""
+        logits = model.unembed(hidden).float()
+        return self.compare(objective, logits, batch, rows, atol, rtol, slack)
+
+    def compare(
+        self,
+        objective: Objective,
+        logits: Tensor,
+        batch: BatchTargets,
+        rows: Tensor,
+        atol: float,
+        rtol: float,
+        slack: float = 0.0,
+    ) -> Tensor:
+        """`match` on the candidates' full float logits (C, m, V)."""
         raise NotImplementedError
 
 
@@ -155,8 +172,14 @@ class TextObservation(Observation):
         lp_true = logp.gather(-1, batch.continuation[..., None]).squeeze(-1)
         return (logp.amax(-1) - lp_true).clamp_min(1e-12).mean(1)
 
-    def match(self, model, objective, hidden, batch, rows, atol, rtol) -> Tensor:
-        return (model.unembed(hidden).argmax(-1) == batch.continuation[rows]).all(1)
+    def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
+        observed = batch.continuation[rows]
+        if not slack:
+            return (logits.argmax(-1) == observed).all(1)
+        # Screen: each observed token within `slack` of the position's largest logit.
+        top = logits.amax(-1)
+        margin = slack * logits.abs().amax(-1)
+        return (logits.gather(-1, observed[..., None]).squeeze(-1) >= top - margin).all(1)
 
 
 class LogitsObservation(Observation):
@@ -189,44 +212,57 @@ class LogitsObservation(Observation):
             per_entry = (pred - batch.observed_values).square()
         return per_entry.flatten(1).mean(1)
 
-    def match(self, model, objective, hidden, batch, rows, atol, rtol) -> Tensor:
+    def match(self, model, objective, hidden, batch, rows, atol, rtol, slack=0.0) -> Tensor:
         """For raw logits a cheap necessary condition runs first: the few largest observed
         logits, with a looser tolerance; only candidates that pass it pay for the
         full-vocabulary comparison."""
         result = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         alive = torch.arange(hidden.shape[0], device=hidden.device)
         # The probe compares raw logits; the other spaces need the whole row anyway.
-        space = objective.space
-        if model.split_forward and batch.probe_indices is not None and space == "raw":
+        if model.split_forward and batch.probe_indices is not None and objective.space == "raw":
             probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
             # Far looser than the real test than any rounding: it never rejects a true match.
-            ok = torch.isclose(
-                probe_pred, batch.probe_values[rows], atol=2 * atol + 1e-5, rtol=2 * rtol
+            ok = _close(
+                probe_pred, batch.probe_values[rows], 2 * atol + 1e-5, 2 * rtol, 2 * slack
             )
-            alive = ok.flatten(1).all(1).nonzero().squeeze(1)
+            alive = ok.all(1).nonzero().squeeze(1)
             if len(alive) == 0:
                 return result
             hidden, rows = hidden[alive], rows[alive]
-        values = batch.observed_values[rows]
         full = model.unembed(hidden).float()
-        if space == "centred" and batch.observed_indices is None:
-            full = full - full.mean(-1, keepdim=True)
-        elif space == "logprobs":
-            full = full.log_softmax(-1)  # monotone: the top-k set below is unchanged
-        if batch.observed_indices is None:
-            close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)
-        else:
-            indices = batch.observed_indices[rows]
-            k = indices.shape[-1]
-            at_obs = full.gather(-1, indices)
-            if space == "centred":
-                at_obs = at_obs - at_obs.mean(-1, keepdim=True)
-            close = torch.isclose(at_obs, values, atol=atol, rtol=rtol).flatten(1).all(1)
-            # Its own top-k must be the observed set (order-free: ties may swap equal values).
-            own = full.topk(k, dim=-1).indices.sort(-1).values
-            close &= (own == indices.sort(-1).values).flatten(1).all(1)
-        result[alive] = close
+        result[alive] = self.compare(objective, full, batch, rows, atol, rtol, slack)
         return result
+
+    def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
+        space = objective.space
+        values = batch.observed_values[rows]
+        if space == "centred" and batch.observed_indices is None:
+            logits = logits - logits.mean(-1, keepdim=True)
+        elif space == "logprobs":
+            logits = logits.log_softmax(-1)  # monotone: the top-k set below is unchanged
+        if batch.observed_indices is None:
+            return _close(logits, values, atol, rtol, slack).all(1)
+        indices = batch.observed_indices[rows]
+        k = indices.shape[-1]
+        at_obs = logits.gather(-1, indices)
+        if space == "centred":
+            at_obs = at_obs - at_obs.mean(-1, keepdim=True)
+        close = _close(at_obs, values, atol, rtol, slack).all(1)
+        if slack:  # a screen: which entries make the top k may swap within the slack
+            return close
+        # Its own top-k must be the observed set (order-free: ties may swap equal values).
+        own = logits.topk(k, dim=-1).indices.sort(-1).values
+        return close & (own == indices.sort(-1).values).flatten(1).all(1)
+
+
+def _close(pred: Tensor, observed: Tensor, atol: float, rtol: float, slack: float) -> Tensor:
+    """(C, ...) -> (C, entries) bool: `torch.isclose` (slack 0), or within `slack` times the
+    candidate's largest observed magnitude more."""
+    if not slack:
+        return torch.isclose(pred, observed, atol=atol, rtol=rtol).flatten(1)
+    pred, observed = pred.flatten(1), observed.flatten(1)
+    allowed = atol + rtol * observed.abs() + slack * observed.abs().amax(1, keepdim=True)
+    return (pred - observed).abs() <= allowed
 
 
 OBSERVATIONS: dict[str, Observation] = {o.kind: o for o in (LogitsObservation(), TextObservation())}

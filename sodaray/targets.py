@@ -6,6 +6,7 @@ output, `make_targets`), from observed text (`targets_from_text`) or from observ
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from sodaray.errors import first_line
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
 from sodaray.observations import observation, observed_in_space
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,18 +86,38 @@ def check_token_ids(model: LoadedModel, tokens: list[list[int]]) -> None:
 
 
 @torch.no_grad()
-def greedy_continuation(model: LoadedModel, tokens: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+def greedy_continuation(
+    model: LoadedModel, tokens: Tensor, steps: int, *, canonical: bool = False
+) -> tuple[Tensor, Tensor]:
     """Greedy continuation (B, steps) of equal-length inputs and the logits that chose it
-    (B, steps, V). Re-runs the whole sequence per step: `steps` is small here."""
-    seq = tokens
-    chosen, logits_seen = [], []
-    for _ in range(steps):
-        logits = model.token_logits(seq)[:, -1].float()
-        nxt = logits.argmax(-1)
-        chosen.append(nxt)
-        logits_seen.append(logits)
-        seq = torch.cat([seq, nxt[:, None]], dim=1)
-    return torch.stack(chosen, 1), torch.stack(logits_seen, 1)
+    (B, steps, V). Re-runs the whole sequence per step: `steps` is small here.
+
+    `canonical` (what targets are made with): every forward in the match check's own shape
+    (`LoadedModel.canonical_logits`), over the input and `steps - 1` positions after it,
+    filled as they are chosen. A causal model's logits at a position do not see the later
+    ones, bit for bit, so the logits returned are exactly those the check computes for the
+    true input with its continuation in place."""
+    if not canonical:
+        seq = tokens
+        chosen, logits_seen = [], []
+        for _ in range(steps):
+            logits = model.token_logits(seq)[:, -1].float()
+            nxt = logits.argmax(-1)
+            chosen.append(nxt)
+            logits_seen.append(logits)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+        return torch.stack(chosen, 1), torch.stack(logits_seen, 1)
+    n = tokens.shape[1]
+    seq = torch.cat([tokens, tokens.new_zeros(len(tokens), steps - 1)], dim=1)
+    chosen = tokens.new_zeros(len(tokens), steps)
+    for i in range(steps):
+        logits = model.canonical_logits(seq, steps)
+        chosen[:, i] = logits[:, i].argmax(-1)
+        if i + 1 < steps:
+            seq[:, n + i] = chosen[:, i]
+    if not torch.equal(logits.argmax(-1), chosen):  # a later position changed an earlier one
+        log.warning("the model's logits at a position depend on later ones; matches may be missed")
+    return chosen, logits
 
 
 def make_targets(
@@ -135,7 +158,7 @@ def make_targets(
             end += 1
         rows = order[start:end]
         x = torch.tensor([tokens[i] for i in rows], device=model.device)
-        cont, logits = greedy_continuation(model, x, m)
+        cont, logits = greedy_continuation(model, x, m, canonical=True)
         for j, i in enumerate(rows):
             by_row[i] = (cont[j].cpu(), logits[j].cpu())
         start = end
