@@ -36,10 +36,11 @@ def write_tuning(tmp_path: Path) -> Path:
         "name": "tracked-study",
         "description": "two trials of SODA's learning rate",
         "model": {"id": str(STORIES), "num_cpus": 1},
-        "data": {"build": {"dataset": "random", "lengths": "1", "per_length": 3, "seed": 0}},
+        "data": {"build": {"dataset": "random", "lengths": "1", "per_length": 3, "seed": 1}},
         "algorithm": "soda",
-        "fixed": {"temperature": 0.1},
-        "space": {"learning_rate": {"type": "float", "low": 0.03, "high": 0.3, "log": True}},
+        "fixed": {"temperature": 0.05},
+        # Around SODA's default rate, where stories260K finds some of these inputs in the budget.
+        "space": {"learning_rate": {"type": "float", "low": 0.05, "high": 0.08, "log": True}},
         "max_steps": 30,  # overridden on the command line: the runs show the budget that ran
         "trials": 2,
     }
@@ -145,8 +146,8 @@ def test_a_study_is_a_parent_run_with_a_child_run_per_trial(store):
     p = parent.data.params
     assert p["model.id"] == str(STORIES) and p["dataset.name"] == "validation"
     assert p["algorithm"] == "soda" and p["metric"] == "exact" and p["max_steps"] == str(BUDGET)
-    assert p["fixed.temperature"] == "0.1" and p["objective.kind"] == "logits"
-    assert (p["space.learning_rate.low"], p["space.learning_rate.log"]) == ("0.03", "True")
+    assert p["fixed.temperature"] == "0.05" and p["objective.kind"] == "logits"
+    assert (p["space.learning_rate.low"], p["space.learning_rate.log"]) == ("0.05", "True")
     assert (p["sampler"], p["pruner"], p["trials"]) == ("tpe", "median", "2")
     assert json.loads(p["overrides"]) == [f"max_steps={BUDGET}"]
     assert parent.data.tags["mlflow.note.content"] == "two trials of SODA's learning rate"
@@ -162,25 +163,29 @@ def test_a_study_is_a_parent_run_with_a_child_run_per_trial(store):
     assert artifacts(client, parent.info.run_id, "settings") == {"settings/tune.yaml"}
 
     assert sorted(int(r.data.params["trial"]) for r in trials) == [0, 1]
+    rising = 0
     for r in trials:
         p, n = r.data.params, r.data.params["trial"]
         rate = float(p["sampled.learning_rate"])
         assert r.info.run_name == f"soda learning_rate={rate:.4g}, trial {n}"
-        assert 0.03 <= rate <= 0.3 and float(p["params.learning_rate"]) == rate
+        assert 0.05 <= rate <= 0.08 and float(p["params.learning_rate"]) == rate
         # The budget, model, data, objective and fixed values, as a sweep's job logs them.
-        assert p["params.max_steps"] == str(BUDGET) and p["params.temperature"] == "0.1"
-        assert p["fixed.temperature"] == "0.1" and p["model.id"] == str(STORIES)
+        assert p["params.max_steps"] == str(BUDGET) and p["params.temperature"] == "0.05"
+        assert p["fixed.temperature"] == "0.05" and p["model.id"] == str(STORIES)
         assert p["dataset.name"] == "validation" and p["dataset.build.per_length"] == "3"
         assert p["objective.kind"] == "logits" and p["metric"] == "exact"
         assert p["study"] == "tracked-study" and p["algorithm"] == "soda"
         assert json.loads(p["overrides"]) == [f"max_steps={BUDGET}"]
         m = r.data.metrics
-        assert m["exact"] == pytest.approx(m["exact_rate"]) and m["samples"] == 3
-        check_curves(client, r, m["found_rate"], m["exact_rate"])
+        assert m["samples"] == 3 and m["exact_rate"] == pytest.approx(m["exact"] / 3)
+        assert m["value"] == pytest.approx(m["exact_rate"])  # the file's metric: exact
+        exact = check_curves(client, r, m["found_rate"], m["exact_rate"])
+        rising += exact[0] < exact[-1]
         checkpoints = client.get_metric_history(r.info.run_id, "checkpoint")
         assert sorted(c.step for c in checkpoints) == [25, 50, 75, 100]  # 4 per length
         assert r.data.tags["state"] == "COMPLETE" and r.info.status == "FINISHED"
-        assert Path(r.data.tags["result_file"]).is_file()
+        assert Path(r.data.tags["result_file"]).is_file() and r.data.tags["samples"] == "3"
+    assert rising  # some inputs found within the budget: the counts and curves are not all 0
 
 
 def test_a_sweep_is_a_parent_run_with_a_child_run_per_job(store):
@@ -321,6 +326,29 @@ def test_the_readme_command_starts_the_ui_and_it_shows_the_runs(store):
         try:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever the server started and left behind, in its group alone
             os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        except ProcessLookupError:
+            pass
+        server.wait()
         log.close()
+
+
+def test_a_pruned_trials_curves_count_the_samples_it_never_finished(store):
+    """A pruned trial's rows are the samples that finished: its curves are shares of every
+    sample it was given, so they equal the curves of all its rows, unfinished ones not found."""
+    from sodaray.cli.tracking.store import rate_curves
+    from sodaray.results import read_results
+
+    tmp, _ = store
+    rows = read_results(tmp / "results" / "tracked-sweep").to_pandas()
+    assert 0 < rows["found"].sum() < len(rows)  # some found, some not: the case at hand
+    finished = rows[rows["found"]]
+
+    def flat(curves: list[tuple[int, float, float]]) -> list[float]:
+        return [x for point in curves for x in point]
+
+    whole = flat(rate_curves(rows, BUDGET))
+    assert flat(rate_curves(finished, BUDGET, samples=len(rows))) == pytest.approx(whole)
+    assert flat(rate_curves(finished, BUDGET)) != pytest.approx(whole)  # shares of 3, not 6

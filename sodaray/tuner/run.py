@@ -250,7 +250,8 @@ class _Trials:
         for name, attr in (
             ("result_file", str(path)),
             ("exact", exact),
-            ("total", table.num_rows),
+            ("total", table.num_rows),  # a pruned trial's: the samples that finished
+            ("samples", unit.samples),  # the samples it was given
             ("seconds", round(float(output.seconds), 3)),
         ):
             trial.set_user_attr(name, attr)

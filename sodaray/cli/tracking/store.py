@@ -153,10 +153,14 @@ def set_tags(client: Any, run_id: str, tags: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)[:TAG_CHARS]) for k, v in tags.items()])
 
 
-def rate_curves(rows: Any, max_steps: int) -> list[tuple[int, float, float]]:
+def rate_curves(
+    rows: Any, max_steps: int, samples: int | None = None
+) -> list[tuple[int, float, float]]:
     """(step, found rate, exact rate) at `CURVE_POINTS` steps up to `max_steps` (every step when
     the budget is smaller): the share of samples found (and exactly) by that step, from each
-    row's `steps`, so the curve is exact, not sampled while the search ran."""
+    row's `steps`, so the curve is exact, not sampled while the search ran. `samples`: the
+    samples searched when the rows are only those that finished (a pruned trial's); the others
+    found nothing."""
     import numpy as np
 
     from sodaray.metrics import solved_by_step
@@ -166,15 +170,20 @@ def rate_curves(rows: Any, max_steps: int) -> list[tuple[int, float, float]]:
     points = np.unique(np.linspace(0, max_steps, CURVE_POINTS + 1).round().astype(int))[1:]
     found = solved_by_step(rows, points, column="found")
     exact = solved_by_step(rows, points)
+    if samples:  # solved_by_step's shares are of the rows (those whose truth is known)
+        found = found * len(rows) / samples
+        exact = exact * int(rows["exact"].notna().sum()) / samples
     return [(int(s), f, e) for s, f, e in zip(points, found, exact, strict=True)]
 
 
-def rows_metrics(rows: Any, budget: int, step: int) -> list[tuple[str, float, int]]:
+def rows_metrics(
+    rows: Any, budget: int, step: int, samples: int | None = None
+) -> list[tuple[str, float, int]]:
     """What a job's or a trial's rows show, under the same names for both, so a sweep's jobs
     and a study's trials line up in one chart: `found_by_step` and `exact_by_step` (curves up
-    to `budget`), and the mean final relaxed loss (at `step`)."""
+    to `budget`; `samples` as `rate_curves`), and the mean final relaxed loss (at `step`)."""
     metrics = []
-    for s, found, exact in rate_curves(rows, budget):
+    for s, found, exact in rate_curves(rows, budget, samples):
         metrics += [("found_by_step", found, s), ("exact_by_step", exact, s)]
     metrics.append(("final_loss_mean", float(rows["final_loss"].mean()), step))
     return metrics

@@ -168,7 +168,8 @@ class StudyTracker:
             parent,
         )
         log_params(client, run_id, self.trial_params(trial.params, trial.number))
-        metrics = [] if trial.value is None else [(spec.metric, trial.value, 0)]
+        # `value`: under the file's metric (the `metric` param), as Optuna calls it.
+        metrics = [] if trial.value is None else [("value", trial.value, 0)]
         # The exact rate at each pruning checkpoint, as reported to the pruner.
         metrics += [("checkpoint", v, s) for s, v in trial.intermediate_values.items()]
         path = trial_file(self.folder, trial.number)
@@ -185,8 +186,10 @@ class StudyTracker:
             log_metrics(client, parent, history)
 
     def rows_metrics(self, path: Path, trial: Any) -> list[tuple[str, float, int]]:
-        """Counts and curves from a trial's rows, as a job's: a pruned trial's curves end where
-        it was stopped (its rows say nothing of the steps after)."""
+        """Counts, rates and curves from a trial's rows, as a job's. A pruned trial's rows are
+        the samples that finished before it was stopped: its rates are of every sample it was
+        given, and its curves end where it was stopped (its rows say nothing of the steps
+        after)."""
         from sodaray.results import ResultsError, read_results
 
         try:
@@ -198,14 +201,16 @@ class StudyTracker:
             return []
         if not len(rows):
             return []
-        n = len(rows)
-        found, exact = int(rows["found"].sum()), int(rows["exact"].fillna(False).astype(bool).sum())
+        n = int(trial.user_attrs.get("samples", len(rows)))
+        found = int(rows["found"].sum())
+        exact = int(rows["exact"].fillna(False).astype(bool).sum())
         budget = self.spec.max_steps
         if trial.state.name == "PRUNED" and trial.intermediate_values:
             budget = max(trial.intermediate_values)
         counts = {"samples": n, "found": found, "exact": exact}
         counts |= {"found_rate": found / n, "exact_rate": exact / n}
-        return [(k, float(v), 0) for k, v in counts.items()] + rows_metrics(rows, budget, 0)
+        curves = rows_metrics(rows, budget, 0, n if n != len(rows) else None)
+        return [(k, float(v), 0) for k, v in counts.items()] + curves
 
     def _finish(self, run: Any, board: dict[str, Any]) -> None:
         """The study after this run: its trial counts and best value, and as artifacts the
