@@ -136,7 +136,9 @@ class StudyTracker:
         client = client_for(self.uri)
         exp = experiment_id(client, self.uri, self.experiment or self.study_name)
         tags = {KIND_TAG: "study", STUDY_TAG: self.study_name}
-        parent, _ = find_run(client, exp, self.key, f"study {self.study_name}", tags)
+        parent, new = find_run(client, exp, self.key, f"study {self.study_name}", tags)
+        if not new:  # a resumed study: running again while this run adds its trials
+            client.update_run(parent, "RUNNING")
         log_params(client, parent, self.study_params())
         note = self.spec.description or f"study {self.study_name} from {self.spec.path}"
         run_tags = {
