@@ -309,6 +309,20 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "storage foo://bar: Can't load plugin",
         tuning(),
     ),
+    (
+        "tune-mlflow-experiment-a-path",
+        ["tune", "{tmp}/t.yaml", "--out", "{tmp}/o", "--mlflow", "sqlite:///{tmp}/m.db"]
+        + ["--mlflow-experiment", "../elsewhere"],
+        "--mlflow-experiment must be a plain name",
+        tuning(),
+    ),
+    (
+        "sweep-mlflow-experiment-empty",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--mlflow", "sqlite:///{tmp}/m.db"]
+        + ["--mlflow-experiment", ""],
+        "--mlflow-experiment must be a non-empty name",
+        sweep(),
+    ),
     # ---- sweep plan, train-inverter
     ("plan-missing-file", ["sweep", "plan", "{tmp}/none.yaml"], "no such sweep file", {}),
     (

@@ -44,8 +44,15 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--mlflow",
         metavar="URI",
-        help="log each job's summary to this MLflow tracking URI when the run ends "
-        "(sqlite:///mlflow.db, http://HOST:5000; needs pip install 'sodaray[mlflow]')",
+        help="log the sweep (a parent run) and each job (a child run) to this MLflow tracking "
+        "URI when the run ends (sqlite:///mlflow.db, http://HOST:5000; needs pip install "
+        "'sodaray[mlflow]'; see them with `mlflow ui --backend-store-uri URI`)",
+    )
+    run.add_argument(
+        "--mlflow-experiment",
+        metavar="NAME",
+        help="the MLflow experiment (default: the sweep's name); give several sweeps one to "
+        "compare them in one table",
     )
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
@@ -98,7 +105,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     if args.mlflow:
         from sodaray.cli.tracking import sweep_logger
 
-        track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
+        options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
+        # The URI is checked before anything runs.
+        track = sweep_logger(args.mlflow, sweep, args.mlflow_experiment, options)
     progress = SweepProgress(sweep.name)
 
     def on_start(run, samples: int) -> None:
@@ -127,7 +136,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     except SweepInterrupted as stop:
         progress.close()
         if track is not None:
-            track(sweep.name, f"{args.out}/{sweep.name}")
+            track(f"{args.out}/{sweep.name}")
         print(
             f"interrupted: {len(stop.run.done)} shards finished in this run are kept; "
             "run the same command again to continue",
@@ -136,7 +145,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         return 130
     progress.close()
     if track is not None:
-        track(sweep.name, f"{args.out}/{sweep.name}")
+        track(f"{args.out}/{sweep.name}")
     jobs = sweep_status(f"{args.out}/{sweep.name}")
     if args.json:
         print(json.dumps(run_summary(sweep.name, run, jobs)))

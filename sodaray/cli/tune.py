@@ -39,8 +39,15 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mlflow",
         metavar="URI",
-        help="log each trial to this MLflow tracking URI (sqlite:///mlflow.db, http://HOST:5000; "
-        "needs pip install 'sodaray[mlflow]')",
+        help="log the study (a parent run) and each trial (a child run) to this MLflow tracking "
+        "URI (sqlite:///mlflow.db, http://HOST:5000; needs pip install 'sodaray[mlflow]'; "
+        "see them with `mlflow ui --backend-store-uri URI`)",
+    )
+    p.add_argument(
+        "--mlflow-experiment",
+        metavar="NAME",
+        help="the MLflow experiment (default: the study's name); give several studies one to "
+        "compare them in one table",
     )
     p.set_defaults(func=cmd_tune)
 
@@ -61,10 +68,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(json.dumps(describe(spec, args), default=str))
         return 0
     callbacks = []
-    if args.mlflow:
-        from sodaray.cli.tracking import trial_logger
+    tracker = None
+    if args.mlflow:  # the URI is checked before anything runs
+        from sodaray.cli.tracking import StudyTracker
 
-        callbacks.append(trial_logger(args.mlflow, spec.metric))
+        tracker = StudyTracker(
+            args.mlflow,
+            spec,
+            out=args.out,
+            storage=args.storage,
+            model=args.model,
+            overrides=args.overrides,
+            experiment=args.mlflow_experiment,
+        )
+        callbacks.append(tracker.trial)
     progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
     try:
         run = run_tuning(
@@ -79,14 +96,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
             callbacks=callbacks,
         )
     except KeyboardInterrupt:
+        if tracker is not None:
+            tracker.stop()
         print("interrupted: finished trials are in the study; run again to resume", file=sys.stderr)
         return 130
     finally:
         progress.close()
+    board = leaderboard(run)
+    if tracker is not None:
+        tracker.finish(run, board)
     if args.json:
-        print(json.dumps(leaderboard(run)))
+        print(json.dumps(board))
     else:
-        print_leaderboard(run)
+        print_leaderboard(run, board)
     failure = no_trial_completed(run)
     if failure is not None:
         print(f"sodaray: error: {failure}", file=sys.stderr)
@@ -141,8 +163,8 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
     }
 
 
-def print_leaderboard(run, top: int = 10) -> None:
-    board = leaderboard(run, top)
+def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
+    board = leaderboard(run) if board is None else board
     print(
         f"study {board['study']} ({board['storage']}): {board['trials']} trials: "
         + ", ".join(f"{v} {k}" for k, v in board["states"].items())

@@ -11,7 +11,6 @@ are marked failed and their parameters tried again when the study is resumed.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -81,9 +80,8 @@ def run_tuning(
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
-    if model is not None:  # a copy: the caller's spec keeps its model
-        spec = dataclasses.replace(spec, model=spec.model.with_id(model))
-    out = inside(out, spec.name)
+    spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
+    out = study_folder(out, spec)
     url = storage_url(spec, out, storage)
     out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name
@@ -107,6 +105,16 @@ def run_tuning(
         run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
     run.plots = save_plots(study, out / "plots")
     return run
+
+
+def study_folder(out: str | Path, spec: TuningSpec) -> Path:
+    """Where a study writes: OUT/<name>/."""
+    return inside(out, spec.name)
+
+
+def trial_file(folder: Path, number: int) -> Path:
+    """A trial's result rows in its study's folder."""
+    return folder / "trials" / f"trial-{number:05d}.parquet"
 
 
 def validation_rows(
@@ -232,17 +240,18 @@ class _Trials:
         assert isinstance(output, Finished)
         del self.live[unit.key]
         table = output.table
-        trial_file = self.run.out / "trials" / f"trial-{trial.number:05d}.parquet"
-        write_table_atomic(table, trial_file)
+        path = trial_file(self.run.out, trial.number)
+        write_table_atomic(table, path)
         exact = sum(bool(x) for x in table.column("exact").to_pylist())
         losses = table.column("final_loss").to_pylist()
         value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)
         # Set before `tell` (a finished trial is frozen): what the dashboard and `optuna
         # trials` show of each trial.
         for name, attr in (
-            ("result_file", str(trial_file)),
+            ("result_file", str(path)),
             ("exact", exact),
-            ("total", table.num_rows),
+            ("total", table.num_rows),  # a pruned trial's: the samples that finished
+            ("samples", unit.samples),  # the samples it was given
             ("seconds", round(float(output.seconds), 3)),
         ):
             trial.set_user_attr(name, attr)

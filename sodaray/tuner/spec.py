@@ -108,6 +108,11 @@ class TuningSpec:
         }
         return objective_config({**self.objective, **over}, self.model)
 
+    def on_model(self, model: str | None) -> TuningSpec:
+        """This study on another model (`--model`: its id, on the file's model entry's resources;
+        `ModelSpec.with_id`), or this spec itself when `model` is None."""
+        return self if model is None else replace(self, model=self.model.with_id(model))
+
     def resolved(self) -> TuningSpec:
         """This spec as it crosses to Ray actors: the model's local paths (`ModelSpec.resolved`),
         the data file and the file's own path absolute, resolved on the driver where they were
