@@ -402,6 +402,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "files": [str(f) for f in report.files],
             "skipped": {s.name: s.reason for s in report.skipped},
             "notes": list(report.notes),
+            "captions": dict(report.captions),
         }
         print(json.dumps(summary))
         return 0

@@ -138,6 +138,7 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
         "stale_failed": list(run.stale_failed),
         "best_preset": str(run.preset_path) if run.preset_path else None,
         "plots": [str(p) for p in run.plots],
+        "plots_skipped": dict(run.plots_skipped),
     }
 
 
@@ -159,6 +160,8 @@ def print_leaderboard(run, top: int = 10) -> None:
         print(f"best preset: {run.preset_path}")
     for plot in run.plots:
         print(f"plot: {plot}")
+    for name, reason in run.plots_skipped.items():
+        print(f"plot {name} skipped: {reason}")
 
 
 def _fmt(value) -> str:

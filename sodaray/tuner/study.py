@@ -177,6 +177,14 @@ def make_pruner(spec: TuningSpec):
     return optuna.pruners.NopPruner()
 
 
+# What each metric's value is, as an axis or a column says it (the plots, the leaderboard).
+METRIC_LABELS = {
+    "exact": "exact rate (share of validation samples recovered exactly)",
+    "exact_per_second": "exact inversions per second of search",
+    "exact_then_loss": "exact rate, ties broken by the mean final loss (exact_then_loss)",
+}
+
+
 def trial_value(metric: str, exact: int, total: int, seconds: float, losses: list[float]) -> float:
     """A trial's objective value (maximised).
 
