@@ -92,7 +92,7 @@ def spec_hash(spec: TuningSpec) -> str:
             # Named only when given, so files without a preset keep their studies' hashes.
             **(preset if spec.model.preset or spec.model.preset_file else {}),
             "model": spec.model.identity(),
-            "data": dataclasses.asdict(spec.data),
+            "data": spec.data.identity(),
             "algorithm": spec.algorithm,
             "objective": spec.objective,
             "fixed": spec.fixed,
