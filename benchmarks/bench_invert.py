@@ -4,7 +4,7 @@
     python benchmarks/bench_invert.py --suite scaling    # n, B and vocabulary sweep
     python benchmarks/bench_invert.py --suite gpu        # B in {64, 256, 1000}, n=10 (on CUDA)
     python benchmarks/bench_invert.py --case neo:3:64    # one case: model:n:B
-    python benchmarks/bench_invert.py --authors-cmd "python run_authors.py {n} {B} {steps}"
+    python benchmarks/bench_invert.py --authors-cmd "python run_authors.py {length} {B} {steps}"
 
 `--authors-cmd` times the authors' implementation in the same run, interleaved case by case, so
 the comparison does not depend on how fast the shared machine is that hour. The command runs
@@ -191,7 +191,7 @@ def run_case(spec: str, steps: int, device: str, dtype: str, precision: str) -> 
 def time_authors(template: str, spec: str, steps: int) -> float | None:
     """Sample-steps/s of the authors' code for one case, from the external command's JSON."""
     _, n, batch = spec.split(":")
-    cmd = template.format(n=n, B=batch, steps=steps)
+    cmd = template.format(length=n, n=n, B=batch, steps=steps)  # {n}: the older name of {length}
     proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -213,7 +213,8 @@ def main() -> None:
     parser.add_argument("--json", help="also append JSON lines to this file")
     parser.add_argument(
         "--authors-cmd",
-        help="command timing the authors' code for one case, with {n}, {B} and {steps} filled in; "
+        help="command timing the authors' code for one case, with {length} (the input length), {B} "
+        "and {steps} filled in ({n} as {length}); "
         "it must print a JSON line with sample_steps_per_s (run before each neo case)",
     )
     parser.add_argument("--_child", help=argparse.SUPPRESS)

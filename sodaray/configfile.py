@@ -7,6 +7,10 @@ alike, and a job's hash covers the final values.
   that names it) is read first, in order, and the file's own keys go over them; mappings merge
   key by key, anything else (a list, a number) is replaced whole. Included files may include
   others, to a depth of `MAX_DEPTH`; a file including itself is an error.
+- Paths a file names are relative to its folder (`sodaray.paths.in_file`), an included file's
+  too: the caller names its path fields (`models.*.id`), and an included file's relative paths
+  that exist from its folder are rewritten relative to the including file's, so the document
+  has one folder, the top file's, that every relative path in it is read from.
 - An override `a.b.c=VALUE` sets one field; VALUE is YAML (`0.07`, `true`, `[1, 2]`). A list
   is entered by an entry's name (`models.qwen.bos=true`: the model entry named or labelled
   `qwen`; `algorithms.soda.params.temperature=0.07`) or by its index (`models.0.bos=true`).
@@ -15,13 +19,14 @@ alike, and a job's hash covers the final values.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sodaray.errors import first_line
-from sodaray.paths import brief
+from sodaray.paths import brief, expand_path
 from sodaray.validation import yaml_load
 
 MAX_BYTES = 4 << 20  # a config file larger than this is not a config file
@@ -29,14 +34,21 @@ MAX_DEPTH = 8
 
 
 def read_document(
-    path: str | Path, kind: str, error: type[ValueError], overrides: list[str] | tuple = ()
+    path: str | Path,
+    kind: str,
+    error: type[ValueError],
+    overrides: list[str] | tuple = (),
+    paths: tuple[str, ...] = (),
 ) -> tuple[Any, Path]:
     """A config file's data with its includes merged in and `overrides` applied; one-line
-    `error`s naming the file (or the override)."""
+    `error`s naming the file (or the override). `paths`: the fields that name files
+    (`models.*.id`; `*` is every entry of a list), whose relative values an included file
+    gives are rebased onto this file's folder. An override is the file's own value: its paths
+    are read from the file's folder too."""
     path = Path(path)
     data = _read(path, kind, error, ())
     if isinstance(data, dict):
-        data = _with_includes(data, path, kind, error, (path.resolve(),))
+        data = _with_includes(data, path, kind, error, (path.resolve(),), paths)
     for text in overrides:
         if not isinstance(data, dict):
             break  # the file itself is wrong: its own check says how
@@ -66,7 +78,12 @@ def _read(path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...
 
 
 def _with_includes(
-    data: dict, path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...]
+    data: dict,
+    path: Path,
+    kind: str,
+    error: type[ValueError],
+    chain: tuple[Path, ...],
+    paths: tuple[str, ...] = (),
 ) -> dict:
     names = data.get("include")
     if names is None:
@@ -84,8 +101,40 @@ def _with_includes(
         piece = _read(child, kind, error, (*chain, path))
         if not isinstance(piece, dict):
             raise error(f"{child}: an included file is a mapping of fields")
-        merged = merge(merged, _with_includes(piece, child, kind, error, (*chain, child)))
+        piece = _with_includes(piece, child, kind, error, (*chain, child), paths)
+        for field in paths:
+            piece = _rebase(piece, field.split("."), child.parent, path.parent.resolve())
+        merged = merge(merged, piece)
     return merge(merged, {k: v for k, v in data.items() if k != "include"})
+
+
+def _rebase(node: Any, parts: list[str], source: Path, target: Path) -> Any:
+    """`node` with the path at `parts` (`*`: each list entry) rewritten from `source`'s folder
+    to `target`'s; a copy along the path, the rest shared."""
+    if not parts:
+        return _moved(node, source, target) if isinstance(node, str) else node
+    head, rest = parts[0], parts[1:]
+    if head == "*":
+        return [_rebase(e, rest, source, target) for e in node] if isinstance(node, list) else node
+    if isinstance(node, dict) and head in node:
+        return {**node, head: _rebase(node[head], rest, source, target)}
+    if isinstance(node, str) and parts == ["id"]:  # a model entry given as its bare id
+        return _moved(node, source, target)
+    return node
+
+
+def _moved(value: str, source: Path, target: Path) -> str:
+    """A relative path that exists from `source`, written relative to `target`. Anything else
+    as it is: absolute paths, `~` and `$VAR` paths, hub ids, `hf`, and paths missing from
+    `source` (written for the current directory, as older files were: `in_file` reads them)."""
+    if value.startswith(("~", "$")) or os.path.isabs(value):
+        return value
+    try:
+        expanded = expand_path(value)
+    except ValueError:
+        return value
+    where = source / expanded
+    return os.path.relpath(where, target) if where.exists() else value
 
 
 def merge(base: dict, top: dict) -> dict:

@@ -60,6 +60,16 @@ class ModelShape:
         return 3 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
 
 
+def search_flops(
+    shape: ModelShape, samples_by_length: dict[int, int], steps: int, outputs: int, bos: bool
+) -> float:
+    """FLOPs of every sample running its whole step budget at its length: the upper bound a
+    plan quotes (`sweep plan`, `tune --dry-run`)."""
+    return sum(
+        k * steps * shape.step_flops(n, outputs, bos) for n, k in samples_by_length.items()
+    )
+
+
 def shape_from_config(config: Any) -> ModelShape:
     """A shape from a transformers config object or a config.json mapping (GPT-2, GPT-Neo,
     Llama, Qwen, Gemma, Pythia field names)."""
@@ -115,6 +125,18 @@ def model_shape(model_id: str) -> ModelShape | None:
         except (ValueError, TypeError, KeyError) as exc:
             log.info("no shape from %s: %s", config, exc)
     return None
+
+
+def check_plan_options(rate: float | None, device: str, efficiency: float) -> None:
+    """The estimate's options as a plan takes them (`--rate`, `--device`, `--efficiency`)."""
+    import math
+
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"--rate must be a positive finite number, not {rate}")
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"--efficiency must be in (0, 1], not {efficiency}")
+    if device not in PEAK_TFLOPS:
+        raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {device!r}")
 
 
 def device_seconds(flops: float, device: str, dtype: str, efficiency: float) -> float:

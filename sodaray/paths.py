@@ -1,5 +1,6 @@
-"""The one rule for names read from files that become parts of paths, and the check that what
-the runner and tuner write lies under the output folder.
+"""The one rule for names read from files that become parts of paths, the check that what the
+runner and tuner write lies under the output folder, and the one rule for relative paths that
+sweep and tuning files name (`in_file`).
 
 A sweep's, study's, model entry's or dataset's `name` becomes a folder or file name. Without a
 rule, `name: ".."` put a sweep's jobs beside `--out` instead of in it, and `name: /etc/x` wrote a
@@ -10,10 +11,13 @@ so a name that reaches a path some other way still cannot leave the folder.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import reprlib
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MAX_NAME = 128  # characters: folder names stay well under the filesystems' 255 bytes
 
@@ -79,3 +83,53 @@ def local_path(path: str | None) -> str | None:
         return None
     expanded = expand_path(path)
     return os.path.abspath(expanded) if os.path.exists(expanded) else None
+
+
+# ---- relative paths in sweep and tuning files -------------------------------------------------
+# One rule, for every path a file names (model folders and .gguf files, `preset_file`, a
+# dataset's `path` and build `source`, `start_from`, and `include:`): a relative path is read
+# from the folder of the file that names it, so a sweep runs the same from any directory. Paths
+# on the command line (`--model`, `--source`) are read from the current directory, as any
+# command's are.
+RELATIVE_RULE = "a relative path in a sweep or tuning file is read from the file's folder"
+_warned: set[tuple[str, str]] = set()
+
+
+def in_file(path: str, folder: str | Path | None) -> str:
+    """Where `path`, named in a file in `folder`, lies: `~` and `$NAME` expanded, an absolute
+    path as it is, a relative one joined to `folder` (None: a path from the command line, read
+    from the current directory).
+
+    Files written before this rule named paths from the directory they were run in (the shipped
+    sweeps from the repository root: `../shared/models/...`). Such a path, missing from the
+    file's folder but present from the current directory, is still taken, with a warning that
+    says how to write it; where both exist the file's folder wins."""
+    expanded = expand_path(path)
+    if folder is None or os.path.isabs(expanded):
+        return expanded
+    here = os.path.join(os.fspath(folder), expanded)
+    if os.path.exists(here) or not os.path.exists(expanded):
+        return here
+    if (path, os.fspath(folder)) not in _warned:  # once per path: `location` is asked often
+        _warned.add((path, os.fspath(folder)))
+        log.warning(
+            "%s is not in %s but is in the current directory, where older files named paths "
+            "from; read from there for now, but %s: write it as %s",
+            path,
+            folder,
+            RELATIVE_RULE,
+            os.path.relpath(os.path.abspath(expanded), folder),
+        )
+    return expanded
+
+
+def looked_for(path: str, folder: str | Path | None) -> str:
+    """How a missing path was looked for, for a one-line error: the path as written and, where
+    the rule moved it, where it was looked for and the rule."""
+    try:
+        where = in_file(path, folder)
+    except ValueError:
+        return path
+    if folder is None or os.path.isabs(expand_path(path)):
+        return path if where == path else f"{path} ({where})"
+    return f"{path} (looked for {os.path.normpath(where)}: {RELATIVE_RULE})"

@@ -325,6 +325,34 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     ),
     # ---- sweep plan, train-inverter
     ("plan-missing-file", ["sweep", "plan", "{tmp}/none.yaml"], "no such sweep file", {}),
+    (  # issue 39: the error names the rule for relative paths and where it looked
+        "plan-relative-model-missing",
+        ["sweep", "plan", "{tmp}/sub/s.yaml", "--no-calibrate"],
+        "(looked for ",
+        {
+            "sub/s.yaml": SWEEP.replace('"{model}"', "../models/none").format(
+                params="{}", objective="{kind: logits}", resources=""
+            )
+        },
+    ),
+    (
+        "plan-build-source-not-a-file-name",
+        ["sweep", "plan", "{tmp}/s.yaml", "--no-calibrate"],
+        "build.source: a file, hf or synthetic, not 5",
+        {"s.yaml": sweep()["s.yaml"].replace("dataset: random,", "dataset: nl-id, source: 5,")},
+    ),
+    (
+        "tune-start-from-missing-file",
+        ["tune", "{tmp}/t.yaml", "--dry-run"],
+        "start_from: no such preset: presets/none.yaml (looked for ",
+        {"t.yaml": tuning()["t.yaml"] + "start_from: presets/none.yaml\n"},
+    ),
+    (
+        "tune-dry-run-negative-rate",
+        ["tune", "{tmp}/t.yaml", "--dry-run", "--rate", "-1"],
+        "--rate must be a positive finite number",
+        tuning(),
+    ),
     (
         "plan-negative-rate",
         ["sweep", "plan", "{tmp}/s.yaml", "--rate", "-5"],

@@ -212,7 +212,7 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
     hidden.mkdir()
     private = private_mounts_work()
     # The quickstart sweep, run from this checkout's root as the README says: its model is the
-    # relative ../shared/models/stories260K, no model from node 2's folder.
+    # relative ../../shared/models/stories260K (from sweeps/), no model from node 2's folder.
     sweep = ["sweep", "run", "sweeps/quickstart.yaml", "--limit", "2", "--max-steps", "30"]
     # A 3-trial study whose model path is relative to the driver's folder and whose journal is
     # a relative path in it (actors reach it through the driver's storage proxy).
@@ -250,7 +250,7 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
     cluster_rows = result_rows(hidden / "sweep-out")
     assert len(cluster_rows) == 4  # two jobs (temperatures), two samples each
     # The rows name the model as the file gives it; the actors loaded it by its absolute path.
-    assert {row[1] for row in cluster_rows} == {"../shared/models/stories260K"}
+    assert {row[1] for row in cluster_rows} == {"../../shared/models/stories260K"}
     assert cluster_rows == result_rows(tmp_path / "local-sweep")
 
     tuned_local = cluster.sodaray(

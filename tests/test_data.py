@@ -297,6 +297,12 @@ def test_hub_unreachable_offline(monkeypatch, tmp_path, capsys, caplog):
     assert code == 0 and "20 rows" in out
     assert any("falling back" in rec.getMessage() for rec in caplog.records)
     assert dataset_metadata(read_dataset(tmp_path / "x.parquet"))["info"]["fallback"] == "synthetic"
+    assert "fallback: synthetic" in out
+    # `--json` says so too (issue 39): a caller reading only the JSON sees the records are Faker's.
+    code, out, err = run(capsys, *args, "--dataset", "privacy", "--per-length", "2", "--json")
+    built = json.loads(out)
+    assert code == 0 and built["fallback"] == "synthetic" and built["rows"] == 20
+    assert built["source"].startswith("synthetic (faker")
 
 
 def test_hub_rows_streamed_in_order(monkeypatch, gpt2_tok):

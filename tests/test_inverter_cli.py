@@ -56,10 +56,14 @@ def train(capsys, out, epochs: int, *extra: str) -> tuple[int, str, str]:
 
 def test_train_then_invert(capsys, tmp_path):
     out = tmp_path / "inv"
-    code, stdout, err = train(capsys, out, 1)
+    code, stdout, err = train(capsys, out, 1, "--json")
     assert code == 0, err
-    row = json.loads(stdout.strip().splitlines()[-1])
+    summary = json.loads(stdout)  # `--json`: one object, nothing else on stdout (issue 39)
+    row = summary["last_epoch"]
     assert row["epoch"] == 1 and row["val_loss"] > 0 and 0 <= row["val_exact"] <= 1
+    assert summary["history"] == [row] and summary["best_epoch"] == row
+    assert summary["epochs_done"] == summary["epochs"] == 1
+    assert summary["best"] == str(out / "best") and summary["last"] == str(out / "last")
     for sub in ("best", "last"):
         assert (out / sub / "inverter.json").is_file()
         assert (out / sub / "model.safetensors").is_file()
@@ -95,7 +99,11 @@ def test_resume_from_last(capsys, tmp_path, caplog):
     state = json.loads((out / "state.json").read_text())
     # Epoch 1 was not trained again: its row (with its timing) is the first run's.
     assert state["epoch"] == 2 and state["history"][0] == first["history"][0]
-    assert json.loads(stdout.strip().splitlines()[-1])["epoch"] == 2
+    # Without --json: a line for the epoch trained, then where the best checkpoint is.
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("epoch 2/2: train loss ")
+    assert "val exact" in lines[0] and lines[1].startswith("2 of 2 epochs in ")
+    assert lines[1].endswith(str(out / "best"))
     # The scheduler step count continues from the first run's (36 training pairs, batch 8: 5).
     assert first["sched_step"] == 5 and state["sched_step"] == 10
     w2 = load_file(str(out / "last" / "model.safetensors"))

@@ -8,6 +8,7 @@ import json
 from conftest import STORIES
 
 from sodaray.cli import main
+from sodaray.data.store import RANDOM_SOURCE
 
 
 def test_data_build_sweep_run_and_report_print_one_json_object(tmp_path, capsys, local_ray):
@@ -16,6 +17,7 @@ def test_data_build_sweep_run_and_report_print_one_json_object(tmp_path, capsys,
     assert main([*argv, "--per-length", "2", "--out", str(data), "--json"]) == 0
     built = json.loads(capsys.readouterr().out)
     assert built["rows"] == 4 and built["by_length"] == {"1": 2, "2": 2}
+    assert built["fallback"] is None and built["source"] == RANDOM_SOURCE
     sweep = tmp_path / "s.yaml"
     sweep.write_text(
         f'name: js\nmodels: [{{id: "{STORIES}", num_cpus: 1}}]\n'

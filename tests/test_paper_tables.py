@@ -142,7 +142,8 @@ def test_recovery_by_position_is_broken_down_by_length(tmp_path):
     assert list(table.columns) == [1, 2]
     assert table.loc[1, 1] == 0.5 and pd.isna(table.loc[2, 1])
     assert table.loc[1, 2] == 1.0 and table.loc[2, 2] == 0.5
-    assert exact_by_position(df, tmp_path / "by_position.png").is_file()
+    assert exact_by_position(df, tmp_path / "by_position.png") is not None
+    assert (tmp_path / "by_position.png").is_file()
 
 
 def test_models_table_has_layers_width_and_vocabulary(tmp_path):

@@ -261,7 +261,7 @@ def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
     # Length 1: 3 of 4 solved; length 2: none of 2 (a curve and bars at zero).
     frame = written(tmp_path, {"a": known_rows({1: [True, True, True, False], 2: [False] * 2})})
 
-    fig = exact_vs_steps_figure(frame)
+    fig = exact_vs_steps_figure(frame).figure
     (ax,) = fig.axes[:1]
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert set(lines) == {"length 1 (n=4)", "length 2 (n=2)"}
@@ -271,7 +271,7 @@ def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks)  # steps 0..3: no 0.5 ticks
 
-    fig = exact_by_position_figure(frame)
+    fig = exact_by_position_figure(frame).figure
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["length 1 (n=4)", "length 2 (n=2)"]
@@ -285,7 +285,7 @@ def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
     small.mkdir(), large.mkdir()
     pq.write_table(known_rows({1: [False] * 3}, "small", 100), small / "a.parquet")
     pq.write_table(known_rows({1: [True, False]}, "large", 1000), large / "a.parquet")
-    fig = scaling_figure(load_frame([small, large]))
+    fig = scaling_figure(load_frame([small, large])).figure
     texts = sorted(t.get_text() for t in fig.axes[0].texts)
     assert texts == ["large (n=2)", "small (n=3)"]
     assert fig.axes[0].get_ylim()[0] < 0  # the small model's 0% point is visible
@@ -294,7 +294,7 @@ def test_figures_show_zero_curves_integer_ticks_and_each_points_n(tmp_path):
 def test_every_line_of_exact_vs_steps_can_be_seen_and_the_title_names_its_rows(tmp_path):
     """Issue 28: lengths 2 and 3 both at 0% drew one line exactly under the other."""
     rows = known_rows({1: [True, False], 2: [False] * 3, 3: [False] * 3}, "tiny", sweep="quick")
-    fig = exact_vs_steps_figure(written(tmp_path, {"a": rows}))
+    fig = exact_vs_steps_figure(written(tmp_path, {"a": rows})).figure
     ax = fig.axes[0]
     lines = [line for line in ax.get_lines() if line.get_label().startswith("length")]
     zero = [line for line in lines if max(line.get_ydata()) == 0]
@@ -311,7 +311,7 @@ def test_every_line_of_exact_vs_steps_can_be_seen_and_the_title_names_its_rows(t
     title = fig._suptitle.get_text()
     assert "tiny" in title and "sweep quick" in title and "n=8" in title
 
-    fig = exact_by_position_figure(written(tmp_path, {"a": rows}))
+    fig = exact_by_position_figure(written(tmp_path, {"a": rows})).figure
     groups = fig.axes[0].containers
     bars = [c for c in groups if hasattr(c, "patches") and len(c.patches)]
     assert len(bars) == 3 and all(c.errorbar is not None for c in bars)  # Wilson bars on each
@@ -328,7 +328,7 @@ def test_the_scaling_figure_draws_a_line_per_length_and_marks_the_bos(tmp_path):
     assert frame["bos"].isna().all()  # no sweep job's settings beside these rows
     with_bos = frame.assign(bos=True)
     without = frame[frame["length"] == 1].assign(bos=False)
-    fig = scaling_figure(pd.concat([with_bos, without], ignore_index=True))
+    fig = scaling_figure(pd.concat([with_bos, without], ignore_index=True)).figure
     ax = fig.axes[0]
     lines = {bars.get_label(): bars.lines[0] for bars in ax.containers}  # errorbar's data lines
     assert sorted(lines) == ["length 1, BOS", "length 1, no BOS", "length 2, BOS"]
@@ -348,7 +348,7 @@ def test_the_scaling_figure_takes_one_model_under_two_names(tmp_path):
     paper.mkdir(), tuned.mkdir()
     pq.write_table(known_rows({2: [True, False, False]}, "paper", 100), paper / "a.parquet")
     pq.write_table(known_rows({2: [False, False, False]}, "tuned", 100), tuned / "a.parquet")
-    fig = scaling_figure(load_frame([paper, tuned]))
+    fig = scaling_figure(load_frame([paper, tuned])).figure
     ax = fig.axes[0]
     assert sorted(t.get_text() for t in ax.texts) == ["paper (n=3)", "tuned (n=3)"]
     (bars,) = ax.containers

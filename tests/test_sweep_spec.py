@@ -79,7 +79,7 @@ def test_shipped_sweeps_are_valid():
     names = sorted(p.name for p in root.glob("*.yaml"))
     assert "quickstart.yaml" in names
     cwd = os.getcwd()
-    os.chdir(root.parent)  # sweeps name ../shared paths relative to the repository root
+    os.chdir(root.parent)  # the README's commands run from the repository root
     try:
         for path in sorted(root.glob("*.yaml")):
             sweep = load_sweep(path, model=stand_in(path))

@@ -100,11 +100,16 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     assert board["states"] == {"complete": 2} and len(board["top"]) == 2
     assert board["top"][0]["params"] == run.best_params
     assert board["top"][0]["value"] == pytest.approx(run.best_value)
+    # Plots the README promises but 2 trials cannot make are named, with the reason.
+    assert [Path(p).name for p in board["plots"]] == ["history.png"]
+    assert sorted(board["plots_skipped"]) == ["importances", "parallel_coordinate"]
+    assert "needs 8 completed trials" in board["plots_skipped"]["importances"]
     # The printed leaderboard says the same: counts, then the best trial first.
     print_leaderboard(run)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith(": 2 trials: 2 complete")
     assert lines[1].startswith(f"  1. trial {board['top'][0]['trial']:>4}  {run.best_value:.4f}")
+    assert any(line.startswith("plot importances skipped: needs 8") for line in lines)
     # The same command again resumes: the study grows, numbering goes on.
     again = run_tuning(load_tuning(write_tuning(tmp_path)), tmp_path / "out", trials=1)
     assert [o.number for o in again.outcomes] == [2]

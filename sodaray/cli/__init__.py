@@ -402,6 +402,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "files": [str(f) for f in report.files],
             "skipped": {s.name: s.reason for s in report.skipped},
             "notes": list(report.notes),
+            "captions": dict(report.captions),
         }
         print(json.dumps(summary))
         return 0
@@ -460,7 +461,13 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
-    from sodaray.data import build_dataset, dataset_hash, parse_lengths, write_dataset
+    from sodaray.data import (
+        build_dataset,
+        dataset_hash,
+        dataset_metadata,
+        parse_lengths,
+        write_dataset,
+    )
 
     lengths = parse_lengths(args.lengths) if args.lengths is not None else None
     if args.per_length is not None and args.per_length < 1:
@@ -482,6 +489,11 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         records=args.records,
     )
     path = write_dataset(table, args.out)
+    # Where the rows came from, as the file's metadata records it: a privacy build that could
+    # not reach the hub is Faker text, not ai4privacy's records, and its numbers are not the
+    # paper's; a caller reading only the JSON must see that.
+    info = dataset_metadata(table)["info"]
+    fallback = info.get("fallback")
     if args.json:
         lengths = table.column("length").to_pylist()
         counts = {str(n): lengths.count(n) for n in sorted(set(lengths))}
@@ -492,11 +504,17 @@ def cmd_data_build(args: argparse.Namespace) -> int:
                     "rows": len(table),
                     "by_length": counts,
                     "sha256": dataset_hash(table),
+                    "source": info.get("source"),
+                    "fallback": fallback,  # None, or what was used instead of --source
+                    "documents_reused": info.get("documents_reused", 0),
                 }
             )
         )
         return 0
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")
+    print(f"  source: {info.get('source')}")
+    if fallback:
+        print(f"  fallback: {fallback} (the source asked for could not be read; see the warning)")
     return 0
 
 

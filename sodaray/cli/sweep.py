@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from sodaray.cost import DEFAULT_EFFICIENCY
@@ -198,16 +197,11 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
     import json
 
-    from sodaray.cost import PEAK_TFLOPS
+    from sodaray.cost import check_plan_options
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import plan_sweep
 
-    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
-        raise ValueError(f"--rate must be a positive finite number, not {args.rate}")
-    if not 0 < args.efficiency <= 1:
-        raise ValueError(f"--efficiency must be in (0, 1], not {args.efficiency}")
-    if args.device not in PEAK_TFLOPS:
-        raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {args.device!r}")
+    check_plan_options(args.rate, args.device, args.efficiency)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
     )

@@ -51,6 +51,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="torch CPU threads (1 is often fastest on a busy machine; default: torch's)",
     )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="the run's outcome as one JSON object (checkpoints, epochs, best and last epoch, "
+        "history) instead of a line per epoch",
+    )
     p.set_defaults(func=cmd_train_inverter)
 
 
@@ -99,6 +105,47 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    state = train_inverter(model, cfg, args.out)
-    print(json.dumps(state["history"][-1] if state["history"] else {}))
+    state = train_inverter(model, cfg, args.out, None if args.json else _print_epoch(cfg.epochs))
+    summary = outcome(state, cfg.epochs, Path(args.out))
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    best = summary["best_epoch"]
+    if best is None:
+        print(f"nothing trained: {args.out} holds no epoch")
+        return 0
+    print(
+        f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; best val loss "
+        f"{best['val_loss']:.4f} (val exact {best['val_exact']:.1%}) at epoch {best['epoch']}: "
+        f"{summary['best']}"
+    )
     return 0
+
+
+def _print_epoch(epochs: int):
+    def show(row: dict) -> None:
+        print(
+            f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}, val loss "
+            f"{row['val_loss']:.4f}, val exact {row['val_exact']:.1%} ({row['seconds']:.0f} s)",
+            flush=True,
+        )
+
+    return show
+
+
+def outcome(state: dict, epochs: int, out) -> dict:
+    """What `train-inverter --json` prints: where the checkpoints are, how far training got,
+    the best epoch (by validation loss, the one `best/` holds) and every epoch's row."""
+    history = state.get("history") or []
+    best = min(history, key=lambda r: r["val_loss"]) if history else None
+    return {
+        "out": str(out),
+        "best": str(out / "best") if history else None,
+        "last": str(out / "last") if history else None,
+        "epochs_done": int(state.get("epoch", 0)),
+        "epochs": epochs,
+        "seconds": state.get("seconds", 0.0),
+        "best_epoch": best,
+        "last_epoch": history[-1] if history else None,
+        "history": history,
+    }

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from sodaray.cost import DEFAULT_EFFICIENCY
+
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -34,7 +36,22 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="check the tuning file and print the study it describes (JSON); run nothing",
+        help="check the tuning file and print the study it describes and what it will cost at "
+        "most (JSON); run nothing",
+    )
+    est = p.add_argument_group("the --dry-run estimate (as `sweep plan`)")
+    est.add_argument("--rate", type=float, help="sample-steps per second per worker: a time")
+    est.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the rate here (loads the model, runs a few steps) instead of --rate",
+    )
+    est.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
+    est.add_argument(
+        "--efficiency",
+        type=float,
+        default=DEFAULT_EFFICIENCY,
+        help=f"share of the device's peak ({DEFAULT_EFFICIENCY})",
     )
     p.add_argument(
         "--mlflow",
@@ -64,6 +81,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    from sodaray.cost import check_plan_options
+
+    check_plan_options(args.rate, args.device, args.efficiency)
     if args.dry_run:
         print(json.dumps(describe(spec, args), default=str))
         return 0
@@ -117,20 +137,37 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def describe(spec, args: argparse.Namespace) -> dict[str, Any]:
-    """What `tune` would run and where it would write (`--dry-run`)."""
-    from sodaray.paths import inside
+    """What `tune` would run, where it would write, and what it will cost at most
+    (`--dry-run`): each parameter's range as the study samples it (overrides applied), and
+    the estimate of `sodaray.tuner.plan`."""
+    import dataclasses
 
+    from sodaray.paths import inside
+    from sodaray.tuner.plan import plan_study
+
+    if args.model is not None:  # as `run_tuning` runs it
+        spec = dataclasses.replace(spec, model=spec.model.with_id(args.model))
+    trials = spec.trials if args.trials is None else args.trials
     return {
         "study": spec.name,
         "folder": str(inside(args.out, spec.name)),
-        "model": args.model or spec.model.id,
+        "model": spec.model.id,
         "algorithm": spec.algorithm,
-        "trials": spec.trials if args.trials is None else args.trials,
+        "trials": trials,
         "sampler": spec.sampler,
         "pruner": spec.pruner,
         "metric": spec.metric,
         "max_steps": spec.max_steps,
-        "space": {p.name: p.distribution().__class__.__name__ for p in spec.space},
+        "space": {p.name: p.describe() for p in spec.space},
+        "estimate": plan_study(
+            spec,
+            trials=trials,
+            workers=args.workers,
+            rate=args.rate,
+            calibrate=args.calibrate,
+            device=args.device,
+            efficiency=args.efficiency,
+        ),
     }
 
 
@@ -160,6 +197,7 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
         "stale_failed": list(run.stale_failed),
         "best_preset": str(run.preset_path) if run.preset_path else None,
         "plots": [str(p) for p in run.plots],
+        "plots_skipped": dict(run.plots_skipped),
     }
 
 
@@ -181,6 +219,8 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
         print(f"best preset: {run.preset_path}")
     for plot in run.plots:
         print(f"plot: {plot}")
+    for name, reason in run.plots_skipped.items():
+        print(f"plot {name} skipped: {reason}")
 
 
 def _fmt(value) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from sodaray.experiment.spec import DatasetSpec, ModelSpec
-from sodaray.paths import expand_path, inside
+from sodaray.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,29 @@ DATASET_CACHE = Path(".sodaray", "datasets")
 DATASET_SUFFIX = ".pq"
 
 
+def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
+    """Samples per length in a dataset entry, before any cap, without building it: from the
+    build spec (the most it builds; hub and local sources may yield fewer), or counted in the
+    dataset file (read and checked). What plans count (`sweep plan`, `tune --dry-run`)."""
+    from sodaray.data import parse_lengths, read_dataset
+
+    if spec.build is not None:
+        per_length = int(spec.build.get("per_length", 1))
+        return {n: per_length for n in parse_lengths(str(spec.build.get("lengths", "1-10")))}
+    assert spec.location is not None
+    counts: dict[int, int] = {}
+    for n in read_dataset(spec.location).column("length").to_pylist():
+        counts[int(n)] = counts.get(int(n), 0) + 1
+    return counts
+
+
 def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
     """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
     under `root/.sodaray/datasets/`)."""
     from sodaray.data import read_dataset
 
-    if spec.path is not None:
-        return read_dataset(expand_path(spec.path))
+    if spec.location is not None:
+        return read_dataset(spec.location)
     from sodaray.results import config_hash
 
     build = dict(spec.build or {})
@@ -98,7 +114,7 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
             build.get("lengths"),
             build.get("per_length"),
             build.get("seed", 1),
-            build.get("source"),
+            spec.source_location(),  # a source file by the rule for paths in files
             gguf_file=model.gguf_file,
             progress=False,
             vocab=build.get("vocab", "tokenizer"),

@@ -9,6 +9,7 @@ whichever file kind it came from.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ from sodaray.fields import (
     path_name,
 )
 from sodaray.objectives import Objective
-from sodaray.paths import brief, expand_path, local_path
+from sodaray.paths import brief, expand_path, in_file, local_path, looked_for
 from sodaray.presets import PRESETS, load_preset_file, load_preset_objective, preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
@@ -73,6 +74,10 @@ class ModelSpec:
     # another node runs in that node's working directory, where `../models/x` is another folder
     # or none; `id` itself stays as given, since job hashes and result rows carry it.
     source: str | None = None
+    # Not a file field: the folder of the file that named this entry, which its relative paths
+    # (`id`, `preset_file`) are read from (`sodaray.paths.in_file`); None: the command line's
+    # (`--model`), read from the current directory. Not part of what the entry is.
+    base: str | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
@@ -81,8 +86,15 @@ class ModelSpec:
     @property
     def location(self) -> str:
         """Where the model is loaded from here: `id` with `~` and environment variables
-        (`$SODARAY_REAL_MODELS/qwen/model.gguf`) expanded; a hub id as it is."""
-        return expand_path(self.id)
+        (`$SODARAY_REAL_MODELS/qwen/model.gguf`) expanded, a relative path read from the folder
+        of the file that names it (`in_file`); a hub id as it is."""
+        local = in_file(self.id, self.base)
+        return local if looks_local(self.id) or os.path.exists(local) else expand_path(self.id)
+
+    @property
+    def preset_location(self) -> str | None:
+        """Where `preset_file` is read from (by the same rule as `id`); None without one."""
+        return in_file(self.preset_file, self.base) if self.preset_file else None
 
     def with_id(self, model: str) -> ModelSpec:
         """Another model (`--model`) on this entry's resources and dtype; presets dropped."""
@@ -101,8 +113,21 @@ class ModelSpec:
         preset names stay as they are)."""
         return replace(
             self,
-            source=local_path(self.id),
-            preset_file=local_path(self.preset_file) or self.preset_file,
+            source=local_path(self.location),
+            preset_file=local_path(self.preset_location) or self.preset_file,
+        )
+
+    def load_here(self) -> Any:
+        """The model, loaded in this process from its `location` (a plan's calibration and
+        shape; replicas load theirs with `load_replica`): on CUDA when there is one, else CPU."""
+        from sodaray.models import load_model
+
+        return load_model(
+            self.location,
+            gguf_file=self.gguf_file,
+            dtype=self.dtype,
+            bos=self.bos,
+            trust_remote_code=self.trust_remote_code,
         )
 
     def request(self) -> tuple[str, float, float]:
@@ -121,10 +146,38 @@ class DatasetSpec:
     build: dict[str, Any] | None = (
         None  # or a build spec: dataset, lengths, per_length, seed, source
     )
+    # Not a file field: the folder `path` and a build's `source` are read from (as ModelSpec's).
+    base: str | None = field(default=None, compare=False)
+
+    @property
+    def location(self) -> str | None:
+        """Where the dataset file is read from here (`in_file`); None for a build spec."""
+        return None if self.path is None else in_file(self.path, self.base)
+
+    def source_location(self) -> str | None:
+        """A build's `source` where it is read from: a file by the rule for paths, the hub
+        (`hf`) and `synthetic` as they are, None without one."""
+        source = (self.build or {}).get("source")
+        if not isinstance(source, str) or source in SOURCE_KEYWORDS:
+            return source
+        return in_file(source, self.base)
+
+    def identity(self) -> dict[str, Any]:
+        """What the entry says (its folder aside: where it was read from decides nothing)."""
+        return {"name": self.name, "path": self.path, "build": self.build}
 
 
-MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"source"}
-DATASET_KEYS = {f.name for f in fields(DatasetSpec)}
+SOURCE_KEYWORDS = ("hf", "synthetic")  # a build `source` that names no file
+
+
+def looks_local(model_id: str) -> bool:
+    """Whether a model id is written as a path (`./x`, `../x`, `/x`, `~`, `$VAR/x`, `x.gguf`)
+    rather than a hub id; a bare `org/name` is local only where such a folder exists."""
+    return model_id.startswith(("/", "./", "../", "~", "$")) or model_id.endswith(".gguf")
+
+
+MODEL_KEYS = {f.name for f in fields(ModelSpec)} - {"source", "base"}
+DATASET_KEYS = {f.name for f in fields(DatasetSpec)} - {"base"}
 OBJECTIVE_KEYS = {f.name for f in fields(Objective)} | {"grid"}
 
 
@@ -165,8 +218,7 @@ def algorithm_config(
 ) -> SearchConfig:
     """The one place presets are applied: the model entry's preset (SODA's knobs), then the
     entry's own parameters, then the file's step budget and seed; validated."""
-    preset_file = model.preset_file and expand_path(model.preset_file)
-    merged = {**preset_params(algorithm, model.preset, preset_file), **params}
+    merged = {**preset_params(algorithm, model.preset, model.preset_location), **params}
     return make_config(algorithm, {**merged, "max_steps": steps, "seed": seed})
 
 
@@ -174,13 +226,16 @@ def objective_config(entry: dict[str, Any], model: ModelSpec) -> Objective:
     """The one place a preset's objective settings are applied: the model entry's preset file's
     `objective:` (e.g. `space: centred`), then the objective entry's own fields, which win;
     validated."""
-    preset_file = model.preset_file and expand_path(model.preset_file)
+    preset_file = model.preset_location
     preset = load_preset_objective(preset_file) if preset_file else {}
     return make_objective({**preset, **entry})
 
 
-def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) -> ModelSpec:
-    """A model entry (a mapping, or a bare id); `model` (`--model`) replaces its id first."""
+def parse_model(
+    entry: Any, where: str, fail: Fail, model: str | None = None, base: Path | None = None
+) -> ModelSpec:
+    """A model entry (a mapping, or a bare id) of a file in the folder `base`; `model`
+    (`--model`, read from the current directory) replaces its id first."""
     if isinstance(entry, str):
         entry = {"id": entry}
     if not isinstance(entry, dict):
@@ -189,6 +244,7 @@ def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) ->
     if "id" not in entry:
         raise fail(f"{where}.id", "required field missing")
     spec = ModelSpec(**coerce_scalars(ModelSpec, entry, fail, where))  # num_gpus: .nan refused
+    spec = replace(spec, base=None if base is None else str(base))
     if spec.name:
         path_name(spec.name, f"{where}.name", fail)  # it names the model's dataset files
     if model is not None:
@@ -198,11 +254,15 @@ def parse_model(entry: Any, where: str, fail: Fail, model: str | None = None) ->
     return spec
 
 
-def parse_dataset(entry: Any, where: str, fail: Fail, default_name: str = "") -> DatasetSpec:
+def parse_dataset(
+    entry: Any, where: str, fail: Fail, default_name: str = "", base: Path | None = None
+) -> DatasetSpec:
+    """A dataset entry of a file in the folder `base` (its relative paths are read from it)."""
     if not isinstance(entry, dict):
         raise fail(where, "a mapping: `path` to a built dataset, or `build` (a spec)")
     known_fields(entry, DATASET_KEYS, where, fail)
-    return check_dataset(DatasetSpec(**{"name": default_name, **entry}), where, fail)
+    spec = DatasetSpec(**{"name": default_name, **entry}, base=None if base is None else str(base))
+    return check_dataset(spec, where, fail)
 
 
 def parse_objective(entry: Any, where: str, fail: Fail) -> dict[str, Any]:
@@ -229,13 +289,11 @@ def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
 def check_model(spec: ModelSpec, where: str, fail) -> None:
     try:
         location = spec.location
-        preset_file = spec.preset_file and expand_path(spec.preset_file)
+        preset_file = spec.preset_location
     except ValueError as exc:
         raise fail(where, str(exc)) from exc
-    looks_local = spec.id.startswith(("/", "./", "../", "~", "$")) or spec.id.endswith(".gguf")
-    if looks_local and not Path(location).exists():
-        shown = spec.id if location == spec.id else f"{spec.id} ({location})"
-        raise fail(f"{where}.id", f"no such model folder or file: {shown}")
+    if looks_local(spec.id) and not Path(location).exists():
+        raise fail(f"{where}.id", f"no such model folder or file: {looked_for(spec.id, spec.base)}")
     if spec.preset is not None and spec.preset not in PRESETS:
         raise fail(
             f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
@@ -243,6 +301,9 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
     if spec.preset is not None and spec.preset_file is not None:
         raise fail(where, "give `preset` or `preset_file`, not both")
     if preset_file:
+        if not Path(preset_file).is_file():
+            shown = looked_for(str(spec.preset_file), spec.base)
+            raise fail(f"{where}.preset_file", f"no such preset file: {shown}")
         try:
             load_preset_file(preset_file)
             load_preset_objective(preset_file)
@@ -259,13 +320,13 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
     if spec.path is not None and not isinstance(spec.path, str):
         raise fail(f"{where}.path", f"a file name, not {brief(spec.path)}")
     try:
-        location = expand_path(spec.path) if spec.path is not None else None
+        location = spec.location
     except ValueError as exc:
         raise fail(f"{where}.path", str(exc)) from exc
     if location is not None and not Path(location).is_file():
         raise fail(
             f"{where}.path",
-            f"no such dataset file: {spec.path} "
+            f"no such dataset file: {looked_for(spec.path or '', spec.base)} "
             "(build it with `sodaray data build`, or give a `build` spec)",
         )
     if spec.build is not None:
@@ -276,6 +337,14 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
         known_fields(spec.build, BUILD_KEYS, f"{where}.build", fail)
         try:
             spec = replace(spec, build=check_build_spec(spec.build, spec.name))
+            source = spec.source_location()
         except BuildSpecError as exc:
             raise fail(f"{where}.build.{exc.key}", str(exc)) from exc
+        except ValueError as exc:  # an unset environment variable
+            raise fail(f"{where}.build.source", str(exc)) from exc
+        if source is not None and not isinstance(source, str):
+            raise fail(f"{where}.build.source", f"a file, hf or synthetic, not {brief(source)}")
+        if source not in (None, *SOURCE_KEYWORDS) and not Path(source).is_file():
+            shown = looked_for(spec.build["source"], spec.base)
+            raise fail(f"{where}.build.source", f"no such source file: {shown}")
     return spec

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -154,8 +155,14 @@ def check_resumable(cfg: TrainConfig, out: Path) -> None:
             )
 
 
-def train_inverter(model: LoadedModel, cfg: TrainConfig, out: str | Path) -> dict:
-    """Train (or resume) into `out`: `out/last` each epoch, `out/best` on a better val loss."""
+def train_inverter(
+    model: LoadedModel,
+    cfg: TrainConfig,
+    out: str | Path,
+    on_epoch: Callable[[dict], None] | None = None,
+) -> dict:
+    """Train (or resume) into `out`: `out/last` each epoch, `out/best` on a better val loss.
+    `on_epoch(row)` gets each epoch's history row once its checkpoints are written."""
     cfg.validate()
     out = Path(out)
     check_resumable(cfg, out)
@@ -239,6 +246,8 @@ def train_inverter(model: LoadedModel, cfg: TrainConfig, out: str | Path) -> dic
         save_inverter(out / "last", net, meta)
         _save_optim(opt, sched, out / "optim.safetensors", state)
         state_path.write_text(json.dumps(state, indent=2))
+        if on_epoch is not None:
+            on_epoch(row)
         if cfg.max_seconds is not None and state["seconds"] >= cfg.max_seconds:
             log.info("time budget reached after epoch %d", epoch + 1)
             break

@@ -27,6 +27,8 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rows: int = 0
+    # Each figure's caption by file name: what its lines, bars and bands are, and each panel's n.
+    captions: dict[str, str] = field(default_factory=dict)
 
 
 def load_frame(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
@@ -117,8 +119,9 @@ def build_report(
     if figures:
         from sodaray.report.figures import build_figures
 
-        made, skipped = build_figures(df, out)
+        made, captions, skipped = build_figures(df, out)
         report.files += made
+        report.captions.update(captions)
         report.skipped += skipped
     index = out / "README.md"
     index.write_text(_index(report), encoding="utf-8")
@@ -133,7 +136,11 @@ def _index(report: Report) -> str:
     lines += [to_markdown(t) for t in report.tables]
     figures = [f for f in report.files if f.suffix == ".png"]
     if figures:
-        lines += ["## Figures", ""] + [f"![{f.stem}]({f.name})" for f in figures] + [""]
+        lines += ["## Figures", ""]
+        for f in figures:
+            lines += [f"![{f.stem}]({f.name})", ""]
+            if f.name in report.captions:
+                lines += [f"*{report.captions[f.name]}*", ""]
     if report.skipped or report.notes:
         lines += ["## Not generated", ""]
         lines += [f"- {s.name}: {s.reason}" for s in report.skipped]

@@ -8,6 +8,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sodaray.errors import first_line
+from sodaray.report.tables import Skipped
+
 log = logging.getLogger(__name__)
 
 MIN_TRIALS_FOR_IMPORTANCE = 8  # fewer completed trials make fANOVA importances noise
@@ -33,62 +36,103 @@ def leaderboard(study: Any, top: int = 10) -> dict[str, Any]:
     }
 
 
-def save_plots(study: Any, folder: Path) -> list[Path]:
-    """The study's history (every trial: completed as dots, pruned as crosses at their last
-    reported value, the best so far as a line; integer trial numbers), and, with enough
-    completed trials, Optuna's parameter importances and parallel coordinates, as PNG."""
+def history_figure(study: Any, value_label: str = "objective value", metric: str = "exact"):
+    """The study's history as a matplotlib figure: completed trials as dots at their value,
+    the best so far as a step line, pruned trials as crosses at the exact rate of their last
+    checkpoint (on their own axis where the study's metric is not a rate), integer trial
+    numbers; the legend beside the axes, where it hides no point. None: no completed trial."""
     import optuna
 
-    complete = optuna.trial.TrialState.COMPLETE
-    done = study.get_trials(deepcopy=False, states=(complete,))
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:
-        return []
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    folder.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     pruned = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
         if t.intermediate_values
     ]
-    ax.scatter([t.number for t in done], [t.value for t in done], label="completed", zorder=3)
-    if pruned:
-        last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
-        ax.scatter(
-            [t.number for t in pruned],
-            last,
-            marker="x",
-            color="grey",
-            label="pruned (last reported value)",
-            zorder=2,
-        )
+    handles = [
+        ax.scatter([t.number for t in done], [t.value for t in done], label="completed", zorder=3)
+    ]
     best, line = float("-inf"), []
     for t in done:
         best = max(best, t.value)
         line.append((t.number, best))
-    ax.step(*zip(*line, strict=True), where="post", color="C3", label="best so far")
+    handles += ax.step(
+        *zip(*line, strict=True), where="post", color="C3", linestyle="--", label="best so far"
+    )
+    if pruned:
+        # Checkpoints report the exact rate (`trial.report`): on the value's axis when the
+        # metric is that rate (or the rate with a tie-break below one sample), else their own.
+        rate_ax = ax if metric != "exact_per_second" else ax.twinx()
+        if rate_ax is not ax:
+            rate_ax.set_ylabel("exact rate at the last checkpoint (pruned)")
+            rate_ax.set_ylim(-0.04, 1.04)
+        last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
+        handles.append(
+            rate_ax.scatter(
+                [t.number for t in pruned],
+                last,
+                marker="x",
+                color="grey",
+                label="pruned (exact rate at its last checkpoint)",
+                zorder=2,
+            )
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if metric != "exact_per_second":  # (exact_then_loss: the rate plus less than one sample)
+        # A rate: the whole 0-1 range, so a flat study does not look like a wide spread, and
+        # a trial at 0 or 1 sits inside the frame rather than on it.
+        ax.set_ylim(-0.04, 1.04)
     ax.set(
         xlabel="trial",
-        ylabel="objective value",
+        ylabel=value_label,
         title=f"study {study.study_name}: {len(done)} completed, {len(pruned)} pruned",
     )
-    ax.legend(loc="lower right")
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.12 if pruned and metric == "exact_per_second" else 1.02, 1.0),
+        borderaxespad=0.0,
+        fontsize="small",
+    )
+    return fig
+
+
+def save_plots(
+    study: Any, folder: Path, value_label: str = "objective value", metric: str = "exact"
+) -> tuple[list[Path], list[Skipped]]:
+    """The study's history (`history_figure`; `value_label` names its y axis, the metric the
+    trials maximise) and, with enough completed trials, Optuna's parameter importances and
+    parallel coordinates, as PNG in `folder`. Returns the files and each plot not made with
+    the reason (also logged), so a caller can say why a plot it promised is missing."""
+    import optuna
+
+    fig = history_figure(study, value_label, metric)
+    if fig is None:
+        reason = "no completed trial yet"
+        log.info("plots skipped: %s", reason)
+        return [], [Skipped(name, reason) for name in PLOTS]
+    folder.mkdir(parents=True, exist_ok=True)
     made = [_save(fig, folder / "history.png")]
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
-        log.info(
-            "importances and parallel coordinates need %d completed trials, not %d",
-            MIN_TRIALS_FOR_IMPORTANCE,
-            len(done),
+        reason = (
+            f"needs {MIN_TRIALS_FOR_IMPORTANCE} completed trials (fewer make parameter "
+            f"importances noise), the study has {len(done)}"
         )
-        return made
+        log.info("importances and parallel coordinates skipped: %s", reason)
+        return made, [Skipped(name, reason) for name in PLOTS[1:]]
     from optuna.visualization import matplotlib as ovm
 
+    skipped = []
     for name, plot in {
         "importances": ovm.plot_param_importances,
         "parallel_coordinate": ovm.plot_parallel_coordinate,
@@ -104,7 +148,12 @@ def save_plots(study: Any, folder: Path) -> list[Path]:
             made.append(_save(fig, folder / f"{name}.png"))
         except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
             log.info("plot %s skipped: %s", name, exc)
-    return made
+            skipped.append(Skipped(name, f"Optuna could not draw it: {first_line(exc)}"))
+    return made, skipped
+
+
+# The plots `save_plots` makes, in order (the README promises each).
+PLOTS = ("history", "importances", "parallel_coordinate")
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -322,10 +322,11 @@ def table_model(df: pd.DataFrame) -> list[Table]:
     table = Table(
         "model",
         "Exact inversion (%) by input length",
-        f"SODA, {_describe_objective(base)} position(s). {settings(base)} Wilson 95% intervals; "
+        f"SODA, {_describe_objective(base)} position(s). Columns: input length in tokens. "
+        f"{settings(base)} Wilson 95% intervals (n, the samples behind each cell, in the CSV); "
         "layers, width and vocabulary from each model's config (blank in files from before "
         "these columns).",
-        ["Model", "Layers", "Width", "Vocab"] + [f"n={n}" for n in lengths] + ["All"],
+        ["Model", "Layers", "Width", "Vocab"] + [f"length {n}" for n in lengths] + ["All"],
     )
     for model in models:
         shape = [

@@ -20,9 +20,11 @@ from sodaray.cost import (
     format_duration,
     measure_rate,
     model_shape,
+    search_flops,
     shape_from_config,
 )
 from sodaray.errors import first_line
+from sodaray.experiment.data import dataset_lengths
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
@@ -51,27 +53,6 @@ class JobCost:
         return self.samples * self.max_steps * self.lengths_per_sample
 
 
-def dataset_lengths(job: Job) -> dict[int, int]:
-    """Samples per length in the job's dataset before caps: from the build spec (the most it
-    builds; hub and local sources may yield fewer), or counted in the dataset file."""
-    from sodaray.data import parse_lengths
-
-    if job.dataset.build is not None:
-        build = job.dataset.build
-        per_length = int(build.get("per_length", 1))
-        return {n: per_length for n in parse_lengths(str(build.get("lengths", "1-10")))}
-    from sodaray.data import read_dataset
-    from sodaray.paths import expand_path
-
-    assert job.dataset.path is not None
-    counts: dict[int, int] = {}
-    for n in (
-        read_dataset(expand_path(job.dataset.path)).column("length").to_pylist()
-    ):  # checked, as `run`
-        counts[int(n)] = counts.get(int(n), 0) + 1
-    return counts
-
-
 def select_counts(
     available: dict[int, int], samples_per_length: int | None, limit: int | None
 ) -> dict[int, int]:
@@ -96,17 +77,15 @@ def select_counts(
 
 def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:
     """`job`'s cost; `shape` (the loaded model's, for a GGUF file) where its id tells none."""
-    counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
+    counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
     steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
     shape = model_shape(job.model.location) or shape
     outputs = job.objective.output_tokens
     bos = job.model.bos is not False  # unknown: count one token, the common case
     flops = None
     if shape is not None:  # `length: auto` tries up to max_length: counted at the longest
-        flops = sum(
-            k * steps * tries * shape.step_flops(job.max_length if tries > 1 else n, outputs, bos)
-            for n, k in counts.items()
-        )
+        at = {job.max_length: sum(counts.values())} if tries > 1 else counts
+        flops = search_flops(shape, at, steps * tries, outputs, bos)
     return JobCost(
         job=job.name,
         model=job.model.label,
@@ -122,16 +101,7 @@ def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:
 
 def load_for_plan(job: Job) -> Any:
     """`job`'s model, loaded here for its calibration and (a GGUF file) its shape."""
-    from sodaray.models import load_model
-
-    m = job.model
-    return load_model(
-        m.location,
-        gguf_file=m.gguf_file,
-        dtype=m.dtype,
-        bos=m.bos,
-        trust_remote_code=m.trust_remote_code,
-    )
+    return job.model.load_here()
 
 
 def calibrate(job: Job, cost: JobCost, model: Any, steps: int = CALIBRATION_STEPS) -> float:

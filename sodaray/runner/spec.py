@@ -73,7 +73,7 @@ class Job:
         """Everything that decides this job's results (hashed into its folder name)."""
         return {
             "model": self.model.identity(),
-            "dataset": asdict(self.dataset)
+            "dataset": self.dataset.identity()
             if self.dataset_hash is None
             else {"name": self.dataset.name, "hash": self.dataset_hash},
             "algorithm": self.algorithm,
@@ -210,6 +210,8 @@ def _short(value: Any) -> str:
 
 # ---- loading and validation -------------------------------------------------------------------
 MAX_JOBS = 100_000  # jobs one sweep may make: counted before any is built
+# The fields that name files, read from the sweep file's folder (`sodaray.paths.in_file`).
+PATH_FIELDS = ("models.*.id", "models.*.preset_file", "datasets.*.path", "datasets.*.build.source")
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths", "overrides"}
 ALGORITHM_KEYS = {f.name for f in fields(AlgorithmEntry)}
 
@@ -221,7 +223,7 @@ def load_sweep(
     (`--model`) replaces every entry's model before the check, so a file whose own model path
     does not exist here (a relative path, another machine's folder) still runs on `model`.
     `overrides` (`KEY=VALUE`, see `sodaray.configfile`) are applied to the file first."""
-    data, path = read_document(path, "sweep", SweepError, overrides)
+    data, path = read_document(path, "sweep", SweepError, overrides, PATH_FIELDS)
     sweep = parse_sweep(data, path, model=model)
     sweep.overrides = list(overrides)
     return sweep
@@ -231,12 +233,13 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     fail, name = check_top(
         data, path, SweepError, TOP_KEYS, ("name", "models", "datasets", "algorithms")
     )
+    base = path.parent.resolve()  # relative paths in the file are read from its folder
     models = [
-        parse_model(e, f"models[{i}]", fail, model)
+        parse_model(e, f"models[{i}]", fail, model, base=base)
         for i, e in enumerate(entries(data, "models", fail))
     ]
     datasets = [
-        parse_dataset(e, f"datasets[{i}]", fail)
+        parse_dataset(e, f"datasets[{i}]", fail, base=base)
         for i, e in enumerate(entries(data, "datasets", fail))
     ]
     names = [d.name for d in datasets]

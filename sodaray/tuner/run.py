@@ -26,7 +26,14 @@ from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import TuningSpec
-from sodaray.tuner.study import ask_trial, open_study, storage_url, trial_value, write_preset
+from sodaray.tuner.study import (
+    METRIC_LABELS,
+    ask_trial,
+    open_study,
+    storage_url,
+    trial_value,
+    write_preset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,8 @@ class TuneRun:
     best_params: dict[str, Any] | None = None
     preset_path: Path | None = None
     plots: list[Path] = field(default_factory=list)
+    # Plots not made, by name, with the reason (too few completed trials for importances).
+    plots_skipped: dict[str, str] = field(default_factory=dict)
 
 
 def run_tuning(
@@ -103,7 +112,10 @@ def run_tuning(
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
         run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
-    run.plots = save_plots(study, out / "plots")
+    run.plots, skipped = save_plots(
+        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric
+    )
+    run.plots_skipped = {s.name: s.reason for s in skipped}
     return run
 
 

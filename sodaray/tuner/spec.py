@@ -23,7 +23,7 @@ from sodaray.experiment.spec import (
 )
 from sodaray.fields import coerce_scalars, known_fields
 from sodaray.objectives import Objective
-from sodaray.paths import local_path
+from sodaray.paths import in_file, local_path, looked_for
 from sodaray.presets import preset_params
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1
@@ -51,6 +51,19 @@ class ParamSpace:
                 int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
             )
         return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
+    def describe(self) -> dict[str, Any]:
+        """The range as the study samples it, for a reader (`tune --dry-run`): its type and
+        bounds, log scale and step, or its choices."""
+        if self.type == "categorical":
+            return {"type": self.type, "choices": list(self.choices or [])}
+        return {
+            "type": self.type,
+            "low": self.low,
+            "high": self.high,
+            "log": self.log,
+            "step": self.step if self.type == "float" else int(self.step or 1),
+        }
 
     def grid_count(self) -> int:
         """How many values the grid sampler tries, counted without making them."""
@@ -117,7 +130,7 @@ class TuningSpec:
         """This spec as it crosses to Ray actors: the model's local paths (`ModelSpec.resolved`),
         the data file and the file's own path absolute, resolved on the driver where they were
         checked (actors get the rows, not the data file, but no relative path should travel)."""
-        data_path = local_path(self.data.path) or self.data.path
+        data_path = local_path(self.data.location) or self.data.path
         return replace(
             self,
             path=self.path.absolute(),
@@ -135,9 +148,9 @@ class TuningSpec:
         from sodaray.presets import PRESETS
 
         named = self.start_from in PRESETS
-        values = preset_params(
-            "soda", self.start_from if named else None, None if named else self.start_from
-        )
+        # A preset file by the rule for paths in files: read from the tuning file's folder.
+        where = None if named else in_file(self.start_from, self.path.parent.resolve())
+        values = preset_params("soda", self.start_from if named else None, where)
         out = {}
         for p in self.space:
             v = values.get(p.name)
@@ -157,6 +170,8 @@ class TuningSpec:
 
 
 TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
+# The fields that name files, read from the tuning file's folder (`sodaray.paths.in_file`).
+PATH_FIELDS = ("model.id", "model.preset_file", "data.path", "data.build.source", "start_from")
 MAX_GRID = 100_000  # points the grid sampler may try: counted before any is made
 # Objective knobs a trial may vary: they change the loss, not the observed targets.
 OBJECTIVE_PREFIX = "objective."
@@ -167,15 +182,16 @@ PARAM_KEYS = {"type", "low", "high", "log", "step", "choices"}
 def load_tuning(path: str | Path, overrides: list[str] | tuple = ()) -> TuningSpec:
     """Read and validate a tuning file (every parameter range is checked against the
     algorithm's config); `overrides` (`KEY=VALUE`, see `sodaray.configfile`) applied first."""
-    return parse_tuning(*read_document(path, "tuning", TuningError, overrides))
+    return parse_tuning(*read_document(path, "tuning", TuningError, overrides, PATH_FIELDS))
 
 
 def parse_tuning(data: Any, path: Path) -> TuningSpec:
     fail, name = check_top(data, path, TuningError, TOP_KEYS, ("name", "model", "data", "space"))
-    model = parse_model(data["model"], "model", fail)
+    base = path.parent.resolve()  # relative paths in the file are read from its folder
+    model = parse_model(data["model"], "model", fail, base=base)
     if model.datasets:
         raise fail("model.datasets", "a study has one `data` entry; `datasets` is for sweeps")
-    data_spec = parse_dataset(data["data"], "data", fail, default_name="validation")
+    data_spec = parse_dataset(data["data"], "data", fail, default_name="validation", base=base)
     algorithm = data.get("algorithm", "soda")
     if algorithm not in ALGORITHMS:
         raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {', '.join(ALGORITHMS)})")
@@ -219,6 +235,16 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         if points > MAX_GRID:
             raise fail("space", f"a grid of {points:,} points (at most {MAX_GRID:,})")
     if spec.start_from is not None:
+        from sodaray.presets import PRESETS
+
+        if spec.start_from not in PRESETS:
+            try:
+                where = in_file(spec.start_from, base)
+            except ValueError as exc:  # an unset environment variable
+                raise fail("start_from", str(exc)) from exc
+            if not Path(where).is_file():
+                shown = looked_for(spec.start_from, base)
+                raise fail("start_from", f"no such preset: {shown} (a preset name or YAML file)")
         try:
             spec.start_params()
         except (OSError, ValueError) as exc:

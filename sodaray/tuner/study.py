@@ -92,7 +92,7 @@ def spec_hash(spec: TuningSpec) -> str:
             # Named only when given, so files without a preset keep their studies' hashes.
             **(preset if spec.model.preset or spec.model.preset_file else {}),
             "model": spec.model.identity(),
-            "data": dataclasses.asdict(spec.data),
+            "data": spec.data.identity(),
             "algorithm": spec.algorithm,
             "objective": spec.objective,
             "fixed": spec.fixed,
@@ -175,6 +175,14 @@ def make_pruner(spec: TuningSpec):
     if spec.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner()
     return optuna.pruners.NopPruner()
+
+
+# What each metric's value is, as an axis or a column says it (the plots, the leaderboard).
+METRIC_LABELS = {
+    "exact": "exact rate (share of validation samples recovered exactly)",
+    "exact_per_second": "exact inversions per second of search",
+    "exact_then_loss": "exact rate, ties broken by the mean final loss (exact_then_loss)",
+}
 
 
 def trial_value(metric: str, exact: int, total: int, seconds: float, losses: list[float]) -> float:
