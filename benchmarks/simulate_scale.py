@@ -16,7 +16,7 @@ Schedulers, each a replica per model with a batch of `max_batch_size` slots:
   alone). A step is one pass at that length.
 - new (this tree): every length in one batch; a slot freed by a found sample (or a finished
   budget) takes the next waiting sample (in the order sweeps submit: by length) at the next
-  step; each step the slots are split into passes by `sodaray.search.passes.plan_passes`, each
+  step; each step the slots are split into passes by `sodaray.search.scheduler.plan_passes`, each
   pass padded to its longest input.
 
 Device time of a pass: `--pass-latency` seconds (what a pass costs however few samples it holds:
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from sodaray.cost import DEFAULT_EFFICIENCY, KNOWN_SHAPES, device_seconds  # noqa: E402
 from sodaray.data import parse_lengths  # noqa: E402
-from sodaray.search.passes import plan_passes  # noqa: E402
+from sodaray.search.scheduler import plan_passes  # noqa: E402
 
 Run = tuple[int, dict[int, int]]  # (steps, active slots by input length)
 

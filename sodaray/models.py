@@ -68,11 +68,12 @@ def invariant_rows(device: torch.device) -> int:
     return _INVARIANT_ROWS[key]
 
 
-def pad_rows(x: Tensor, rows_per_item: int = 1) -> Tensor:
+def pad_rows(x: Tensor, rows_per_item: int = 1, items: int = 0) -> Tensor:
     """`x` with zero items appended along dim 0: at least one, and enough for `invariant_rows`
-    rows in all (an item of a (B, L, d) batch is L rows)."""
+    rows in all (an item of a (B, L, d) batch is L rows). `items`: a static batch size (the
+    scheduler's), whose padded size is then the same for any count of items up to it."""
     need = -(-invariant_rows(x.device) // max(rows_per_item, 1))
-    extra = max(1, need - x.shape[0])
+    extra = max(1, need - x.shape[0], items + 1 - x.shape[0])
     return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))])
 
 
@@ -200,10 +201,11 @@ class LoadedModel:
         ids = torch.tensor(self.prefix_ids, device=self.device)
         return self.embed(ids).unsqueeze(0).expand(batch, -1, -1)
 
-    def hidden(self, inputs_embeds: Tensor) -> Tensor:
-        """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable."""
+    def hidden(self, inputs_embeds: Tensor, items: int = 0) -> Tensor:
+        """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
+        `items`: run as a batch of that many (a static shape; see `pad_rows`)."""
         batch = inputs_embeds.shape[0]
-        padded = pad_rows(inputs_embeds, inputs_embeds.shape[1])
+        padded = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
         if self.split_forward:
             out = self.model.base_model(inputs_embeds=padded, use_cache=False)
             return out.last_hidden_state[:batch]

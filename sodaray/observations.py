@@ -23,6 +23,15 @@ from sodaray.objectives import KINDS, Objective
 
 # ---- the observed rows of a batch ---------------------------------------------------------------
 PROBE_COLUMNS = 8
+# The match check's screen (`scoring.check_candidates`) loosens the test by this fraction of a
+# row's largest observed magnitude: far past what a batch's shape does to a float32 forward
+# (rounding, ~1e-6 of it), so the screen never drops a candidate the canonical test would take.
+SCREEN_SLACK = 1e-2
+
+
+def screen_slack(model: LoadedModel) -> float:
+    """The screen's slack for `model`'s precision: a few hundred roundings at half precision."""
+    return max(SCREEN_SLACK, 256 * torch.finfo(model.dtype).eps)
 
 
 @dataclass
@@ -30,7 +39,8 @@ class BatchTargets:
     """The observed rows of the targets that sit in a search batch, on the model's device.
 
     `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
-    the hard check's cheap first test (see `LogitsObservation.match`).
+    the hard check's cheap first test (see `LogitsObservation.match`); `probe_allowed` how far
+    a candidate's may be from them and still pass it, computed once when the rows enter.
     """
 
     continuation: Tensor  # (B, m)
@@ -38,6 +48,7 @@ class BatchTargets:
     observed_indices: Tensor | None  # (B, m, k)
     probe_indices: Tensor | None = None  # (B, m, P) vocabulary ids
     probe_values: Tensor | None = None  # (B, m, P)
+    probe_allowed: Tensor | None = None  # (B, m, P)
 
     FIELDS: ClassVar[tuple[str, ...]] = (
         "continuation",
@@ -45,24 +56,32 @@ class BatchTargets:
         "observed_indices",
         "probe_indices",
         "probe_values",
+        "probe_allowed",
     )
 
     @classmethod
-    def from_set(cls, targets: Any, rows: np.ndarray, device: torch.device) -> BatchTargets:
+    def from_set(
+        cls, targets: Any, rows: np.ndarray, device: torch.device, slack: float = SCREEN_SLACK
+    ) -> BatchTargets:
         """Rows `rows` of a `TargetSet` (anything with `continuation`, `observed_values` and
-        `observed_indices` tensors on the CPU)."""
+        `observed_indices` tensors on the CPU, `atol` and `rtol`); `slack`: the screen's."""
         idx = torch.as_tensor(rows, dtype=torch.long)
 
         def take(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[idx].to(device)
 
         values, indices = take(targets.observed_values), take(targets.observed_indices)
-        probe_idx = probe_val = None
+        probe_idx = probe_val = allowed = None
         if values is not None and values.shape[-1] > PROBE_COLUMNS:
             top = values.topk(PROBE_COLUMNS, dim=-1)
             probe_val = top.values
             probe_idx = top.indices if indices is None else indices.gather(-1, top.indices)
-        return cls(take(targets.continuation), values, indices, probe_idx, probe_val)
+            # Looser than the full test by more than any rounding: it never rejects a match.
+            scale = values.abs().flatten(1).amax(1)[:, None, None]
+            atol, rtol = float(targets.atol), float(targets.rtol)
+            allowed = 2 * atol + 1e-5 + 2 * rtol * probe_val.abs() + 2 * slack * scale
+        cont = take(targets.continuation)
+        return cls(cont, values, indices, probe_idx, probe_val, allowed)
 
     def fields(self) -> dict[str, Tensor]:
         """The tensors that are present, by name."""
@@ -219,13 +238,13 @@ class LogitsObservation(Observation):
         result = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         alive = torch.arange(hidden.shape[0], device=hidden.device)
         # The probe compares raw logits; the other spaces need the whole row anyway.
-        if model.split_forward and batch.probe_indices is not None and objective.space == "raw":
+        if model.split_forward and batch.probe_allowed is not None and objective.space == "raw":
             probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
-            # Far looser than the real test than any rounding: it never rejects a true match.
-            ok = _close(
-                probe_pred, batch.probe_values[rows], 2 * atol + 1e-5, 2 * rtol, 2 * slack
-            )
-            alive = ok.all(1).nonzero().squeeze(1)
+            off = (probe_pred - batch.probe_values[rows]).abs() <= batch.probe_allowed[rows]
+            ok = off.flatten(1).all(1)
+            if slack:  # a screen: the probe is test enough (the canonical check follows)
+                return ok
+            alive = ok.nonzero().squeeze(1)
             if len(alive) == 0:
                 return result
             hidden, rows = hidden[alive], rows[alive]

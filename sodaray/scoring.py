@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
-from sodaray.observations import BatchTargets, observation
+from sodaray.observations import BatchTargets, observation, screen_slack
 
 
 @dataclass
@@ -61,13 +61,18 @@ class Layout:
 
 
 def sequence_embeds(
-    model: LoadedModel, layout: Layout, rows: Tensor, continuation: Tensor
+    model: LoadedModel,
+    layout: Layout,
+    rows: Tensor,
+    continuation: Tensor,
+    width: int | None = None,
 ) -> Tensor:
-    """(B, prefix + longest + m - 1, d): the prefix, each slot's input rows (T, d) and its
-    continuation but the last observed token, padded at the end with zeros."""
+    """(B, prefix + width + m - 1, d): the prefix, each slot's input rows (T, d) and its
+    continuation but the last observed token, padded at the end with zeros; `width` (default:
+    the longest input) is the input positions the sequence has room for."""
     batch, d = layout.batch, rows.shape[-1]
     p, m = len(model.prefix_ids), continuation.shape[1]
-    seq = rows.new_zeros(batch, p + layout.longest + m - 1, d)
+    seq = rows.new_zeros(batch, p + (width or layout.longest) + m - 1, d)
     if p:
         seq[:, :p] = model.prefix_embeds(batch).to(rows.dtype)
     seq = seq.index_put((layout.row_slot, p + layout.row_offset), rows)
@@ -150,16 +155,6 @@ def fluency_penalty(
     return out.index_add(0, slot, nll) / count.clamp_min(1.0)
 
 
-# The screen's slack, as a fraction of a row's largest observed magnitude: far past what a
-# batch's shape does to a float32 forward (rounding, ~1e-6 of it), so the screen never drops a
-# candidate the canonical test would take; at half precision, a few hundred roundings.
-SCREEN_SLACK = 1e-2
-
-
-def screen_slack(model: LoadedModel) -> float:
-    return max(SCREEN_SLACK, 256 * torch.finfo(model.dtype).eps)
-
-
 @torch.no_grad()
 def check_candidates(
     model: LoadedModel,
@@ -173,30 +168,59 @@ def check_candidates(
 ) -> Tensor:
     """Whether each candidate reproduces its observed output exactly, (C,) bool: candidate c
     has the packed tokens (T,) of `layout`'s slot c and is scored against row `slots[c]` of
-    `batch`; the kind's own check decides (`sodaray.observations`).
-
-    Two stages. A screen, in the batch's own shape, with the tolerance loosened past anything
-    a shape does to the arithmetic (`screen_slack`); then the few candidates it lets through
-    are decided in the canonical shape (`LoadedModel.canonical_logits`), where targets were
-    recorded. So a decision does not depend on what shared the batch or on its width, and a
-    true input reproduces its target bit for bit: never missed (issue 37)."""
-    kind = observation(objective.kind)
+    `batch` (see `check_sequences`)."""
     continuation = batch.continuation[slots]
-    embeds = sequence_embeds(model, layout, model.embed(tokens), continuation)
-    hidden = observed_hidden(model, layout, model.hidden(embeds), objective.output_tokens)
-    near = kind.match(model, objective, hidden, batch, slots, atol, rtol, screen_slack(model))
+    m = continuation.shape[1]
+    seq = tokens.new_zeros(layout.batch, layout.longest + m - 1)
+    seq[layout.row_slot, layout.row_offset] = tokens
+    if m > 1:  # the continuation right after each input, but its last token
+        after = layout.lengths[:, None] + torch.arange(m - 1, device=tokens.device)
+        seq = seq.scatter(1, after, continuation[:, :-1])
+    return check_sequences(model, objective, seq, layout.lengths, batch, slots, atol, rtol)
+
+
+@torch.no_grad()
+def check_sequences(
+    model: LoadedModel,
+    objective: Objective,
+    sequences: Tensor,
+    lengths: Tensor,
+    batch: BatchTargets,
+    rows: Tensor,
+    atol: float,
+    rtol: float,
+) -> Tensor:
+    """Whether each candidate reproduces its observed output exactly, (C,) bool. Candidate c is
+    `sequences[c]`: its `lengths[c]` input tokens, then its row's continuation but the last
+    observed token, then anything (padding); it is scored against row `rows[c]` of `batch`,
+    and the observation kind's own test decides (`sodaray.observations`).
+
+    Two stages. A screen, the candidates in one batch of their own shape, with the tolerance
+    loosened past anything a shape does to the arithmetic (`observations.screen_slack`); then
+    the few candidates it lets through are decided in the canonical shape
+    (`LoadedModel.canonical_logits`), where targets were recorded. So a decision does not
+    depend on what shared the batch or on its width, and a true input reproduces its target
+    bit for bit: never missed (issue 37)."""
+    kind = observation(objective.kind)
+    m, p = objective.output_tokens, len(model.prefix_ids)
+    ids = sequences
+    if p:
+        prefix = torch.tensor(model.prefix_ids, device=ids.device).expand(len(ids), -1)
+        ids = torch.cat([prefix, ids], dim=1)
+    hidden = model.hidden(model.embed(ids))
+    start = p + lengths - 1  # each candidate's last input position: its first observed one
+    positions = start[:, None] + torch.arange(m, device=hidden.device)
+    observed = hidden[torch.arange(len(ids), device=hidden.device)[:, None], positions]
+    near = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
     found = torch.zeros_like(near)
     near = near.nonzero().squeeze(1)
     if len(near) == 0:
         return found
-    grid = tokens.new_zeros(layout.batch, layout.longest)  # each candidate's tokens, in a row
-    grid[layout.row_slot, layout.row_offset] = tokens
-    lengths = layout.lengths[near]
-    for n in lengths.unique().tolist():
-        group = near[lengths == n]
-        seq = torch.cat([grid[group, :n], continuation[group, :-1]], dim=1)
-        logits = model.canonical_logits(seq, objective.output_tokens)
-        found[group] = kind.compare(objective, logits, batch, slots[group], atol, rtol)
+    near_lengths = lengths[near]
+    for n in near_lengths.unique().tolist():
+        group = near[near_lengths == n]
+        logits = model.canonical_logits(sequences[group, : n + m - 1], m)
+        found[group] = kind.compare(objective, logits, batch, rows[group], atol, rtol)
     return found
 
 

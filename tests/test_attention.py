@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
 
 import sodaray
 from sodaray.attention import invariant
-from sodaray.search.passes import plan_passes
 
 
 def hidden_and_grad(model, x: torch.Tensor, n: int, width: int):
@@ -57,26 +55,7 @@ def test_a_model_without_the_attention_interface_keeps_its_own(one_thread):
     model = tiny_model("gpt-neo")
     assert not model.invariant
     batch = SodaBatch(model)
-    assert not batch.mix
-
-
-def test_plan_passes_picks_the_cheapest_split():
-    """Cost of a split: overhead per pass + slots x (fixed + the pass's longest length)."""
-    lengths = np.array([1] * 30 + [10] * 2)
-
-    def cost(passes, overhead, fixed=1):
-        return sum(overhead + len(p) * (fixed + lengths[p].max()) for p in passes)
-
-    # Cheap passes: the two long inputs get their own (30 x 2 + 2 x 11 + 2 x 5 = 92 < 352).
-    two = plan_passes(lengths, 1, 5.0)
-    assert sorted(len(p) for p in two) == [2, 30] and cost(two, 5.0) == 92
-    # Dear passes (GPU-like): one pass for all, padding included (300 + 352 < 600 + 82).
-    one = plan_passes(lengths, 1, 300.0)
-    assert len(one) == 1 and cost(one, 300.0) < cost(two, 300.0)
-    # Without mixing, one pass per length whatever the overhead; every slot exactly once.
-    split = plan_passes(np.array([3, 1, 3, 2]), 1, 1e6, mix=False)
-    assert [sorted(p.tolist()) for p in split] == [[1], [3], [0, 2]]
-    assert plan_passes(np.array([], dtype=np.int64), 1, 1.0) == []
+    assert not batch.scheduler.mix
 
 
 def test_how_a_batch_is_split_into_passes_changes_no_result(one_thread):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from sodaray.models import LoadedModel
-from sodaray.observations import BatchTargets
+from sodaray.observations import BatchTargets, screen_slack
 from sodaray.scoring import hard_match
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.targets import TargetSet
@@ -87,7 +87,8 @@ def run_inverter(
             t0 = time.perf_counter()
             pred = generate(net, obs[chunk, :m], n, meta)
             toks = torch.tensor(pred, dtype=torch.long, device=model.device)
-            batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device)
+            slack = screen_slack(model)
+            batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device, slack)
             found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
             per = (time.perf_counter() - t0) / len(chunk)
             for j, row in enumerate(chunk):

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.observations import BatchTargets
+from sodaray.observations import SCREEN_SLACK, BatchTargets, screen_slack
 from sodaray.scoring import Layout, check_candidates
 from sodaray.search.slots import Buffers
 from sodaray.targets import TargetSet
@@ -197,7 +197,7 @@ class UniformBatch:
         if self.objective is None:
             self.objective, self.atol, self.rtol = first.objective, first.atol, first.rtol
         dev = self.model.device
-        rows = observed_rows(entries, dev)
+        rows = observed_rows(entries, dev, screen_slack(self.model))
         last = torch.full((len(entries), self.n), -1, dtype=torch.long, device=dev)
         self.slots.append({**rows.fields(), "last": last, **self.start(entries)})
 
@@ -251,8 +251,11 @@ class UniformBatch:
         return StepOutcome(found.cpu().numpy(), loss.detach(), positions, positions)
 
 
-def observed_rows(entries: Sequence[SlotEntry], device: torch.device) -> BatchTargets:
-    """The observed rows of `entries` in order, from however many target sets they come."""
+def observed_rows(
+    entries: Sequence[SlotEntry], device: torch.device, slack: float = SCREEN_SLACK
+) -> BatchTargets:
+    """The observed rows of `entries` in order, from however many target sets they come
+    (`slack`: the match check's screen's, see `observations.screen_slack`)."""
     parts: list[tuple[list[int], BatchTargets]] = []
     by_set: dict[int, tuple[TargetSet, list[int], list[int]]] = {}
     for i, e in enumerate(entries):
@@ -260,7 +263,7 @@ def observed_rows(entries: Sequence[SlotEntry], device: torch.device) -> BatchTa
         by_set[id(e.targets)][1].append(i)
         by_set[id(e.targets)][2].append(e.row)
     for targets, where, rows in by_set.values():
-        parts.append((where, BatchTargets.from_set(targets, np.asarray(rows), device)))
+        parts.append((where, BatchTargets.from_set(targets, np.asarray(rows), device, slack)))
     if len(parts) == 1:
         return parts[0][1]
     order = torch.as_tensor(np.argsort(np.concatenate([w for w, _ in parts])), device=device)

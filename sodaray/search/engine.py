@@ -49,6 +49,7 @@ from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
 from sodaray.search.embedding import EmbeddingBatch
 from sodaray.search.gcg import GcgBatch
+from sodaray.search.scheduler import admit, capacity
 from sodaray.search.slots import apply_plan, removal_plan
 from sodaray.search.soda import SodaBatch
 from sodaray.targets import TargetSet
@@ -236,8 +237,12 @@ class Engine:
         *,
         mix_lengths: bool = True,
         on_batch: Callable[[int], None] | None = None,
+        policy: str | None = None,
     ) -> None:
         self.model, self.mix_lengths = model, mix_lengths
+        # The scheduler's policy (`sodaray.search.scheduler`): static shapes where a step's
+        # kernels are launched (a GPU), a pass's own shape where it computes (a CPU).
+        self.policy = policy or ("static" if model.device.type == "cuda" else "exact")
         self.on_batch = on_batch
         self.pools: dict[str, _Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
@@ -345,23 +350,18 @@ class Engine:
             families.setdefault(pool.family, []).append(pool)
         for family, pools in families.items():
             free = self.capacity[family] - sum(len(p) for p in pools)
+            if free <= 0:
+                continue
             if len(pools) == 1:
                 pools[0].admit(free)
                 continue
-            taken = dict.fromkeys(range(len(pools)), 0)
-            heads = {i: p.head() for i, p in enumerate(pools)}
-            while free > 0:
-                waiting = [(h, i) for i, h in heads.items() if h is not None]
-                if not waiting:
-                    break
-                _, i = min(waiting)
-                taken[i] += 1
-                free -= 1
-                queue = pools[i].queue  # peek past the ones already taken
-                heads[i] = queue[taken[i]][0] if taken[i] < len(queue) else None
-            for i, count in taken.items():
+            heads = []
+            for pool in pools:
+                pool.head()  # drops cancelled work from the front
+                heads.append([arrival for arrival, *_ in itertools.islice(pool.queue, free)])
+            for pool, count in zip(pools, admit(free, heads), strict=True):
                 if count:
-                    pools[i].admit(count)
+                    pool.admit(count)
 
     def _admit(self) -> None:
         with self._lock:
@@ -382,8 +382,8 @@ class Engine:
         pool = self.pools.get(key)
         if pool is None:
             pool = self.pools[key] = _Pool(self, family, self._new_batch(work, length))
-        # The family's capacity: the largest batch any of its works asked for.
-        self.capacity[family] = max(self.capacity.get(family, 0), work.config.max_batch_size)
+        asked = (self.capacity.get(family, 0), work.config.max_batch_size)
+        self.capacity[family] = capacity(asked)
         pool.queue.append((next(self._arrivals), work, row, stage))
         work._queued += 1
 
@@ -391,7 +391,8 @@ class Engine:
         config = work.config
         cls = BATCHES[config.algorithm]
         if getattr(cls, "mixes_lengths", False):  # any length, any config
-            return cls(self.model, getattr(config, "precision", "float32"), self.mix_lengths)
+            precision = getattr(config, "precision", "float32")
+            return cls(self.model, precision, self.mix_lengths, self.policy)
         generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
         return cls(self.model, config, length, generator)
 

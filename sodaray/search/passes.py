@@ -1,16 +1,11 @@
-"""How a batch of searches of mixed lengths is split into transformer passes.
+"""What a transformer pass costs beyond its positions, measured: the scheduler's input for
+splitting a step into passes (`sodaray.search.scheduler.plan_passes`).
 
 A pass pads every sequence in it to the longest, so it costs about `overhead + slots x width`
 sequence positions, where `overhead` is what a pass costs beyond its positions (kernel launches,
-Python dispatch), expressed in positions. Few passes waste positions on padding; many waste the
-overhead. `plan_passes` picks the split of the length-sorted slots that costs least (dynamic
-programming over the distinct lengths present: a few dozen at most), each step the batch's
-membership changed.
-
-The split is free to change from step to step because it changes no result: with the model's
-width-invariant attention (`sodaray.attention`), a search's arithmetic does not depend on the
-width of its pass or on its neighbours. Without it (a model that kept its own attention, or
-`mix_lengths=False`), each pass holds one length.
+Python dispatch), expressed in positions. The split is free to change from step to step because
+it changes no result: with the model's width-invariant attention (`sodaray.attention`), a
+search's arithmetic does not depend on the width of its pass or on its neighbours.
 
 `pass_overhead` measures the overhead once per model on its device: two forward passes of
 different sizes, a straight line through them. On a 2-core CPU, stories260K's is about a hundred
@@ -33,39 +28,6 @@ log = logging.getLogger(__name__)
 
 MAX_OVERHEAD = 1e6  # positions: a pass costs nothing next to padding (one pass for all)
 _OVERHEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def plan_passes(
-    lengths: np.ndarray, fixed: int, overhead: float, mix: bool = True
-) -> list[np.ndarray]:
-    """Slot indices grouped into passes: slot b has `lengths[b]` input tokens and `fixed` other
-    positions (prefix, observed continuation). Each pass holds a run of the distinct lengths;
-    with `mix` False, exactly one."""
-    distinct, inverse, counts = np.unique(lengths, return_inverse=True, return_counts=True)
-    k = len(distinct)
-    if k <= 1:
-        return [np.arange(len(lengths))] if len(lengths) else []
-    if not mix:
-        bounds = list(range(k + 1))
-    else:
-        before = np.concatenate([[0], np.cumsum(counts)])
-        best = np.full(k + 1, np.inf)
-        best[0] = 0.0
-        cut = np.zeros(k + 1, dtype=np.int64)
-        for j in range(1, k + 1):
-            width = fixed + int(distinct[j - 1])
-            for i in range(j):
-                cost = best[i] + overhead + (before[j] - before[i]) * width
-                if cost < best[j]:
-                    best[j], cut[j] = cost, i
-        bounds = [k]
-        while bounds[-1] > 0:
-            bounds.append(int(cut[bounds[-1]]))
-        bounds.reverse()
-    return [
-        np.flatnonzero((inverse >= lo) & (inverse < hi))
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
 
 
 def pass_overhead(model: LoadedModel) -> float:

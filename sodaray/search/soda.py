@@ -32,8 +32,8 @@ from torch import Tensor
 from sodaray.attention import invariant
 from sodaray.models import LoadedModel, invariant_rows, pad_rows
 from sodaray.objectives import Objective
-from sodaray.observations import BatchTargets
-from sodaray.scoring import Layout, check_candidates, objective_loss, sequence_embeds, slot_rows
+from sodaray.observations import BatchTargets, screen_slack
+from sodaray.scoring import Layout, check_sequences, objective_loss, sequence_embeds, slot_rows
 from sodaray.search.adam import Hyper, adam_step
 from sodaray.search.base import (
     SearchConfig,
@@ -43,7 +43,8 @@ from sodaray.search.base import (
     observed_rows,
 )
 from sodaray.search.denormals import flush_denormals
-from sodaray.search.passes import pass_overhead, plan_passes
+from sodaray.search.passes import pass_overhead
+from sodaray.search.scheduler import Scheduler
 from sodaray.search.slots import Buffers, apply_plan, removal_plan
 
 
@@ -268,12 +269,15 @@ class _Hyper:
 @dataclass
 class Pass:
     """One transformer pass of a step: its slots (host indices; None: every slot), their
-    layout, their packed rows and the slots as a tensor."""
+    layout, their packed rows, the slots as a tensor, and the batch size and input width it
+    runs at (the scheduler's shape: padding slots and positions are zeros)."""
 
     slots: np.ndarray | None
     layout: Layout
     rows: Tensor | None
-    index: Tensor | None = None
+    index: Tensor | None
+    batch: int
+    width: int
 
 
 # Per-slot host arrays, kept in slot order beside the batch's tensors.
@@ -309,21 +313,30 @@ class SodaBatch:
     mixes_lengths: ClassVar[bool] = True
 
     def __init__(
-        self, model: LoadedModel, precision: str = "float32", mix_lengths: bool = True
+        self,
+        model: LoadedModel,
+        precision: str = "float32",
+        mix_lengths: bool = True,
+        policy: str = "exact",
     ) -> None:
         self.model, self.precision = model, precision
         # Lengths share a pass only where that changes no result (`sodaray.attention`).
-        self.mix = mix_lengths and model.for_precision(precision).invariant
-        self.overhead = pass_overhead(model) if self.mix else 0.0
+        mix = mix_lengths and model.for_precision(precision).invariant
+        self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
         self.slots = Buffers()  # observed rows, per slot
         self.rows = Buffers(guard=1)  # z, m, v (T, V) and the last checked token, per row
         self.host = {name: np.zeros(0, dtype=kind) for name, kind in _SLOT_ARRAYS.items()}
         self.row_slot = np.zeros(0, dtype=np.int64)
         self.row_offset = np.zeros(0, dtype=np.int64)
+        # The host's side of the hard-max check: each row's last checked token (-1: none yet)
+        # and each slot's observed continuation but its last token, so the check's sequences
+        # are built on the host, in one copy to the device.
+        self.row_last = np.zeros(0, dtype=np.int64)
+        self.context = np.zeros((0, 0), dtype=np.int64)
         self.configs: dict[str, int] = {}
         self.groups: list[tuple[Objective, float, float]] = []
         self.workspace = Workspace()
-        self.current: Tensor | None = None  # (T,) candidates of the last step
+        self.current: np.ndarray | None = None  # (T,) candidates of the last step
         self._dirty = True
         self.layout: Layout | None = None
         self.passes: list[Pass] = []
@@ -380,15 +393,18 @@ class SodaBatch:
             self.host[name] = np.concatenate([self.host[name], np.asarray(values[name], kind)])
         lengths = np.asarray(values["length"], dtype=np.int64)
         total = int(lengths.sum())
-        self.slots.append(observed_rows(entries, dev).fields())
+        self.slots.append(observed_rows(entries, dev, screen_slack(self.model)).fields())
         self.rows.append(
             {
                 "z": torch.zeros((total, vocab), device=dev),
                 "m": torch.zeros((total, vocab), device=dev),
                 "v": torch.zeros((total, vocab), device=dev),
-                "last": torch.full((total,), -1, dtype=torch.long, device=dev),
             }
         )
+        self.row_last = np.concatenate([self.row_last, np.full(total, -1, dtype=np.int64)])
+        context = np.stack([e.targets.continuation[e.row, :-1].numpy() for e in entries])
+        before = self.context if len(self.context) else self.context.reshape(0, context.shape[1])
+        self.context = np.concatenate([before, context])
         self.row_slot = np.concatenate(
             [self.row_slot, np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths)]
         )
@@ -412,6 +428,8 @@ class SodaBatch:
         renumber[movers] = holes
         self.row_slot = renumber[apply_plan(self.row_slot, row_left, row_holes, row_movers)]
         self.row_offset = apply_plan(self.row_offset, row_left, row_holes, row_movers)
+        self.row_last = apply_plan(self.row_last, row_left, row_holes, row_movers)
+        self.context = apply_plan(self.context, left, holes, movers)
         self.slots.remove(left, holes, movers)
         for name in self.host:
             self.host[name] = apply_plan(self.host[name], left, holes, movers)
@@ -420,8 +438,7 @@ class SodaBatch:
 
     def candidates(self, slots: np.ndarray) -> list[list[int]]:
         assert self.current is not None
-        current = self.current.cpu().numpy()
-        return [current[self.slot_rows[s]].tolist() for s in slots]
+        return [self.current[self.slot_rows[s]].tolist() for s in slots]
 
     def refresh(self) -> None:
         """What follows from who is in the batch, rebuilt after slots came or went (each step
@@ -436,14 +453,13 @@ class SodaBatch:
         self.layout = Layout(lengths, row_slot, offsets, int(h["length"].max(initial=1)))
         self.slot_rows = slot_rows(self.row_slot, self.row_offset, count)
         self.passes = []
-        plan = plan_passes(h["length"], self.fixed, self.overhead, self.mix) if count else []
-        for slots in plan:
-            if len(slots) == count:
-                self.passes.append(Pass(None, self.layout, None))
+        for plan in self.scheduler.passes(h["length"], self.fixed) if count else []:
+            if len(plan.slots) == count:
+                self.passes.append(Pass(None, self.layout, None, None, plan.batch, plan.width))
                 continue
-            idx = torch.as_tensor(slots, device=dev)
+            idx = torch.as_tensor(plan.slots, device=dev)
             layout, rows = self.layout.select(idx)
-            self.passes.append(Pass(slots, layout, rows, idx))
+            self.passes.append(Pass(plan.slots, layout, rows, idx, plan.batch, plan.width))
 
         per_row = self.per_row
         decay = h["decay"]
@@ -483,7 +499,7 @@ class SodaBatch:
         found = self.check(tokens)
         self.apply_schedules(steps_after)
         fixed = self.fixed
-        positions = sum(p.layout.batch * (fixed + p.layout.longest) for p in self.passes)
+        positions = sum(p.batch * (fixed + p.width) for p in self.passes)
         return StepOutcome(
             found,
             loss,
@@ -521,13 +537,14 @@ class SodaBatch:
             loss = None
             for p in self.passes:
                 if p.slots is None:  # one pass holds every slot
-                    hidden = model.hidden(sequence_embeds(model, p.layout, rows, continuation))
-                    loss = self.slot_loss(model, hidden, p, probs)
+                    embeds = sequence_embeds(model, p.layout, rows, continuation, p.width)
+                    loss = self.slot_loss(model, model.hidden(embeds, p.batch), p, probs)
                     break
-                embeds = sequence_embeds(model, p.layout, rows[p.rows], continuation[p.index])
-                part = self.slot_loss(
-                    model, model.hidden(embeds), p, None if probs is None else probs[p.rows]
+                embeds = sequence_embeds(
+                    model, p.layout, rows[p.rows], continuation[p.index], p.width
                 )
+                hidden = model.hidden(embeds, p.batch)
+                part = self.slot_loss(model, hidden, p, None if probs is None else probs[p.rows])
                 if loss is None:
                     loss = part.new_zeros(len(self.slots))
                 loss = loss.index_put((p.index,), part)
@@ -612,21 +629,31 @@ class SodaBatch:
     def check(self, tokens: Tensor) -> np.ndarray:
         """The hard-max check (found mask, on the host), run only for slots whose tokens
         changed since their last check: an unchanged candidate already failed."""
-        assert self.layout is not None
-        self.current = tokens
-        last = self.rows["last"]
-        changed_rows = (tokens != last).to(torch.int32)
-        per_slot = torch.zeros(len(self.slots), dtype=torch.int32, device=tokens.device)
-        changed = per_slot.index_add_(0, self.layout.row_slot, changed_rows).cpu().numpy() > 0
-        last.copy_(tokens)
-        found = np.zeros(len(self.slots), dtype=bool)
+        count, dev = len(self.slots), tokens.device
+        self.current = current = tokens.cpu().numpy()
+        changed_rows = current != self.row_last
+        self.row_last = current.copy()
+        changed = np.bincount(self.row_slot, weights=changed_rows, minlength=count) > 0
+        found = np.zeros(count, dtype=bool)
+        lengths = self.host["length"]
         for g in np.unique(self.host["group"][changed]):
             slots = np.flatnonzero(changed & (self.host["group"] == g))
             objective, atol, rtol = self.groups[g]
-            idx = torch.as_tensor(slots, device=tokens.device)
-            layout, rows = self.layout.select(idx, int(self.host["length"][slots].max()))
-            match = check_candidates(
-                self.model, objective, layout, tokens[rows], self.observed, idx, atol, rtol
+            # Each candidate's input, its continuation but the last token, then zeros.
+            seqs = np.zeros((len(slots), int(lengths[slots].max()) + self.context.shape[1]))
+            for i, slot in enumerate(slots):
+                n = lengths[slot]
+                seqs[i, :n] = current[self.slot_rows[slot]]
+                seqs[i, n : n + self.context.shape[1]] = self.context[slot]
+            match = check_sequences(
+                self.model,
+                objective,
+                torch.as_tensor(seqs, dtype=torch.long, device=dev),
+                torch.as_tensor(lengths[slots], device=dev),
+                self.observed,
+                torch.as_tensor(slots, device=dev),
+                atol,
+                rtol,
             )
             found[slots] = match.cpu().numpy()
         return found

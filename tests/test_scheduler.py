@@ -1,0 +1,116 @@
+"""The scheduler (`sodaray.search.scheduler`): its plans, as pure functions, and the one promise
+the engine makes about them: a policy changes the shapes a step runs at, never a result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_model
+
+import sodaray
+from sodaray.search.scheduler import (
+    MIN_BATCH,
+    WIDTH_STEP,
+    Scheduler,
+    admit,
+    capacity,
+    pick_replica,
+    plan_passes,
+)
+
+
+def test_plan_passes_picks_the_cheapest_split():
+    """Cost of a split: overhead per pass + slots x (fixed + the pass's longest length)."""
+    lengths = np.array([1] * 30 + [10] * 2)
+
+    def cost(passes, overhead, fixed=1):
+        return sum(overhead + len(p) * (fixed + lengths[p].max()) for p in passes)
+
+    # Cheap passes: the two long inputs get their own (30 x 2 + 2 x 11 + 2 x 5 = 92 < 352).
+    two = plan_passes(lengths, 1, 5.0)
+    assert sorted(len(p) for p in two) == [2, 30] and cost(two, 5.0) == 92
+    # Dear passes (GPU-like): one pass for all, padding included (300 + 352 < 600 + 82).
+    one = plan_passes(lengths, 1, 300.0)
+    assert len(one) == 1 and cost(one, 300.0) < cost(two, 300.0)
+    # Without mixing, one pass per length whatever the overhead; every slot exactly once.
+    split = plan_passes(np.array([3, 1, 3, 2]), 1, 1e6, mix=False)
+    assert [sorted(p.tolist()) for p in split] == [[1], [3], [0, 2]]
+    assert plan_passes(np.array([], dtype=np.int64), 1, 1.0) == []
+
+
+def test_exact_passes_run_at_their_own_shape():
+    lengths = np.array([3, 1, 3, 2, 9])
+    plans = Scheduler("exact", overhead=0.0).passes(lengths, fixed=1)
+    assert sorted(np.concatenate([p.slots for p in plans]).tolist()) == [0, 1, 2, 3, 4]
+    for p in plans:
+        assert p.batch == len(p.slots) and p.width == lengths[p.slots].max()
+
+
+def test_static_passes_come_in_few_shapes_that_hold_their_slots():
+    """Over 2,000 random batches (1-1,000 slots of lengths 1-40), the static policy runs every
+    pass at a batch that is a power of two from MIN_BATCH and a width that is a multiple of
+    WIDTH_STEP, at least the pass's own: few shapes in all, each built once and replayed."""
+    rng = np.random.default_rng(0)
+    shapes = set()
+    dear = Scheduler("static", overhead=1e6)  # a GPU's pass: one for everything
+    for _ in range(2000):
+        lengths = rng.integers(1, 41, size=int(rng.integers(1, 1001)))
+        (plan,) = dear.passes(lengths, fixed=2)
+        count, longest = len(plan.slots), int(lengths.max())
+        assert plan.batch >= max(count, MIN_BATCH) and plan.batch < 2 * max(count, MIN_BATCH)
+        assert plan.batch & (plan.batch - 1) == 0
+        assert longest <= plan.width < longest + WIDTH_STEP and plan.width % WIDTH_STEP == 0
+        shapes.add((plan.batch, plan.width))
+    assert len(shapes) <= 8 * 3  # batches 8..1024, widths 16, 32, 48
+    # A model whose attention is not width-invariant keeps each pass at its own width.
+    plans = Scheduler("static", overhead=1e6, mix=False).passes(np.array([2, 5, 5]), fixed=1)
+    assert [(p.batch, p.width) for p in plans] == [(8, 2), (8, 5)]
+
+
+def test_admission_follows_arrival_across_pools():
+    # Three pools' waiting arrivals; five free slots go to arrivals 0..4 wherever they wait.
+    assert admit(5, [[0, 3, 9], [1, 2], [4, 5, 6]]) == [2, 2, 1]
+    assert admit(0, [[0], [1]]) == [0, 0]
+    assert admit(10, [[0], []]) == [1, 0]  # fewer waiting than free
+    assert admit(3, []) == []
+
+
+def test_capacity_and_replica_choice():
+    assert capacity([64, 256, 8]) == 256 and capacity([]) == 0
+    assert pick_replica({0: 10, 1: 3, 2: 3}) == 1  # least loaded, lowest index on a tie
+    assert pick_replica({}) is None
+    with pytest.raises(ValueError, match="policy must be one of"):
+        Scheduler("fastest")
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt-neo"])
+def test_static_shapes_change_no_result(kind, one_thread):
+    """The same mixed-length searches under the exact policy and the static one (passes padded
+    to a power-of-two batch and, where the attention allows, a width of 16s): the same tokens,
+    finds, steps and losses, bit for bit (one thread, as a CPU replica runs). GPT-Neo keeps its
+    own attention, so its passes are padded in the batch only."""
+    from sodaray.search.engine import Engine, Work
+
+    model = tiny_model(kind)
+    tokens = [[(7 * i + 3 * j) % 64 for j in range(1 + i % 5)] for i in range(13)]
+    targets = sodaray.make_targets(model, tokens)
+    cfg = sodaray.SodaConfig(max_steps=120, reinit_period=40, reset_period=15, seed=5)
+    outcomes, shapes = {}, {}
+    for policy in ("exact", "static"):
+        engine = Engine(model, policy=policy)
+        work = Work(targets, cfg, [(len(t),) for t in tokens])
+        engine.submit(work)
+        seen: set = set()
+
+        def note(_, engine=engine, seen=seen) -> None:
+            for pool in engine.pools.values():
+                seen.update((p.batch, p.width) for p in pool.batch.passes)
+
+        engine.on_batch = note
+        engine.run()
+        outcomes[policy] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+        shapes[policy] = seen
+    assert outcomes["static"] == outcomes["exact"]
+    assert any(o[1] for o in outcomes["exact"]) and not all(o[1] for o in outcomes["exact"])
+    assert all(b >= MIN_BATCH and b & (b - 1) == 0 for b, _ in shapes["static"])
+    assert shapes["static"] != shapes["exact"]
