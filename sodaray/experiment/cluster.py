@@ -73,6 +73,8 @@ def check_address(address: str | None, timeout: float = 5.0) -> None:
     if target is None:
         return
     where, hint = _where(address)
+    if target == "auto" and os.environ.get("RAY_ADDRESS", "auto") != "auto":
+        target, where, hint = os.environ["RAY_ADDRESS"], "RAY_ADDRESS", ENV_HINT  # Ray's order
     if target == "auto":
         recorded = recorded_address()
         if recorded is None:

@@ -93,7 +93,7 @@ class ActorGroup:
         bundle = {"CPU": spec.num_cpus, **({"GPU": spec.num_gpus} if spec.num_gpus else {})}
         # A placement group per replica: Ray says when each is placed (`placing`), apart from
         # the model load that follows, and keeps its resources while Ray restarts it.
-        self.reserved = [placement_group([bundle]) for _ in range(count)]
+        self.reserved: list[Any] = [placement_group([bundle]) for _ in range(count)]
         remote = ray.remote(ReplicaWorker)
         # Local paths made absolute once, here where they were checked: an actor on another
         # node starts in that node's working directory.
@@ -166,6 +166,8 @@ class ActorGroup:
         them before they hand out work; the event loop takes placements as they come)."""
         import ray
 
+        if not self.placing:
+            return
         ready, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=timeout)
         for ref in ready:
             self.now_placed(ref)

@@ -227,7 +227,7 @@ class _Shards:
 
     def drain(self, on_shard: Callable[[ShardDone], None] | None, held: list[Path]) -> None:
         """Until every shard is written or failed for good, keeping `held` locks fresh; Ctrl-C
-        kills the replicas."""
+        or a run that cannot go on kills the replicas."""
         try:
             refreshed = time.monotonic()
             while any(len(g) for g in self.groups):
@@ -249,7 +249,7 @@ class _Shards:
                     # Its model is done: free its replicas' CPUs and GPUs for the models
                     # whose actors wait for room (more models than the machine runs at once).
                     group.kill()
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or a run that stops (`ReplicasLost`, `NotPlaced`)
             for group in self.groups:
                 group.kill()
             raise
