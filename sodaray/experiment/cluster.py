@@ -53,9 +53,13 @@ def _where(address: str | None) -> tuple[str, str]:
 
 def recorded_address() -> tuple[str, Path] | None:
     """The address `auto` attaches to on this machine, and the file it is read from: the one
-    the last `ray start --head` recorded in Ray's temporary folder (RAY_TMPDIR, else TMPDIR,
-    else /tmp, then `ray/ray_current_cluster`, as `ray.init` documents it)."""
-    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or tempfile.gettempdir()
+    the last `ray start --head` recorded in Ray's temporary folder (`ray.init` documents
+    /tmp/ray/ray_current_cluster; Ray takes RAY_TMPDIR, else on Linux TMPDIR, over /tmp)."""
+    base = os.environ.get("RAY_TMPDIR")
+    if not base and sys.platform.startswith("linux"):
+        base = os.environ.get("TMPDIR")
+    if not base:
+        base = "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
     path = Path(base) / "ray" / "ray_current_cluster"
     try:
         text = path.read_text(encoding="utf-8", errors="replace")[:1000].strip()

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 MAX_UNITS = 64  # units in flight on one replica (each holds one of its threads)
 RESTART_WAIT_S = 120.0  # a restarted replica reloads its model before it answers
 RESTART_POLL_S = 0.5  # between questions to a replica that is restarting
+PLACE_SETTLE_S = 5.0  # for a new group's replicas that have room to be placed
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class ActorGroup:
         self.running: dict[Any, tuple[Unit, int]] = {}  # a call's stream -> (unit, replica)
         self.attempts: dict[str, int] = {}
         self.dead: set[int] = set()  # replicas Ray says will not come back
+        # Those with room are placed within moments: the first units are then spread over all
+        # of them, not handed to whichever was placed first.
+        self.wait_placed(PLACE_SETTLE_S)
 
     def __len__(self) -> int:
         """Units waiting or in flight."""
