@@ -31,8 +31,8 @@ TOKEN_HINT = (
 # attach to a cluster whose port is open gets this many tries instead, so a refusal is one line
 # within seconds. A GCS that answers takes one try.
 CONNECT_TRIES = 4
-# How long a run waits while none of its replicas can be placed, where `--wait-for-nodes` does
-# not ask for longer: placement on a node with room takes well under a second.
+# How long a run waits while none of its replicas can be placed when `--wait-for-nodes` is 0:
+# placement on a node with room takes well under a second, so this is other work's to free.
 PLACE_GRACE_S = 30.0
 RESOURCE_STEP = 1e-4  # Ray's resolution for resource amounts: 0.3 GPU three times fits 1
 

@@ -115,7 +115,7 @@ class ActorGroup:
         self.dead: set[int] = set()  # replicas Ray says will not come back
         # Those with room are placed within moments: the first units are then spread over all
         # of them, not handed to whichever was placed first.
-        self.wait_placed(PLACE_SETTLE_S)
+        self.wait_placed(min(PLACE_SETTLE_S, self.placement.stall_s))
 
     def __len__(self) -> int:
         """Units waiting or in flight."""
@@ -176,16 +176,17 @@ class ActorGroup:
         for ref in ready:
             self.now_placed(ref)
 
-    def not_placed(self, waited: float) -> str:
+    def not_placed(self) -> str:
         """Why the run stops while this group waits for room (`NotPlaced`'s message)."""
         import ray
 
         free = ray.available_resources()
         room = ", ".join(f"{free.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
         return (
-            f"no replica of {self.model} (each asks {self.request}) could be placed in "
-            f"{waited:.0f} s: the cluster has {room} free; its work is left unfinished: free "
-            "or add resources and run the command again, or give --wait-for-nodes SECONDS"
+            f"no replica of {self.model} (each asks {self.request}) could be placed within "
+            f"{self.placement.stall_s:g} s: the cluster has {room} free; its work is left "
+            "unfinished: free or add resources and run the command again, or give "
+            "--wait-for-nodes SECONDS"
         )
 
     def cancel(self, key: str) -> bool:
@@ -333,7 +334,7 @@ def _check_placement(groups: list[ActorGroup]) -> float | None:
     for group in live:
         waited = now - group.waiting_since
         if waited >= group.placement.stall_s:
-            raise NotPlaced(group.not_placed(waited))
+            raise NotPlaced(group.not_placed())
         remaining = group.placement.stall_s - waited
         left = remaining if left is None else min(left, remaining)
     return left
