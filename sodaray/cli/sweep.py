@@ -10,9 +10,9 @@ import sys
 from sodaray.cost import DEFAULT_EFFICIENCY
 
 WAIT_HELP = (
-    "on a cluster, seconds to wait while none of a model's replicas can be placed: nodes an "
-    "autoscaler adds, resources other work holds (default 0: a model no node can hold stops "
-    "the run at once, one left waiting for room after 30 s)"
+    "on a cluster, seconds to wait while none of a model's replicas can be placed (nodes an "
+    "autoscaler adds, resources other work holds); default 0: a model no node can hold stops "
+    "the run at once, and one waiting for room stops it after 30 s"
 )
 OVERRIDE_HELP = (
     "KEY=VALUE overrides of the file's fields, in the file's own names (max_steps=500, "
