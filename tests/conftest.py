@@ -123,10 +123,11 @@ def tiny_llama() -> sodaray.LoadedModel:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A real local Ray instance with 2 CPUs, shared by one test module."""
+    """A real local Ray instance with 2 CPUs, shared by one test module: a fresh one, never a
+    cluster another `ray start` on this machine recorded."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

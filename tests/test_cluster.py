@@ -1,8 +1,13 @@
-"""Nothing a Ray actor gets may depend on the driver's working directory or file system.
+"""Which Ray a run uses, and nothing a Ray actor gets may depend on the driver's working
+directory or file system.
 
-Local paths are resolved on the driver (`ModelSpec.resolved`, `TuningSpec.resolved`); the
-multi-node test starts a real head and a second node from other folders and compares a sweep
-and a tuning run there with the same runs on local Ray.
+Without an address a run starts a fresh local Ray, whatever cluster a `ray start` on the
+machine recorded (issue 40); an attach that cannot succeed ends in one line within seconds. A
+real head with a logical GPU and token authentication shows the replicas a cluster cannot all
+hold, and the missing token (issue 37). Local paths are resolved on the driver
+(`ModelSpec.resolved`, `TuningSpec.resolved`); the multi-node test starts a real head and a
+second node from other folders and compares a sweep and a tuning run there with the same runs
+on local Ray.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -27,6 +33,7 @@ import pytest
 from conftest import STORIES
 
 import sodaray
+from sodaray.experiment.cluster import TOKEN_HINT
 from sodaray.experiment.replica import load_replica
 from sodaray.experiment.spec import MODEL_KEYS, ModelSpec
 from sodaray.models import ModelLoadError
@@ -123,18 +130,22 @@ class TwoNodes:
         self.groups: list[int] = []
         self.hidden = hidden
 
-    def start(self) -> None:
-        base, hidden = self.node_dir.parent, self.hidden
-        common = ["--temp-dir", str(self.temp), "--disable-usage-stats"]
+    def start_head(self, *resources: str) -> None:
+        """The head, holding `resources` (`ray start` flags)."""
         # Ports with fixed defaults (client server, dashboard, agents) given free ones: another
         # Ray on this machine may hold the defaults.
         self._start(
-            [str(RAY), "start", "--head", "--port", str(self.port), "--num-cpus", "0"]
+            [str(RAY), "start", "--head", "--port", str(self.port), *resources]
             + ["--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port())]
             + ["--dashboard-agent-listen-port", str(free_port()), "--include-dashboard", "false"]
-            + common,
-            cwd=base,
+            + ["--temp-dir", str(self.temp), "--disable-usage-stats"],
+            cwd=self.node_dir.parent,
         )
+
+    def start(self) -> None:
+        hidden = self.hidden
+        common = ["--temp-dir", str(self.temp), "--disable-usage-stats"]
+        self.start_head("--num-cpus", "0")
         node = [str(RAY), "start", "--address", self.address, "--num-cpus", "2"]
         node += ["--dashboard-agent-listen-port", str(free_port())] + common
         if hidden is None:
@@ -166,14 +177,16 @@ class TwoNodes:
         if proc.returncode != 0:
             raise RuntimeError(f"{cmd[:3]} failed:\n{out[-3000:]}")
 
-    def sodaray(self, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    def sodaray(
+        self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 400
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(BIN / "sodaray"), *args],
             cwd=cwd,
-            env=self.env,
+            env=self.env if env is None else env,
             capture_output=True,
             text=True,
-            timeout=400,
+            timeout=timeout,
         )
 
     def stop(self) -> None:
@@ -267,3 +280,162 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
     # by the driver.
     assert [len(t.intermediate_values) for t in study.trials] == [2, 2, 2]
     assert len(list((hidden / "tune-out" / "tiny" / "trials").glob("*.parquet"))) == 3
+
+
+# ---- which Ray a run uses (issue 40) ----------------------------------------------------------
+QUICK = ["sweep", "run", "sweeps/quickstart.yaml", "--limit", "2", "--max-steps", "5"]
+
+
+def driver_env(**extra: str) -> dict[str, str]:
+    """This checkout's code, no cluster named, no auth token: a user's plain shell."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return {**env, **extra}
+
+
+def run_cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "sodaray"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def stale_ray_dir() -> Iterator[tuple[Path, str]]:
+    """A Ray temporary folder of this test's own (RAY_TMPDIR; short: Ray's sockets go in it)
+    whose `ray_current_cluster` names a cluster that is gone: a port nothing listens on."""
+    base = Path(tempfile.mkdtemp(prefix="sr40-", dir="/tmp"))
+    dead = f"127.0.0.1:{free_port()}"
+    (base / "ray").mkdir()
+    (base / "ray" / "ray_current_cluster").write_text(dead + "\n")
+    yield base, dead
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+def test_no_address_runs_on_a_fresh_local_ray_whatever_a_dead_cluster_left(
+    tmp_path, stale_ray_dir
+):
+    """Ray's `address=None` attaches to the recorded cluster and, once it is dead, waits on it
+    for minutes: the sweep must start its own Ray and finish. Its replicas ask for every core,
+    so two cannot both run on this machine: it says so and runs on one (issue 37's stall)."""
+    base, dead = stale_ray_dir
+    cores = str(os.cpu_count())
+    done = run_cli(
+        *QUICK,
+        f"models.stories260K.num_cpus={cores}",
+        "--out",
+        str(tmp_path / "out"),
+        env=driver_env(RAY_TMPDIR=str(base)),
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(result_rows(tmp_path / "out")) == 4  # two jobs, two samples each
+    assert f"1 of 2 replicas of model stories260K fit (each asks {cores} CPU" in done.stderr
+    assert "running on 1" in done.stderr
+    assert dead.split(":")[1] not in done.stderr  # the dead cluster was never tried
+    assert (base / "ray" / "ray_current_cluster").read_text().strip() == dead
+
+
+@pytest.mark.parametrize("how", ["flag", "auto", "env"])
+def test_an_attach_to_a_dead_cluster_is_one_line_within_seconds(tmp_path, stale_ray_dir, how):
+    """`--address` to a dead cluster, `--address auto` where the recorded one is dead, and
+    RAY_ADDRESS naming a dead one: exit 2 and one line naming the address and what to do, in
+    seconds (Ray's own connect loop prints warnings for minutes)."""
+    base, dead = stale_ray_dir
+    (tmp_path / "s.yaml").write_text(
+        f"name: s\nmodels: [{{id: {STORIES}}}]\nalgorithms: [{{name: soda}}]\n"
+        "datasets: [{name: r, build: {dataset: random, lengths: 1, per_length: 1}}]\n"
+    )
+    argv = ["sweep", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o")]
+    env = driver_env(RAY_TMPDIR=str(base))
+    if how == "flag":
+        argv += ["--address", dead]
+        expected = f"cannot reach a Ray cluster at {dead} (from --address)"
+    elif how == "auto":
+        argv += ["--address", "auto"]
+        expected = f"at {dead} (from --address auto: the last `ray start` here recorded it in "
+        expected += str(base)
+    else:
+        env["RAY_ADDRESS"] = dead
+        expected = f"cannot reach a Ray cluster at {dead} (from RAY_ADDRESS)"
+    started = time.monotonic()
+    done = run_cli(*argv, env=env, timeout=120)
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert expected in done.stderr and ("leave out --address" in done.stderr) == (how != "env")
+    assert took < 30, took  # the command's start-up (torch, Ray) included
+    assert not (tmp_path / "o").exists()  # nothing planned or written before the check
+
+
+# ---- a head with a logical GPU and token authentication (issue 37) ----------------------------
+@pytest.fixture(scope="module")
+def gpu_head(tmp_path_factory) -> Iterator[TwoNodes]:
+    """One head node with 2 CPUs and 1 (logical) GPU, on any machine, and a token of its own;
+    its Ray processes are ended by process group when the module is done."""
+    head = TwoNodes(tmp_path_factory.mktemp("gpu-head"), None)
+    try:
+        head.start_head("--num-cpus", "2", "--num-gpus", "1")
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.mark.skipif(RAY is None, reason="no `ray` command")
+def test_a_driver_without_the_clusters_token_is_told_so_in_one_line(gpu_head):
+    """Ray retries a refused token twenty times with a warning each; the run stops in one line
+    within seconds, and it names the token, not "start a cluster"."""
+    started = time.monotonic()
+    out = ["--out", str(gpu_head.node_dir / "never"), "--address", gpu_head.address]
+    done = run_cli(*QUICK, *out, env=driver_env())
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert TOKEN_HINT in done.stderr and gpu_head.address in done.stderr
+    # Ray's own loop: 20 tries, a warning line each. Its start-up (torch, Ray, the plan's
+    # dataset) is most of this on a loaded machine.
+    assert took < 60, took
+
+
+@pytest.mark.skipif(RAY is None, reason="no `ray` command")
+@pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+def test_replicas_a_cluster_cannot_all_hold_run_on_those_it_can(gpu_head, tmp_path):
+    """Two replicas asking a GPU each on a one-GPU cluster: one is placed, the other waits
+    for room holding no work, and the run says so and finishes (it stalled with no message).
+    Asking two GPUs, no node can hold one: one line at once, or after --wait-for-nodes."""
+    env = {**gpu_head.env, "PYTHONPATH": driver_env()["PYTHONPATH"]}
+    common = ["--out", str(tmp_path / "out"), "--address", gpu_head.address]
+    done = gpu_head.sodaray(
+        *QUICK, "models.stories260K.num_gpus=1", *common, cwd=ROOT, env=env, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 of 2 replicas of model stories260K fit on the cluster's nodes" in done.stderr
+    assert "each asks 1 CPU and 1 GPU; the cluster has 1 node (2 CPU, 1 GPU)" in done.stderr
+    assert len(result_rows(tmp_path / "out")) == 4
+
+    # Results elsewhere: a job's folder does not depend on resources, and this one is done.
+    too_big = [*QUICK, "models.stories260K.num_gpus=2", "--out", str(tmp_path / "big")]
+    too_big += ["--address", gpu_head.address]
+    refused = gpu_head.sodaray(*too_big, cwd=ROOT, env=env, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()], refused.stderr
+    assert "no node of the cluster can hold a replica of model stories260K" in refused.stderr
+
+    started = time.monotonic()
+    waited = gpu_head.sodaray(*too_big, "--wait-for-nodes", "3", cwd=ROOT, env=env, timeout=120)
+    took = time.monotonic() - started
+    assert waited.returncode == 2, waited.stderr[-3000:]
+    lines = waited.stderr.strip().splitlines()
+    assert any("waiting up to 3 s for nodes to join" in line for line in lines), lines
+    assert lines[-1].startswith("sodaray: error: no replica of stories260K (each asks 1 CPU and")
+    assert "could be placed within 3 s" in lines[-1] and took < 60, (took, waited.stderr)

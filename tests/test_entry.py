@@ -88,3 +88,11 @@ def test_refused_connection_names_the_missing_token():
     assert connect_hint(ConnectionError("Could not find any running Ray instance")) == (
         ADDRESS_HINT
     )
+    # Ray >= 2.60 retries, then raises a plain ConnectionError from the refusal: the cause says.
+    try:
+        try:
+            raise RuntimeError("RPC error: InvalidAuthToken: Authentication token is missing")
+        except RuntimeError as cause:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from cause
+    except ConnectionError as wrapped:
+        assert connect_hint(wrapped) == TOKEN_HINT

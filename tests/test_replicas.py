@@ -197,6 +197,7 @@ def test_a_group_whose_replicas_are_gone_for_good_stops_and_fails_no_unit(tmp_pa
     sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
     (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
     group = ActorGroup(sweep.jobs()[0].model, replicas=1, max_attempts=3)
+    group.wait_placed(60)
     group.pids()  # up and loaded
     for actor in group.actors:
         ray.kill(actor, no_restart=True)
@@ -218,6 +219,7 @@ def test_units_go_around_a_replica_dead_for_good(tmp_path, local_ray):
     sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
     (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
     group = ActorGroup(sweep.jobs()[0].model, replicas=2, max_attempts=2)
+    group.wait_placed(60)
     group.pids()
     ray.kill(group.actors[0], no_restart=True)
     units = [shard_unit(plan, i) for i in range(4)]
@@ -228,6 +230,36 @@ def test_units_go_around_a_replica_dead_for_good(tmp_path, local_ray):
     finished = sorted(k for k, e in events if isinstance(e, Finished))
     assert failures and not any(f.final for f in failures)
     assert finished == sorted(u.key for u in units) and group.dead == {0}
+    group.kill()
+
+
+def test_a_dead_engine_thread_takes_its_replica_out_of_service(tmp_path, local_ray):
+    """A GCG unit excluding a token past the vocabulary raises inside the engine's loop (where
+    its batch is built), which ends the replica's engine thread. That unit fails with the
+    reason; the replica is restarted with a fresh engine instead of failing every unit it is
+    given after (it used to stay "alive" and fail each at once)."""
+    gcg = [{"name": "gcg", "params": {"exclude_tokens": [10**6], "max_batch_size": BATCH}}]
+    for name in ("bad", "good"):
+        (tmp_path / name).mkdir()
+    bad = load_sweep(write_sweep(tmp_path / "bad", max_steps=5, algorithms=gcg))
+    good = load_sweep(write_sweep(tmp_path / "good", max_steps=5))
+    (bad_plan,) = plan_jobs(bad.jobs(), tmp_path / "out")
+    (good_plan,) = plan_jobs(good.jobs(), tmp_path / "out")
+    group = ActorGroup(good.jobs()[0].model, replicas=1, max_attempts=1)
+    group.wait_placed(60)
+    (before,) = group.pids()
+    group.submit(shard_unit(bad_plan, 0))
+    ((key, failure),) = drain_group(group)
+    assert isinstance(failure, Failure) and failure.final
+    assert "engine stopped: exclude_tokens: token id 1000000 is outside" in failure.error
+    units = [shard_unit(good_plan, i) for i in range(3)]
+    for unit in units:
+        group.submit(unit)
+    events = drain_group(group)  # one try each: a unit sent to a dead engine would fail
+    assert sorted(k for k, e in events if isinstance(e, Finished)) == sorted(u.key for u in units)
+    assert len(events) == 3 and group.dead == set()
+    (after,) = group.pids()
+    assert after != before  # the same replica, in a new process
     group.kill()
 
 

@@ -8,6 +8,11 @@ import sys
 
 from sodaray.cost import DEFAULT_EFFICIENCY
 
+WAIT_HELP = (
+    "on a cluster, seconds to wait while none of a model's replicas can be placed (nodes an "
+    "autoscaler adds, resources other work holds); default 0: a model no node can hold stops "
+    "the run at once, and one waiting for room stops it after 30 s"
+)
 OVERRIDE_HELP = (
     "KEY=VALUE overrides of the file's fields, in the file's own names (max_steps=500, "
     "models.qwen.bos=true, algorithms.soda.grid.temperature=[0.07]); validated as the file"
@@ -27,7 +32,12 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("sweep", help="sweep YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
     run.add_argument("--out", default="results", help="results folder (default: ./results)")
-    run.add_argument("--address", help="Ray cluster address: auto, or HOST:PORT, or ray://...")
+    run.add_argument(
+        "--address",
+        help="Ray cluster address: auto, or HOST:PORT, or ray://... (default: RAY_ADDRESS if "
+        "set, else a fresh local Ray for this run)",
+    )
+    run.add_argument("--wait-for-nodes", type=float, default=0.0, metavar="SECONDS", help=WAIT_HELP)
     run.add_argument("--limit", type=int, help="cap the samples per job (a quick look)")
     run.add_argument("--model", help="run the sweep's jobs on this model (hub id, folder, .gguf)")
     run.add_argument(
@@ -129,6 +139,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             limit=args.limit,
             model=args.model,
             max_attempts=args.max_attempts,
+            wait_for_nodes=args.wait_for_nodes,
             on_start=on_start,
             on_shard=progress.shard,
         )

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from sodaray.cli.sweep import WAIT_HELP
 from sodaray.cost import DEFAULT_EFFICIENCY
 
 
@@ -31,7 +32,12 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="Optuna storage URL (default: a journal file in --out)")
     p.add_argument("--out", default="tuning-runs", help="output folder (default: ./tuning-runs)")
     p.add_argument("--model", help="tune on this model instead (hub id, folder, .gguf)")
-    p.add_argument("--address", help="Ray cluster address: auto, HOST:PORT or ray://...")
+    p.add_argument(
+        "--address",
+        help="Ray cluster address: auto, HOST:PORT or ray://... (default: RAY_ADDRESS if set, "
+        "else a fresh local Ray for this run)",
+    )
+    p.add_argument("--wait-for-nodes", type=float, default=0.0, metavar="SECONDS", help=WAIT_HELP)
     p.add_argument("--json", action="store_true", help="the leaderboard as one JSON object")
     p.add_argument(
         "--dry-run",
@@ -112,6 +118,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             storage=args.storage,
             model=args.model,
             address=args.address,
+            wait_for_nodes=args.wait_for_nodes,
             on_trial=progress.trial,
             callbacks=callbacks,
         )

@@ -1,12 +1,18 @@
-"""Joining a Ray cluster (or starting Ray locally) and checking what its actors ask for."""
+"""Which Ray a run uses (a fresh local one, or a cluster it attaches to), the one-line errors when
+a cluster cannot be joined, and how many of a model's replicas the cluster can hold."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
@@ -15,126 +21,328 @@ from sodaray.experiment.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 ADDRESS_HINT = "start one (`ray start --head`, `ray up cluster.yaml`) or leave out --address"
+ENV_HINT = "start one (`ray start --head`, `ray up cluster.yaml`) or unset RAY_ADDRESS"
 TOKEN_HINT = (
     "the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
     "RAY_AUTH_TOKEN_PATH) to the head's token, which `ray get-auth-token` prints on the head"
 )
+# Ray's own connect loop tries a cluster's GCS 20 times by default, about a second each when
+# it answers and refuses (a missing auth token) and half a minute each when it does not: an
+# attach to a cluster whose port is open gets this many tries instead, so a refusal is one line
+# within seconds. A GCS that answers takes one try.
+CONNECT_TRIES = 4
+# How long a run waits while none of its replicas can be placed when `--wait-for-nodes` is 0:
+# placement on a node with room takes well under a second, so this is other work's to free.
+PLACE_GRACE_S = 30.0
+RESOURCE_STEP = 1e-4  # Ray's resolution for resource amounts: 0.3 GPU three times fits 1
+
+
+def cluster_address(address: str | None) -> str | None:
+    """The cluster a run attaches to: `--address`, else RAY_ADDRESS (which `ray job submit`
+    sets for its drivers); None for a fresh local Ray of this run's own, whatever clusters were
+    started on this machine before (Ray's `address=None` would attach to the last one
+    `ray start` recorded, and wait minutes on it when it has died)."""
+    chosen = address or os.environ.get("RAY_ADDRESS") or None
+    return None if chosen == "local" else chosen
+
+
+def _where(address: str | None) -> tuple[str, str]:
+    """Where the cluster's address came from (for the error), and what to do instead."""
+    return ("--address", ADDRESS_HINT) if address else ("RAY_ADDRESS", ENV_HINT)
+
+
+def recorded_address() -> tuple[str, Path] | None:
+    """The address `auto` attaches to on this machine, and the file it is read from: the one
+    the last `ray start --head` recorded in Ray's temporary folder (`ray.init` documents
+    /tmp/ray/ray_current_cluster; Ray takes RAY_TMPDIR, else on Linux TMPDIR, over /tmp)."""
+    base = os.environ.get("RAY_TMPDIR")
+    if not base and sys.platform.startswith("linux"):
+        base = os.environ.get("TMPDIR")
+    if not base:
+        base = "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
+    path = Path(base) / "ray" / "ray_current_cluster"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")[:1000].strip()
+    except OSError:
+        return None
+    return (text, path) if text else None
 
 
 def check_address(address: str | None, timeout: float = 5.0) -> None:
-    """A HOST:PORT or ray://HOST:PORT address must accept a connection within `timeout`
-    seconds: Ray itself retries for half a minute, printing as it goes."""
-    if not address or address in ("auto", "local"):
+    """The cluster the run would attach to (`cluster_address`) must accept a connection within
+    `timeout` seconds: Ray itself retries for minutes, printing as it goes. `auto` is checked
+    at the address `ray start` recorded on this machine, when there is one (else Ray looks for
+    a running cluster and says in one line if there is none)."""
+    target = cluster_address(address)
+    if target is None:
         return
-    scheme, sep, rest = address.partition("://")
+    where, hint = _where(address)
+    if target == "auto" and os.environ.get("RAY_ADDRESS", "auto") != "auto":
+        target, where, hint = os.environ["RAY_ADDRESS"], "RAY_ADDRESS", ENV_HINT  # Ray's order
+    if target == "auto":
+        recorded = recorded_address()
+        if recorded is None:
+            return
+        target, path = recorded
+        where = f"--address auto: the last `ray start` here recorded it in {path}"
+        hint = "that cluster is gone: start one (`ray start --head`) or leave out --address"
+    scheme, sep, rest = target.partition("://")
     if sep and scheme not in ("ray", "rays"):
-        raise ValueError(f"--address {address}: use auto, HOST:PORT or ray://HOST:PORT")
-    target = rest if sep else address
-    host, _, port = target.rstrip("/").rpartition(":")
+        raise ValueError(f"{where}: use auto, HOST:PORT or ray://HOST:PORT")
+    host, _, port = (rest if sep else target).rstrip("/").rpartition(":")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:
         raise ValueError(
-            f"cannot reach a Ray cluster at {address} ({exc}); {ADDRESS_HINT}"
+            f"cannot reach a Ray cluster at {target} (from {where}): {exc}; {hint}"
         ) from exc
 
 
 def init_ray(address: str | None) -> None:
-    """Start Ray locally (no address) or join a cluster, with a one-line error when the cluster
-    cannot be reached (Ray itself would wait minutes on a wrong HOST:PORT)."""
+    """Start a fresh local Ray for this run (no address given), or join a cluster, with a
+    one-line error within seconds when the cluster cannot be reached or refuses us."""
     import ray
 
+    options: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        # Ray's own start-up lines only when our caller logs at INFO (`-v`)
+        "logging_level": logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
+    }
+    target = cluster_address(address)
+    if target is None:
+        ray.init(address="local", **options)
+        return
     check_address(address)
+    where, hint = _where(address)
+    held: list[str] = []
     try:
-        ray.init(
-            address=address,
-            include_dashboard=False,
-            log_to_driver=False,
-            # Ray's own start-up lines only when our caller logs at INFO (`-v`)
-            logging_level=logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
-        )
-    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
+        with _connect_tries(CONNECT_TRIES), _stderr_held(held):
+            ray.init(address=target, **options)
+    except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
         raise ValueError(
-            f"cannot connect to a Ray cluster at {address}: {first_line(exc)}; {connect_hint(exc)}"
+            f"cannot connect to a Ray cluster at {target} (from {where}): {first_line(exc)}; "
+            f"{connect_hint(exc, hint)}"
         ) from exc
-
-
-def connect_hint(exc: BaseException) -> str:
-    """What to do about a refused connection: a cluster with Ray's token authentication refuses
-    a client without its token, and "start one" would send the user the wrong way."""
-    import ray
-
-    text = str(exc).lower()
-    if isinstance(exc, ray.exceptions.AuthenticationError) or "token" in text or "auth" in text:
-        return TOKEN_HINT
-    return ADDRESS_HINT
+    if held and held[0]:  # joined: what Ray printed while connecting is the user's to read
+        sys.stderr.write(held[0])
 
 
 @contextmanager
-def ray_session(requests: list[tuple[str, float, float]], address: str | None) -> Iterator[bool]:
-    """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: started
-    here unless it already runs, and then shut down after it (yields whether it was started
-    here). Requests are checked before a local Ray starts (it would wait forever for what the
-    machine lacks) and against a cluster after."""
+def _connect_tries(tries: int) -> Iterator[None]:
+    """Ray's GCS connect attempts for the block (RAY_gcs_server_port_wait_time_s, read by
+    `ray.init` as it joins), unless the user set their own."""
+    name = "RAY_gcs_server_port_wait_time_s"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = str(tries)
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+@contextmanager
+def _stderr_held(held: list[str]) -> Iterator[None]:
+    """What is written to file descriptor 2 in the block, appended to `held` when it ends and
+    kept from the terminal: Ray's core prints a warning there per failed connect attempt, below
+    Python's logging, and the one-line error says what they meant."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2: nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            held.append(sink.read(1 << 20).decode("utf-8", errors="replace"))
+
+
+def connect_hint(exc: BaseException, otherwise: str = ADDRESS_HINT) -> str:
+    """What to do about a refused connection: a cluster with Ray's token authentication refuses
+    a client without its token, and "start one" would send the user the wrong way. Ray wraps
+    the refusal ("InvalidAuthToken") in a plain ConnectionError: its causes are read too."""
     import ray
 
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; a cycle is not followed
+        if seen is None:
+            break
+        text = str(seen).lower()
+        if isinstance(seen, ray.exceptions.AuthenticationError) or "token" in text:
+            return TOKEN_HINT
+        seen = seen.__cause__ or seen.__context__
+    return otherwise
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a run's replicas meet the Ray they run on. `local`: a Ray this run started, where no
+    node joins and nothing else takes resources, so replicas beyond what it holds are not made;
+    on a cluster they are, and start when room appears. `wait_for_nodes`: seconds a run on a
+    cluster waits while none of its replicas can be placed (an autoscaler adding nodes, other
+    work holding the resources); 0: a model no node can hold stops the run at once, and one
+    that waits for room stops it after `PLACE_GRACE_S`."""
+
+    local: bool = False
+    wait_for_nodes: float = 0.0
+
+    @property
+    def stall_s(self) -> float:
+        """How long a run waits with none of its replicas placed before it stops."""
+        return self.wait_for_nodes if self.wait_for_nodes > 0 else PLACE_GRACE_S
+
+
+@contextmanager
+def ray_session(
+    requests: list[tuple[str, float, float]], address: str | None, wait_for_nodes: float = 0.0
+) -> Iterator[Placement]:
+    """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: a fresh
+    local instance started here unless `address`/RAY_ADDRESS names a cluster or Ray already
+    runs in this process, and then shut down after it. Yields how replicas are placed there.
+    Requests are checked before a local Ray starts (it would wait forever for what the machine
+    lacks); on a cluster each actor group counts what the nodes hold (`replicas_to_make`)."""
+    import ray
+
+    check_wait(wait_for_nodes)
     own = not ray.is_initialized()
-    if own and address is None:
-        check_resources(requests, None)
+    local = own and cluster_address(address) is None
+    if local:
+        check_resources(requests)
     if own:
         init_ray(address)
-    if address is not None or not own:  # a cluster: the autoscaler may add nodes
-        check_resources(requests, address or "the running Ray")
+    placement = Placement(local=local, wait_for_nodes=wait_for_nodes)
     try:
-        yield own
+        if not local:  # what no node holds, in one line before any work is handed out
+            for label, cpus, gpus in requests:
+                room_for(label, cpus, gpus, placement)
+        yield placement
     finally:
         if own:
             ray.shutdown()
 
 
-def actor_class(cls: type, model: ModelSpec, concurrency: int = 1) -> Any:
-    """`cls` as a Ray actor class that asks for a model entry's resources, runs up to
-    `concurrency` calls at once (threads), and is restarted whenever it dies. Ray never re-runs
-    a call itself: the caller decides what a failed call means (`experiment.group`)."""
-    import ray
+def actor_options(model: ModelSpec, concurrency: int, reserved: Any) -> dict[str, Any]:
+    """Ray's options for a replica of `model`: its entry's resources, in the placement group
+    `reserved` for it, up to `concurrency` calls at once (threads), restarted whenever it dies.
+    Ray never re-runs a call itself: the caller decides what a failed call means
+    (`experiment.group`)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    return ray.remote(cls).options(
-        num_cpus=model.num_cpus,
-        num_gpus=model.num_gpus,
-        max_restarts=-1,
-        max_task_retries=0,
-        max_concurrency=concurrency,
-    )
+    return {
+        "num_cpus": model.num_cpus,
+        "num_gpus": model.num_gpus,
+        "max_restarts": -1,
+        "max_task_retries": 0,
+        "max_concurrency": concurrency,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(reserved),
+    }
 
 
-def check_resources(requests: list[tuple[str, float, float]], address: str | None) -> None:
-    """Each actor's request (label, num_cpus, num_gpus) against what the Ray cluster has. On the
-    local machine a request that can never fit is an error (Ray would wait forever); on a
-    cluster the autoscaler may still add nodes, so it is a warning saying so."""
-    import ray
-
-    if ray.is_initialized():
-        total = ray.cluster_resources()
-    else:  # the local machine, before Ray starts: what Ray would detect
-        import torch
-
-        total = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-    for label, cpus, gpus in requests:
-        short = [
-            f"{need:g} {name} per replica but the {'cluster' if address else 'machine'} has "
-            f"{total.get(key, 0):g}"
-            for name, key, need in (("GPU", "GPU", gpus), ("CPU", "CPU", cpus))
-            if need > total.get(key, 0)
-        ]
-        if not short:
-            continue
-        if address is None:
-            raise ValueError(
-                f"{label} asks for {short[0]}; lower its num_gpus/num_cpus, or give --address "
-                "for a cluster that has them"
-            )
-        log.warning(
-            "%s asks for %s; waiting for the autoscaler to add such nodes (Ctrl-C to stop)",
-            label,
-            short[0],
+def check_wait(wait_for_nodes: float) -> None:
+    if not (math.isfinite(wait_for_nodes) and wait_for_nodes >= 0):
+        raise ValueError(
+            f"--wait-for-nodes must be a number of seconds, 0 or more, not {wait_for_nodes}"
         )
+
+
+def check_resources(requests: list[tuple[str, float, float]]) -> None:
+    """Each actor's request (label, num_cpus, num_gpus) against this machine, before a local
+    Ray starts: one that can never fit is an error (Ray would wait forever for it)."""
+    import torch
+
+    total = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+    for label, cpus, gpus in requests:
+        for name, need in (("GPU", gpus), ("CPU", cpus)):
+            if need > total[name]:
+                raise ValueError(
+                    f"{label} asks for {need:g} {name} per replica but the machine has "
+                    f"{total[name]:g}; lower its num_gpus/num_cpus, or give --address for a "
+                    "cluster that has them"
+                )
+
+
+def describe(cpus: float, gpus: float) -> str:
+    """A replica's request as words: "1 CPU and 1 GPU"."""
+    return f"{cpus:g} CPU" + (f" and {gpus:g} GPU" if gpus else "")
+
+
+def replicas_fit(cpus: float, gpus: float) -> tuple[int, str]:
+    """How many replicas asking `cpus` and `gpus` each the Ray cluster's live nodes hold when
+    nothing else runs (each node counted apart: a replica runs on one node), and the nodes'
+    resources in words. Work of other jobs and of this run's other models is not subtracted:
+    it ends, and Ray then places what waits."""
+    import ray
+
+    fit, shown = 0, []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        have = node.get("Resources") or {}
+        node_cpus, node_gpus = float(have.get("CPU", 0.0)), float(have.get("GPU", 0.0))
+        shown.append(f"{node_cpus:g} CPU" + (f", {node_gpus:g} GPU" if node_gpus else ""))
+        room = [
+            math.floor(amount / need + RESOURCE_STEP)
+            for amount, need in ((node_cpus, cpus), (node_gpus, gpus))
+            if need > 0
+        ]
+        fit += min(room)  # num_cpus is above 0: never an empty list
+    nodes = "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
+    return fit, f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({nodes or 'none'})"
+
+
+def room_for(label: str, cpus: float, gpus: float, placement: Placement) -> tuple[int, str]:
+    """How many replicas of a model the nodes hold (`replicas_fit`) and the request and nodes
+    in words; a one-line error when none fits and the run will not wait for nodes to join."""
+    fit, nodes = replicas_fit(cpus, gpus)
+    where = "this machine" if placement.local else "the cluster"
+    asks = f"each asks {describe(cpus, gpus)}; {where} has {nodes}"
+    if fit == 0 and (placement.local or placement.wait_for_nodes <= 0):
+        raise ValueError(
+            f"no node of {where} can hold a replica of {label} ({asks}); lower its "
+            "num_gpus/num_cpus or add such nodes, or give --wait-for-nodes SECONDS where an "
+            "autoscaler adds them"
+        )
+    return fit, asks
+
+
+def replicas_to_make(label: str, cpus: float, gpus: float, asked: int, placement: Placement) -> int:
+    """How many of `asked` replicas of a model to make, said in a warning when fewer than asked
+    can run now (`room_for`'s error when none can). On a local Ray this run started, those that
+    fit (nothing will join); on a cluster all of them, since nodes may join (an autoscaler) and
+    others' work ends: those that cannot be placed wait, and the group runs on the others
+    (`experiment.group`)."""
+    fit, asks = room_for(label, cpus, gpus, placement)
+    where = "this machine" if placement.local else "the cluster"
+    if fit >= asked:
+        return asked
+    if fit == 0:
+        log.warning(
+            "no node of %s can hold a replica of %s now (%s): waiting up to %.0f s for nodes "
+            "to join (--wait-for-nodes)",
+            where,
+            label,
+            asks,
+            placement.wait_for_nodes,
+        )
+        return asked
+    if placement.local:
+        log.warning("%d of %d replicas of %s fit (%s): running on %d", fit, asked, label, asks, fit)
+        return fit
+    log.warning(
+        "%d of %d replicas of %s fit on the cluster's nodes (%s): running on %d; the rest "
+        "start if nodes join or others' work ends",
+        fit,
+        asked,
+        label,
+        asks,
+        fit,
+    )
+    return asked

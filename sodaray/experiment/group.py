@@ -8,24 +8,32 @@ stream back checkpoints and rows (`Checkpoint`, `Finished`). One failure policy:
 own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
 with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
 `max_attempts` tries. A unit's failure that is not its input's fault asks every replica whether
-it is there: one that Ray says is dead for good gets no more units, and when all are (the
-driver's Ray node is gone: killed, crashed, interrupted) the group raises `ReplicasLost` rather
-than fail every unit left in turn at once, so the caller stops with its unfinished work still to
-do on a resume. Ray places the actors and moves the work; this module only decides which
-replica gets the next unit.
+it is there: one whose engine thread has died is restarted by Ray (a fresh process, a fresh
+engine) instead of failing every unit it gets; one that Ray says is dead for good gets no more
+units, and when all are (the driver's Ray node is gone: killed, crashed, interrupted) the group
+raises `ReplicasLost` rather than fail every unit left in turn at once, so the caller stops with
+its unfinished work still to do on a resume.
+
+Each replica runs in a placement group of its own (one bundle: its CPUs and GPUs), and gets
+units only once Ray has placed it: a replica the cluster has no room for holds no work, and the
+group runs on the others. A run none of whose replicas is placed for `Placement.stall_s`
+seconds stops (`NotPlaced`) with its work left for a resume, instead of waiting forever. Ray
+places the actors and moves the work; this module only decides which replica gets the next
+unit.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sodaray.errors import last_line
-from sodaray.experiment.cluster import actor_class
-from sodaray.experiment.replica import ReplicaWorker
+from sodaray.experiment.cluster import Placement, actor_options, describe, replicas_to_make
+from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Unit
 
@@ -33,6 +41,8 @@ log = logging.getLogger(__name__)
 
 MAX_UNITS = 64  # units in flight on one replica (each holds one of its threads)
 RESTART_WAIT_S = 120.0  # a restarted replica reloads its model before it answers
+RESTART_POLL_S = 0.5  # between questions to a replica that is restarting
+PLACE_SETTLE_S = 5.0  # for a new group's replicas that have room to be placed
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class ReplicasLost(ConnectionError):
     and is left for a resume (a ConnectionError: the command's one-line error)."""
 
 
+class NotPlaced(ReplicasLost):
+    """No replica of a run could be placed within the wait: its work is left for a resume."""
+
+
 class ActorGroup:
     """The replicas of one model entry and the units in flight on them."""
 
@@ -65,23 +79,52 @@ class ActorGroup:
         fill: float = 2.0,
         min_units: int = 2,
         replicas: int | None = None,
+        placement: Placement | None = None,
     ) -> None:
-        remote = actor_class(ReplicaWorker, spec, MAX_UNITS + 4)  # + cancel and pid calls
-        count = spec.replicas if replicas is None else replicas
+        import ray
+        from ray.util import placement_group
+
+        self.model = spec.label
+        self.request = describe(spec.num_cpus, spec.num_gpus)
+        self.placement = placement or Placement()
+        asked = spec.replicas if replicas is None else replicas
+        count = replicas_to_make(
+            f"model {self.model}", spec.num_cpus, spec.num_gpus, asked, self.placement
+        )
+        bundle = {"CPU": spec.num_cpus, **({"GPU": spec.num_gpus} if spec.num_gpus else {})}
+        # A placement group per replica: Ray says when each is placed (`placing`), apart from
+        # the model load that follows, and keeps its resources while Ray restarts it.
+        self.reserved: list[Any] = [placement_group([bundle]) for _ in range(count)]
+        remote = ray.remote(ReplicaWorker)
         # Local paths made absolute once, here where they were checked: an actor on another
         # node starts in that node's working directory.
         on_actors = spec.resolved()
-        self.actors = [remote.remote(on_actors, spec.num_cpus) for _ in range(count)]
-        self.model = spec.label
+        self.actors = [
+            remote.options(**actor_options(spec, MAX_UNITS + 4, pg)).remote(  # + cancel, health
+                on_actors, spec.num_cpus
+            )
+            for pg in self.reserved
+        ]
+        self.placing: dict[Any, int] = {pg.ready(): i for i, pg in enumerate(self.reserved)}
+        self.placed: set[int] = set()
+        self.waiting_since = time.monotonic()  # when the group last had no replica to run on
         self.max_attempts, self.fill, self.min_units = max_attempts, fill, min_units
         self.waiting: deque[Unit] = deque()
         self.running: dict[Any, tuple[Unit, int]] = {}  # a call's stream -> (unit, replica)
         self.attempts: dict[str, int] = {}
         self.dead: set[int] = set()  # replicas Ray says will not come back
+        # Those with room are placed within moments: the first units are then spread over all
+        # of them, not handed to whichever was placed first.
+        self.wait_placed(min(PLACE_SETTLE_S, self.placement.stall_s))
 
     def __len__(self) -> int:
         """Units waiting or in flight."""
         return len(self.waiting) + len(self.running)
+
+    @property
+    def serving(self) -> set[int]:
+        """Replicas placed and not dead: those that take units."""
+        return self.placed - self.dead
 
     def submit(self, unit: Unit) -> None:
         self.waiting.append(unit)
@@ -92,7 +135,7 @@ class ActorGroup:
         return any(self._takes(i, unit) for i in range(len(self.actors)))
 
     def _takes(self, replica: int, unit: Unit) -> bool:
-        if replica in self.dead:
+        if replica not in self.serving:
             return False
         units = [u for u, i in self.running.values() if i == replica]
         samples = sum(u.samples for u in units)
@@ -114,6 +157,37 @@ class ActorGroup:
             self.waiting.popleft()
             call = self.actors[replica].run.options(num_returns="streaming")
             self.running[call.remote(unit)] = (unit, replica)
+
+    def now_placed(self, ref: Any) -> None:
+        """A replica's placement group is placed (`ref`, from `placing`): it takes units."""
+        replica = self.placing.pop(ref)
+        self.placed.add(replica)
+        log.info("replica %d of %s placed", replica, self.model)
+        self.dispatch()
+
+    def wait_placed(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the replicas not yet placed (for callers that need
+        them before they hand out work; the event loop takes placements as they come)."""
+        import ray
+
+        if not self.placing:
+            return
+        ready, _ = ray.wait(list(self.placing), num_returns=len(self.placing), timeout=timeout)
+        for ref in ready:
+            self.now_placed(ref)
+
+    def not_placed(self) -> str:
+        """Why the run stops while this group waits for room (`NotPlaced`'s message)."""
+        import ray
+
+        free = ray.available_resources()
+        room = ", ".join(f"{free.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
+        return (
+            f"no replica of {self.model} (each asks {self.request}) could be placed within "
+            f"{self.placement.stall_s:g} s: the cluster has {room} free; its work is left "
+            "unfinished: free or add resources and run the command again, or give "
+            "--wait-for-nodes SECONDS"
+        )
 
     def cancel(self, key: str) -> bool:
         """Stop a unit: a waiting one is dropped (returns True: no event will come for it); a
@@ -162,68 +236,139 @@ class ActorGroup:
         return Failure(unit.key, tries, message, final)
 
     def _check_replicas(self, key: str, message: str) -> None:
-        """Ask every replica for its pid (a bounded wait: a restarting one reloads its model).
-        One that Ray says is dead for good gets no more units, and when every replica is, the
-        group raises `ReplicasLost`. One that is only slow to answer (a large model reloading
-        on a far node) is still counted on: Ray holds the retry until it is back."""
+        """Ask every placed replica whether it can work, within `RESTART_WAIT_S` (a restarting
+        one reloads its model; one Ray calls unavailable is restarting and is asked again).
+        One whose engine thread has died is restarted (Ray brings it back with a fresh engine,
+        in its placement group) and waited for, rather than fail each unit it gets. One that
+        Ray says is dead for good gets no more units and gives back its resources, and when
+        every placed replica is, with none waiting for room, the group raises `ReplicasLost`.
+        One that is only slow to answer (a large model reloading on a far node) is still
+        counted on: Ray holds the retry until it is back."""
         import ray
+        from ray.util import remove_placement_group
 
-        calls: dict[Any, int] = {}
-        for i, actor in enumerate(self.actors):
-            if i in self.dead:
-                continue
-            try:
-                calls[actor.pid.remote()] = i
-            except Exception as exc:  # Ray itself is gone: nothing can reach this replica
-                self.dead.add(i)
-                log.warning("replica %d cannot be asked: %s", i, last_line(exc))
-        if calls:
-            # The bounded wait for a lost replica's restart too, so a retry is not spent on an
-            # actor that is still coming back.
-            ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=RESTART_WAIT_S)
+        restarting = getattr(ray.exceptions, "ActorUnavailableError", ())
+        deadline = time.monotonic() + RESTART_WAIT_S
+        asking, restarted = set(self.serving), set()
+        while asking:
+            calls: dict[Any, int] = {}
+            for i in sorted(asking):
+                try:
+                    calls[self.actors[i].health.remote()] = i
+                except Exception as exc:  # Ray itself is gone: nothing can reach this replica
+                    self.dead.add(i)
+                    asking.discard(i)
+                    log.warning("replica %d cannot be asked: %s", i, last_line(exc))
+            left = max(0.0, deadline - time.monotonic())
+            ready, late = ray.wait(list(calls), num_returns=len(calls), timeout=left)
             for ref in late:
                 log.warning("replica %d did not answer in %.0f s", calls[ref], RESTART_WAIT_S)
+                asking.discard(calls[ref])
             for ref in ready:
+                i = calls[ref]
                 try:
                     ray.get(ref)
+                    asking.discard(i)
                 except ray.exceptions.ActorDiedError as exc:
-                    self.dead.add(calls[ref])
-                    log.warning("replica %d is dead: %s", calls[ref], last_line(exc))
+                    self.dead.add(i)
+                    asking.discard(i)
+                    log.warning("replica %d is dead: %s", i, last_line(exc))
                 except ray.exceptions.RayError as exc:
-                    log.warning("replica %d did not answer: %s", calls[ref], last_line(exc))
-        if len(self.dead) == len(self.actors):
+                    if isinstance(getattr(exc, "cause", None), EngineStopped):
+                        if i not in restarted:  # a kill takes a moment: it may answer again
+                            log.warning("replica %d: %s; restarting it", i, last_line(exc))
+                            ray.kill(self.actors[i], no_restart=False)
+                            restarted.add(i)
+                    elif not isinstance(exc, restarting):
+                        log.warning("replica %d did not answer: %s", i, last_line(exc))
+                        asking.discard(i)
+            if asking and time.monotonic() >= deadline:
+                for i in sorted(asking):
+                    log.warning("replica %d is not back after %.0f s", i, RESTART_WAIT_S)
+                break
+            if asking:
+                time.sleep(RESTART_POLL_S)
+        for i in self.dead & self.placed:
+            if self.reserved[i] is not None:  # its resources go to replicas waiting for room
+                remove_placement_group(self.reserved[i])
+                self.reserved[i] = None
+        if not self.serving and not self.placing:
             raise ReplicasLost(
                 f"every replica of {self.model} is gone ({key}: {message}); its work is left "
                 "unfinished: run the command again to resume"
             )
 
     def pids(self) -> list[int]:
-        """Each replica's process id, once it answers (for callers that watch it)."""
+        """Each placed replica's process id, once it answers (for callers that watch it)."""
         import ray
 
-        return [int(pid) for pid in ray.get([a.pid.remote() for a in self.actors])]
+        calls = [self.actors[i].pid.remote() for i in sorted(self.serving)]
+        return [int(pid) for pid in ray.get(calls)]
 
     def kill(self) -> None:
-        """End the replicas (their resources go back to Ray); a second call does nothing."""
+        """End the replicas and give their resources back to Ray; a second call does
+        nothing."""
         import ray
+        from ray.util import remove_placement_group
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        self.actors = []
+        for reserved in self.reserved:
+            if reserved is not None:
+                remove_placement_group(reserved)
+        self.actors, self.reserved, self.placing = [], [], {}
+
+
+def _check_placement(groups: list[ActorGroup]) -> float | None:
+    """While any group of the run has a replica to run on, the others wait their turn (a model
+    whose work is done gives its resources back); when none has, a group that has waited
+    longer than its `stall_s` stops the run (`NotPlaced`). Returns the seconds left until the
+    first group would, or None."""
+    now = time.monotonic()
+    live = [g for g in groups if g.actors]
+    if any(g.serving for g in live):
+        for group in live:
+            group.waiting_since = now
+        return None
+    left = None
+    for group in live:
+        waited = now - group.waiting_since
+        if waited >= group.placement.stall_s:
+            raise NotPlaced(group.not_placed())
+        remaining = group.placement.stall_s - waited
+        left = remaining if left is None else min(left, remaining)
+    return left
 
 
 def next_event(
     groups: Iterable[ActorGroup], timeout: float | None = None
 ) -> tuple[ActorGroup, Unit, Event] | None:
-    """The next output of any group's calls, within `timeout` seconds (None: none came, or a
-    call ended without one)."""
+    """The next output of any group's calls, within `timeout` seconds (None: none came, a
+    call ended without one, or a replica was placed). Raises `NotPlaced` when no replica of
+    any group has been placed for too long, `ReplicasLost` when work is left and nothing can
+    ever take it."""
     import ray
 
+    groups = list(groups)
     owner = {stream: g for g in groups for stream in g.running}
-    if not owner:
+    placing = {ref: g for g in groups for ref in g.placing}
+    left = _check_placement(groups)
+    if not owner and not placing:
+        stuck = [g for g in groups if g.waiting]
+        if stuck:
+            raise ReplicasLost(
+                f"every replica of {stuck[0].model} is gone; its work is left unfinished: run "
+                "the command again to resume"
+            )
         return None
-    ready, _ = ray.wait(list(owner), num_returns=1, timeout=timeout)
+    if left is not None:
+        timeout = left if timeout is None else min(timeout, left)
+    ready, _ = ray.wait([*owner, *placing], num_returns=1, timeout=timeout)
     if not ready:
+        _check_placement(groups)
+        return None
+    if ready[0] in placing:
+        placing[ready[0]].now_placed(ready[0])
         return None
     group = owner[ready[0]]
     got = group.receive(ready[0])

@@ -27,6 +27,11 @@ from sodaray.models import LoadedModel, ModelLoadError
 log = logging.getLogger(__name__)
 
 TARGET_CACHE = 8  # target sets kept for units that come back with the same rows (trials)
+ENGINE_EXIT_S = 10.0  # for the engine's thread to record its error once it has handed it out
+
+
+class EngineStopped(RuntimeError):
+    """The replica's engine thread has died: no unit can run on it until it is restarted."""
 
 
 def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
@@ -107,9 +112,17 @@ class ReplicaWorker:
         self._targets: OrderedDict[Any, Any] = OrderedDict()
         self._threads = torch.get_num_threads()
         self._stop = threading.Event()
-        threading.Thread(target=self._serve, name="sodaray-engine", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="sodaray-engine", daemon=True)
+        self._thread.start()
 
     def pid(self) -> int:
+        return os.getpid()
+
+    def health(self) -> int:
+        """The process id while the engine runs; `EngineStopped` once its thread has died (the
+        actor group then restarts this replica: a fresh process with a fresh engine)."""
+        if self.failed is not None:
+            raise EngineStopped(f"this replica's engine stopped: {first_line(self.failed)}")
         return os.getpid()
 
     def stop(self) -> None:
@@ -139,7 +152,7 @@ class ReplicaWorker:
         from sodaray.search.engine import Work
 
         if self.failed is not None:
-            raise RuntimeError(f"this replica's engine stopped: {first_line(self.failed)}")
+            raise EngineStopped(f"this replica's engine stopped: {first_line(self.failed)}")
         start = time.perf_counter()
         length = (
             None
@@ -183,8 +196,11 @@ class ReplicaWorker:
             self.works.pop(unit.key, None)
             if not work._finished:
                 self.engine.cancel(work)
-        if work.error is not None:
-            raise RuntimeError(f"the engine stopped: {first_line(work.error)}") from work.error
+        if work.error is not None:  # only a dying engine hands a work its error
+            # Its thread records the error right after: the health check that this unit's
+            # failure prompts must find it.
+            self._thread.join(ENGINE_EXIT_S)
+            raise EngineStopped(f"the engine stopped: {first_line(work.error)}") from work.error
         rows = sorted(work.results)
         results = [work.results[r] for r in rows]
         yield self._finished(unit, results, rows, start, work.cancelled)

@@ -11,6 +11,7 @@ replicas and keeps every finished shard.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -21,7 +22,14 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from sodaray.experiment.cluster import check_address, check_resources, ray_session
+from sodaray.experiment.cluster import (
+    Placement,
+    check_address,
+    check_resources,
+    check_wait,
+    cluster_address,
+    ray_session,
+)
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Finished, Unit
 from sodaray.paths import inside
@@ -130,14 +138,18 @@ def run_sweep(
     limit: int | None = None,
     model: str | None = None,
     max_attempts: int = 3,
+    wait_for_nodes: float = 0.0,
     on_start: Callable[[SweepRun, int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
 ) -> SweepRun:
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
-    called once the work is planned; `on_shard` after each finished shard (progress)."""
+    called once the work is planned; `on_shard` after each finished shard (progress).
+    `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
+    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`)."""
     import ray
 
     started = time.perf_counter()
+    check_wait(wait_for_nodes)
     check_address(address)  # before planning (dataset builds): fail fast
     root = inside(out, sweep.name)
     jobs = sweep.jobs(limit=limit, model=model)
@@ -154,14 +166,22 @@ def run_sweep(
         for p in pending
     }
     requests = [p.job.model.request() for p in pending]
+    attach = cluster_address(address) is not None
     try:
-        if address is None and pending and not ray.is_initialized():
-            check_resources(requests, None)  # before Ray starts (it would wait forever) and bars
-        if on_start is not None:
-            on_start(run, sum(run.job_samples.values()))
-        if pending:
-            with ray_session(requests, address):
-                _Shards(pending, run, max_attempts).drain(on_shard, held)
+        with contextlib.ExitStack() as stack:
+            placement = None
+            if pending and attach:  # a cluster that refuses us: its one line, before the plan's
+                placement = stack.enter_context(ray_session(requests, address, wait_for_nodes))
+            elif pending and not ray.is_initialized():
+                check_resources(requests)  # before Ray starts (it would wait forever) and bars
+            if on_start is not None:
+                on_start(run, sum(run.job_samples.values()))
+            if pending:
+                if placement is None:
+                    placement = stack.enter_context(
+                        ray_session(requests, address, wait_for_nodes)
+                    )
+                _Shards(pending, run, max_attempts, placement).drain(on_shard, held)
     except KeyboardInterrupt as exc:
         run.interrupted = True
         raise SweepInterrupted(run) from exc
@@ -176,28 +196,38 @@ class _Shards:
     """One run's shards on one actor group per model (entries naming the same model share it,
     with the most replicas any asks for)."""
 
-    def __init__(self, plans: list[JobPlan], run: SweepRun, max_attempts: int) -> None:
+    def __init__(
+        self, plans: list[JobPlan], run: SweepRun, max_attempts: int, placement: Placement
+    ) -> None:
         self.run = run
         self.shards: dict[str, tuple[JobPlan, int]] = {}
         models: dict[str, list[JobPlan]] = {}
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
-        self.groups = []
-        for same in models.values():
-            spec = max((p.job.model for p in same), key=lambda m: m.replicas)
-            shards = [(p, i) for p in same for i in p.pending]
-            group = ActorGroup(
-                spec, max_attempts=max_attempts, replicas=min(spec.replicas, len(shards))
-            )
-            for plan, index in shards:
-                unit = shard_unit(plan, index)
-                self.shards[unit.key] = (plan, index)
-                group.submit(unit)
-            self.groups.append(group)
+        self.groups: list[ActorGroup] = []
+        try:
+            for same in models.values():
+                spec = max((p.job.model for p in same), key=lambda m: m.replicas)
+                shards = [(p, i) for p in same for i in p.pending]
+                group = ActorGroup(
+                    spec,
+                    max_attempts=max_attempts,
+                    replicas=min(spec.replicas, len(shards)),
+                    placement=placement,
+                )
+                self.groups.append(group)
+                for plan, index in shards:
+                    unit = shard_unit(plan, index)
+                    self.shards[unit.key] = (plan, index)
+                    group.submit(unit)
+        except BaseException:  # a model no node holds: the groups made so far give back theirs
+            for group in self.groups:
+                group.kill()
+            raise
 
     def drain(self, on_shard: Callable[[ShardDone], None] | None, held: list[Path]) -> None:
         """Until every shard is written or failed for good, keeping `held` locks fresh; Ctrl-C
-        kills the replicas."""
+        or a run that cannot go on kills the replicas."""
         try:
             refreshed = time.monotonic()
             while any(len(g) for g in self.groups):
@@ -219,7 +249,7 @@ class _Shards:
                     # Its model is done: free its replicas' CPUs and GPUs for the models
                     # whose actors wait for room (more models than the machine runs at once).
                     group.kill()
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or a run that stops (`ReplicasLost`, `NotPlaced`)
             for group in self.groups:
                 group.kill()
             raise

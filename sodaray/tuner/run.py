@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sodaray.experiment.cluster import check_address, ray_session
+from sodaray.experiment.cluster import check_address, check_wait, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Checkpoint, Finished, Unit
@@ -73,6 +73,7 @@ def run_tuning(
     model: str | None = None,
     address: str | None = None,
     max_attempts: int = 3,
+    wait_for_nodes: float = 0.0,
     on_launch: Callable[[int, list[int]], None] | None = None,
     on_trial: Callable[[TrialOutcome], None] | None = None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
@@ -80,11 +81,14 @@ def run_tuning(
     """Add `trials` (default: the file's) trials to the study on `workers` replicas of the
     model. `on_launch(number, pids)` runs as each trial is handed out (the replicas' process
     ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
-    (as `study.optimize` takes), called after each trial is told."""
+    (as `study.optimize` takes), called after each trial is told. `address`: the Ray cluster to
+    attach to (else RAY_ADDRESS, else a fresh local Ray); `wait_for_nodes`: seconds to wait for
+    room on a cluster (`experiment.cluster.Placement`)."""
     import optuna
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
+    check_wait(wait_for_nodes)
     check_address(address)  # fails fast, before the study and the validation data
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
@@ -97,10 +101,15 @@ def run_tuning(
     study, stale = open_study(spec, url, study_name)
     run = TuneRun(study_name, url, out, stale_failed=stale)
     rows, identity = validation_rows(spec, study, out)
-    with ray_session([spec.model.request()], address):
+    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
         # A batch's worth of trials on each replica, and the next one waiting.
         group = ActorGroup(
-            spec.model, max_attempts=max_attempts, fill=1.0, min_units=1, replicas=workers
+            spec.model,
+            max_attempts=max_attempts,
+            fill=1.0,
+            min_units=1,
+            replicas=workers,
+            placement=placement,
         )
         loop = _Trials(spec, study, run, rows, identity, group, on_launch)
         try:
