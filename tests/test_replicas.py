@@ -234,10 +234,32 @@ def test_units_go_around_a_replica_dead_for_good(tmp_path, local_ray):
 
 
 def test_a_dead_engine_thread_takes_its_replica_out_of_service(tmp_path, local_ray):
-    """A GCG unit excluding a token past the vocabulary raises inside the engine's loop (where
-    its batch is built), which ends the replica's engine thread. That unit fails with the
-    reason; the replica is restarted with a fresh engine instead of failing every unit it is
-    given after (it used to stay "alive" and fail each at once)."""
+    """A replica whose engine thread has ended (here: told to stop, through the real actor)
+    is restarted with a fresh engine: the units given to it run there instead of waiting
+    for ever or failing one after another until their attempts run out."""
+    import ray
+
+    sweep = load_sweep(write_sweep(tmp_path, max_steps=5))
+    (plan,) = plan_jobs(sweep.jobs(), tmp_path / "out")
+    group = ActorGroup(sweep.jobs()[0].model, replicas=1, max_attempts=2)
+    group.wait_placed(60)
+    (before,) = group.pids()
+    ray.get(group.actors[0].stop.remote())  # the engine's thread ends; the process lives on
+    units = [shard_unit(plan, i) for i in range(3)]
+    for unit in units:
+        group.submit(unit)
+    events = drain_group(group)
+    assert sorted(k for k, e in events if isinstance(e, Finished)) == sorted(u.key for u in units)
+    assert group.dead == set()
+    (after,) = group.pids()
+    assert after != before  # the same replica, in a new process
+    group.kill()
+
+
+def test_a_config_no_batch_takes_fails_its_own_unit_alone(tmp_path, local_ray):
+    """A GCG unit excluding a token past the vocabulary is refused when its work is submitted
+    (it used to raise inside the engine's loop and end the engine for every unit): it fails
+    once, with its reason, and the same replica process runs the next units."""
     gcg = [{"name": "gcg", "params": {"exclude_tokens": [10**6], "max_batch_size": BATCH}}]
     for name in ("bad", "good"):
         (tmp_path / name).mkdir()
@@ -245,21 +267,19 @@ def test_a_dead_engine_thread_takes_its_replica_out_of_service(tmp_path, local_r
     good = load_sweep(write_sweep(tmp_path / "good", max_steps=5))
     (bad_plan,) = plan_jobs(bad.jobs(), tmp_path / "out")
     (good_plan,) = plan_jobs(good.jobs(), tmp_path / "out")
-    group = ActorGroup(good.jobs()[0].model, replicas=1, max_attempts=1)
+    group = ActorGroup(good.jobs()[0].model, replicas=1, max_attempts=3)
     group.wait_placed(60)
     (before,) = group.pids()
     group.submit(shard_unit(bad_plan, 0))
     ((key, failure),) = drain_group(group)
-    assert isinstance(failure, Failure) and failure.final
-    assert "engine stopped: exclude_tokens: token id 1000000 is outside" in failure.error
-    units = [shard_unit(good_plan, i) for i in range(3)]
+    assert isinstance(failure, Failure) and failure.final and failure.attempts == 1
+    assert "exclude_tokens: token id 1000000 is outside the vocabulary" in failure.error
+    units = [shard_unit(good_plan, i) for i in range(2)]
     for unit in units:
         group.submit(unit)
-    events = drain_group(group)  # one try each: a unit sent to a dead engine would fail
+    events = drain_group(group)
     assert sorted(k for k, e in events if isinstance(e, Finished)) == sorted(u.key for u in units)
-    assert len(events) == 3 and group.dead == set()
-    (after,) = group.pids()
-    assert after != before  # the same replica, in a new process
+    assert group.pids() == [before]  # no restart was needed
     group.kill()
 
 

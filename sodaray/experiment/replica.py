@@ -121,9 +121,16 @@ class ReplicaWorker:
     def health(self) -> int:
         """The process id while the engine runs; `EngineStopped` once its thread has died (the
         actor group then restarts this replica: a fresh process with a fresh engine)."""
+        self._check_engine()
+        return os.getpid()
+
+    def _check_engine(self) -> None:
+        """`EngineStopped` once the engine's thread has ended, by an error or by `stop`: a unit
+        handed to it would wait for ever."""
         if self.failed is not None:
             raise EngineStopped(f"this replica's engine stopped: {first_line(self.failed)}")
-        return os.getpid()
+        if not self._thread.is_alive():
+            raise EngineStopped("this replica's engine stopped")
 
     def stop(self) -> None:
         """End the engine's thread (a replica used outside Ray, e.g. in tests)."""
@@ -151,8 +158,7 @@ class ReplicaWorker:
         from sodaray.api import invert, length_plans
         from sodaray.search.engine import Work
 
-        if self.failed is not None:
-            raise EngineStopped(f"this replica's engine stopped: {first_line(self.failed)}")
+        self._check_engine()
         start = time.perf_counter()
         length = (
             None

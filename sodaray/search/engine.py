@@ -263,6 +263,9 @@ class Engine:
             raise ValueError(f"the engine runs {', '.join(BATCHES)}, not {work.config.algorithm}")
         if len(work.plans) != len(work.targets):
             raise ValueError("a work needs one length plan per target")
+        refuse = getattr(BATCHES[work.config.algorithm], "refuse", None)
+        if refuse is not None:  # here, on the caller's thread: a bad config fails its own work
+            refuse(self.model, work.config)
         from sodaray.validation import check_context, check_state_memory
 
         if work.plans:  # plans are increasing: the last length is each one's longest

@@ -79,17 +79,26 @@ class GcgBatch(UniformBatch):
         self, model: LoadedModel, config: GcgConfig, length: int, generator: torch.Generator
     ) -> None:
         super().__init__(model, config, length, generator)
+        self.refuse(model, config)
         dev = model.device
         self.allowed = torch.ones(model.vocab_size, dtype=torch.bool, device=dev)
         if config.exclude_tokens:
-            bad = [t for t in config.exclude_tokens if not 0 <= t < model.vocab_size]
-            if bad:
-                raise ValueError(f"exclude_tokens: token id {bad[0]} is outside the vocabulary")
             self.allowed[torch.tensor(config.exclude_tokens, device=dev)] = False
-        if int(self.allowed.sum()) == 0:
-            raise ValueError("exclude_tokens removes the whole vocabulary")
         self.allowed_ids = self.allowed.nonzero().squeeze(1)
         self.chunk = config.eval_batch_size
+
+    @staticmethod
+    def refuse(model: LoadedModel, config: GcgConfig) -> None:
+        """Refuse a config this model's batches cannot take (the engine asks when a work is
+        submitted, so a bad config fails its own work, not the engine)."""
+        vocab = model.vocab_size
+        bad = [t for t in config.exclude_tokens if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"exclude_tokens: token id {bad[0]} is outside the vocabulary [0, {vocab})"
+            )
+        if len(set(config.exclude_tokens)) >= vocab:
+            raise ValueError("exclude_tokens removes the whole vocabulary")
 
     def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
         """Random allowed tokens, drawn from a key of (seed, sample id): a sample starts from
