@@ -121,9 +121,9 @@ def log_job(client: Any, experiment: str, meta: Path, results: Path, sweep: str)
     from mlflow.entities import Metric
 
     from sodaray.results import JOB_FILE, ResultsError, read_results
-    from sodaray.runner.layout import job_status
+    from sodaray.runner.layout import job_status, read_job_file
 
-    info = json.loads((meta / JOB_FILE).read_text())
+    info = read_job_file(meta)  # checked: it is read back from disk
     status = job_status(meta)
     tags = {CONFIG_HASH_TAG: info.get("config_hash", ""), KIND_TAG: "job"}
     run_id, new = run_for(client, experiment, tags, info["job"])

@@ -24,6 +24,7 @@ from sodaray.fields import (
     known_fields,
     path_name,
 )
+from sodaray.files import check_model_files, regular_file
 from sodaray.objectives import Objective
 from sodaray.paths import brief, expand_path, local_path
 from sodaray.presets import PRESETS, load_preset_file, load_preset_objective, preset_params
@@ -236,6 +237,10 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
     if looks_local and not Path(location).exists():
         shown = spec.id if location == spec.id else f"{spec.id} ({location})"
         raise fail(f"{where}.id", f"no such model folder or file: {shown}")
+    try:  # a folder without a model in it fails here, not on every replica
+        check_model_files(location, spec.gguf_file)
+    except ValueError as exc:
+        raise fail(f"{where}.id", str(exc)) from exc
     if spec.preset is not None and spec.preset not in PRESETS:
         raise fail(
             f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
@@ -262,12 +267,17 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
         location = expand_path(spec.path) if spec.path is not None else None
     except ValueError as exc:
         raise fail(f"{where}.path", str(exc)) from exc
-    if location is not None and not Path(location).is_file():
+    if location is not None and not Path(location).exists():
         raise fail(
             f"{where}.path",
             f"no such dataset file: {spec.path} "
             "(build it with `sodaray data build`, or give a `build` spec)",
         )
+    if location is not None:
+        try:  # a directory or a FIFO: say what it is
+            regular_file(location, "dataset file")
+        except ValueError as exc:
+            raise fail(f"{where}.path", str(exc)) from exc
     if spec.build is not None:
         if not isinstance(spec.build, dict):
             raise fail(f"{where}.build", "must be a mapping")
