@@ -79,16 +79,19 @@ def read_config(
     """A configuration file's text: a regular file (`regular_file`) of at most `limit` bytes,
     UTF-8. One-line `error`s naming the file."""
     p = regular_file(path, what, error, where)
+    suffix = f" {where}" if where else ""
     try:
         size = p.stat().st_size
         if size > limit:
-            raise error(f"{path}: {size:,} bytes is not {_article(what)} (at most {limit:,})")
+            raise error(
+                f"{path}: {size:,} bytes is not {_article(what)} (at most {limit:,}){suffix}"
+            )
         with p.open("rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
-        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+        raise error(f"{path}: cannot read it ({first_line(exc)}){suffix}") from exc
     if len(data) > limit:
-        raise error(f"{path}: more than {limit:,} bytes is not {_article(what)}")
+        raise error(f"{path}: more than {limit:,} bytes is not {_article(what)}{suffix}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -154,8 +157,11 @@ def check_model_files(
         return
     if not contents:
         return
-    if what_is(folder / "config.json") != "a regular file":
+    config = what_is(folder / "config.json")
+    if config is None:
         raise error(f"{location} holds no config.json: not a model folder")
+    if config != "a regular file":
+        raise error(f"{folder / 'config.json'} is {config}, not a model's config file")
     if not any(
         f.suffix in WEIGHT_SUFFIXES and what_is(f) == "a regular file" for f in folder.iterdir()
     ):

@@ -10,11 +10,14 @@ settings, shard count), `job.lock`, `shard-NNNNN.error.json` and set-aside
 folder names hold no `=`, which readers would take for a hive partition column.
 
 Resume is "compute every shard without a valid result file": a shard file is trusted only when
-it reads as the result schema with exactly the shard's sample ids; any other is moved aside and
-computed again. A driver holds `.sodaray/jobs/<job>/job.lock` (its host and pid, refreshed while
-it runs) for every job it runs; a second driver on the same folder skips those jobs, and breaks
-a lock whose owner is gone (same host: the pid is dead; another host: not refreshed for
-`LOCK_STALE_SECONDS`).
+it is a regular file that reads whole as the result schema, with exactly the shard's sample ids
+and the job's `config_hash` in its rows (a shard copied from another job of the same dataset
+has the same ids); any other is moved aside (`.corrupt`, or `.foreign` for another job's rows)
+and computed again. A driver holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and
+process start time, refreshed while it runs) for every job it runs; a second driver on the same
+folder skips those jobs, and breaks a lock that is not a lock or whose owner is gone (same
+host: the pid is dead, another process now, or from before a restart; another host: not
+refreshed for `LOCK_STALE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -182,7 +185,14 @@ def _me() -> dict[str, Any]:
     boot, start = _boot_id(), _process_start(os.getpid())
     if boot is not None and start is not None:
         me.update(boot=boot, start=start)
-    me["command"] = " ".join(sys.argv)[:200]
+    # What runs, for a person reading the lock: the program and its arguments up to the first
+    # option (an option's value may be a credential: `--mlflow http://user:secret@host`).
+    words = [Path(sys.argv[0]).name if sys.argv else "?"]
+    for arg in sys.argv[1:]:
+        if arg.startswith("-"):
+            break
+        words.append(arg)
+    me["command"] = " ".join(words)[:200]
     return me
 
 
@@ -293,11 +303,12 @@ def acquire_lock(folder: Path) -> dict[str, Any] | None:
         owner, why = lock_state(folder)
         if owner is not None:
             return owner
-        log.warning("breaking the lock %s: %s", path, why or "this process's own")
-        try:
-            path.unlink(missing_ok=True)
-        except IsADirectoryError:  # a folder in its place: out of the way, kept
+        if why is not None:  # else it is this process's own (or just released): taken again
+            log.warning("breaking the lock %s: %s", path, why)
+        if path.is_dir() and not path.is_symlink():  # a folder in its place: moved, kept
             os.replace(path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
+        else:
+            path.unlink(missing_ok=True)
     return lock_owner(folder) or {"host": "?"}
 
 
