@@ -15,7 +15,6 @@ from typing import Any
 
 from sodaray.experiment.spec import ModelSpec
 from sodaray.files import read_json_object, what_is
-from sodaray.paths import local_path
 from sodaray.validation import check_positions
 
 # The config fields that bound a sequence, as `LoadedModel.max_positions` reads them.
@@ -25,8 +24,8 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 def config_context(model: ModelSpec) -> int | None:
     """The longest sequence `model` takes, from its local `config.json` (a multimodal wrapper's
     `text_config` too); None when no local config says (a hub id, a GGUF file)."""
-    location = local_path(model.id)
-    if location is None or model.gguf_file or location.endswith(".gguf"):
+    location = model.location  # where the model is loaded from (a hub id names no folder here)
+    if model.gguf_file or location.endswith(".gguf"):
         return None
     path = Path(location) / "config.json"
     if what_is(path) != "a regular file":
