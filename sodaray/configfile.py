@@ -26,10 +26,10 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
+from sodaray.files import read_config
 from sodaray.paths import brief, expand_path
 from sodaray.validation import yaml_load
 
-MAX_BYTES = 4 << 20  # a config file larger than this is not a config file
 MAX_DEPTH = 8
 
 
@@ -60,17 +60,8 @@ def read_document(
 
 
 def _read(path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...]) -> Any:
-    where = " (included by " + str(chain[-1]) + ")" if chain else ""
-    if not path.is_file():
-        raise error(f"{path}: no such {kind} file{where}")
-    if path.stat().st_size > MAX_BYTES:
-        raise error(f"{path}: {path.stat().st_size:,} bytes is not a {kind} file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
-    except OSError as exc:
-        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+    where = "(included by " + str(chain[-1]) + ")" if chain else ""
+    text = read_config(path, f"{kind} file", error, where)  # a regular file, size-limited
     try:
         return yaml_load(text)  # YAML 1.2 numbers (1e-3 a float), limits, unique keys
     except yaml.YAMLError as exc:

@@ -21,7 +21,9 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
+from sodaray.files import read_config
 from sodaray.objectives import PRESET_FIELDS
+from sodaray.paths import brief
 from sodaray.validation import make_objective, yaml_load
 
 
@@ -84,28 +86,52 @@ def get_preset(name: str) -> Preset:
     return PRESETS[key]
 
 
+# A preset file is either a flat mapping of SODA parameters, or these sections. `soda` holds
+# SODA's parameters and `params` another algorithm's (as `sodaray tune` writes them); `note` and
+# `model` say where it came from. Anything else is refused by name: a misspelt `objectve:` or an
+# `include:` (which presets do not take) was ignored in silence, and with both `soda` and
+# `params` the second was dropped.
+SECTIONS = ("soda", "params", "objective", "note", "model")
+
+
 def _read_preset(path: str | Path) -> dict[str, Any]:
-    """A preset YAML's mapping, or a one-line error naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"preset file not found: {path}")
+    """A preset YAML's mapping, checked for its shape, or a one-line error naming the file."""
+    text = read_config(path, "preset file")  # a regular file, size-limited, UTF-8
     try:
-        data = yaml_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text ({first_line(exc)})") from exc
+        data = yaml_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({first_line(exc)})") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset file must be a mapping of parameters")
+    if "soda" not in data and "params" not in data:
+        if "objective" in data:  # a flat mapping is parameters only: say where they go
+            raise ValueError(
+                f"{path}: a preset with an `objective:` section puts its parameters under "
+                "`soda:` (or `params:`)"
+            )
+        return data  # flat: every key a parameter, checked as one where it is applied
+    if "soda" in data and "params" in data:
+        raise ValueError(f"{path}: give `soda:` or `params:`, not both (one would be dropped)")
+    unknown = [str(k) for k in data if k not in SECTIONS]
+    if unknown:
+        raise ValueError(
+            f"{path}: {brief(unknown[0])} is not a preset section "
+            f"(a preset file has {', '.join(SECTIONS)})"
+        )
+    for key in ("note", "model"):
+        if key in data and not isinstance(data[key], str):
+            raise ValueError(f"{path}: {key} must be a string, not {brief(data[key])}")
     return data
 
 
 def load_preset_file(path: str | Path) -> dict[str, Any]:
-    """SODA parameters from a preset YAML: either a flat mapping or one under `soda:`."""
+    """SODA parameters from a preset YAML: either a flat mapping or one under `soda:` (or
+    `params:`)."""
     data = _read_preset(path)
     params = data.get("soda", data.get("params", data))
     if not isinstance(params, dict):
-        raise ValueError(f"{path}: 'soda' must be a mapping of parameters")
+        section = "soda" if "soda" in data else "params"
+        raise ValueError(f"{path}: '{section}' must be a mapping of parameters")
     return dict(params)
 
 

@@ -67,6 +67,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sodaray.errors import first_line
+from sodaray.files import what_is
 from sodaray.search.base import InversionResult
 
 log = logging.getLogger(__name__)
@@ -304,16 +306,23 @@ def result_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
         paths = [paths]
     files: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(
-                f
-                for f in p.rglob("*.parquet")
-                if not any(part.startswith(".") for part in f.relative_to(p).parts)
-            )
-        elif p.is_file():
+        kind = what_is(p)
+        if kind == "a directory":
+            for f in sorted(p.rglob("*.parquet")):
+                if any(part.startswith(".") for part in f.relative_to(p).parts):
+                    continue
+                inner = what_is(f)
+                if inner == "a regular file":
+                    files.append(f)
+                elif inner != "a directory":  # a folder's own files are found inside it
+                    # A FIFO or device would block the reader: named, passed over.
+                    log.warning("skipped %s: %s, not a result file", f, inner or "nothing")
+        elif kind == "a regular file":
             files.append(p)
-        else:
+        elif kind is None:
             raise ResultsError(f"no such result file or folder: {p}")
+        else:
+            raise ResultsError(f"{p} is {kind}, not a result file or folder")
     return files
 
 
@@ -331,12 +340,12 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
     for f in files:
         try:
             schema = pq.read_schema(f)
-        except (OSError, pa.ArrowInvalid) as exc:
+        except (OSError, pa.ArrowException) as exc:
             if f in named:
-                raise ResultsError(f"{f}: not a Parquet file ({exc})") from exc
+                raise ResultsError(f"{f}: not a Parquet file ({first_line(exc)})") from exc
             # A shard cut short inside a results folder: the others still make a report, and
             # `sodaray sweep run` sets it aside and computes it again.
-            log.warning("skipped %s: not a readable Parquet file (%s)", f, exc)
+            log.warning("skipped %s: not a readable Parquet file (%s)", f, first_line(exc))
             continue
         version = (schema.metadata or {}).get(VERSION_KEY)
         if version is None and b"sodaray.dataset.version" in (schema.metadata or {}):
@@ -353,7 +362,15 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
         lacking = [c for c in CORE_COLUMNS if c not in schema.names]
         if lacking:  # every version has them: a file without is not result rows
             raise ResultsError(f"{f}: lacks the column {lacking[0]} (every result file has it)")
-        table = pq.read_table(f)
+        try:
+            table = pq.read_table(f)
+        except (OSError, pa.ArrowException) as exc:
+            # A footer that reads and a page that does not (a corrupt, not truncated, file):
+            # named, and in a folder passed over, so the good shards beside it still report.
+            if f in named:
+                raise ResultsError(f"{f}: not a readable Parquet file ({first_line(exc)})") from exc
+            log.warning("skipped %s: not a readable Parquet file (%s)", f, first_line(exc))
+            continue
         for field in RESULT_SCHEMA:  # older files: add the columns they lack as nulls
             if field.name not in table.column_names:
                 table = table.append_column(field, pa.nulls(len(table), field.type))

@@ -117,6 +117,39 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     return total
 
 
+# ---- comma-separated lists on the command line ---------------------------------------------------
+_WHOLE = re.compile(r"[0-9]+")  # ASCII digits: int() also takes "1_0", " 1" and other scripts
+
+
+def split_list(text: str, what: str = "", example: str = "1,2,3") -> list[str]:
+    """The items of a comma-separated list (`--tokens 1,2,3`, `--format md,csv`), each stripped
+    of the spaces around it. An empty item is refused, not dropped: `1,,2` is a typo whose
+    meaning is unknown, and dropping it ran `[1, 2]` as if it were what was meant. `what`
+    starts the message ("lengths"; argparse names the flag itself)."""
+    prefix = f"{what} " if what else ""
+    if not text.strip():
+        raise ValueError(f"{prefix}is empty" if what else f"empty: give {example}")
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
+        raise ValueError(f"{prefix}{text!r} has an empty item between commas; write {example}")
+    return items
+
+
+def parse_int_list(text: str, what: str = "") -> list[int]:
+    """Non-negative integers from a comma-separated list (`split_list`'s rule); an item that is
+    not one integer in ASCII digits is refused: `"1 2"` used to lose its space and run as
+    `[12]`."""
+    items = split_list(text, what)
+    for item in items:
+        if not _WHOLE.fullmatch(item):
+            where = f" (in {text!r})" if item != text.strip() else ""
+            raise ValueError(
+                f"{what + ' ' if what else ''}{item!r}{where} is not a non-negative integer; "
+                "separate numbers with commas: 1,2,3"
+            )
+    return [int(item) for item in items]
+
+
 # ---- numbers by field type --------------------------------------------------------------------
 def check_finite(name: str, value: Any) -> None:
     """NaN and infinity pass every range check; refuse them by name."""
@@ -376,13 +409,20 @@ MAX_POSITIONS = 1 << 20
 def check_context(model: Any, length: int, output_tokens: int) -> None:
     """The fixed context, the searched input and the observed output must fit the model."""
     limit = getattr(model, "max_positions", None) or MAX_POSITIONS
-    total = len(getattr(model, "prefix_ids", []) or []) + length + output_tokens
+    check_positions(limit, len(getattr(model, "prefix_ids", []) or []), length, output_tokens)
+
+
+def check_positions(
+    limit: int, fixed: int, length: int, output_tokens: int, whose: str = "the model's"
+) -> None:
+    """`fixed` context positions, an input of `length` and `output_tokens` observed must fit a
+    context of `limit` positions (`whose` names the model in the message: "stories260K's")."""
+    total = fixed + length + output_tokens
     if total > limit:
-        fixed = total - length - output_tokens
         raise ValueError(
             f"input length {length} + {output_tokens} output tokens"
             + (f" + {fixed} fixed" if fixed else "")
-            + f" = {total} positions exceed the model's context of {limit}"
+            + f" = {total} positions exceed {whose} context of {limit}"
         )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,47 @@ def one_line_error(args: list[str], capsys) -> str:
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
     return err
+
+
+def finish_all(plans) -> None:
+    """Compute every pending shard of sweep `plans` in this process (a real replica worker on
+    stories260K, no Ray) and write each file as the driver does."""
+    from sodaray.experiment.replica import ReplicaWorker
+    from sodaray.experiment.spec import ModelSpec
+    from sodaray.results import write_table_atomic
+    from sodaray.runner.layout import shard_path
+    from sodaray.runner.run import shard_unit
+
+    worker = ReplicaWorker(ModelSpec(str(STORIES)), 1)
+    try:
+        for plan in plans:
+            for i in plan.pending:
+                *_, out = worker.run(shard_unit(plan, i))
+                write_table_atomic(out.table, shard_path(plan.folder, i))
+    finally:
+        worker.stop()
+
+
+@contextlib.contextmanager
+def another_driver(folder: Path):
+    """A second live process that holds the job lock in `folder` as a sweep driver does (it
+    takes it with `acquire_lock`), until the block ends; yields its pid."""
+    code = (
+        "import sys, time; from pathlib import Path; "
+        "from sodaray.runner.layout import acquire_lock; "
+        "assert acquire_lock(Path(sys.argv[1])) is None; print('held', flush=True); "
+        "time.sleep(300)"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel:

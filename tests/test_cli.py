@@ -74,7 +74,7 @@ def test_invert_logits_file_auto_length(capsys, tmp_path, stories):
 BAD = [
     (["--model", "./no/such/model", "--tokens", "1"], "no such model"),
     (["--model", M, "--prompt", ""], "empty"),
-    (["--model", M, "--tokens", "1,x"], "integers"),
+    (["--model", M, "--tokens", "1,x"], "non-negative integer"),
     (["--model", M, "--tokens", "600"], "outside the model's vocabulary"),
     (["--model", M, "--tokens", "1", "--max-steps", "-5"], "max_steps"),
     (["--model", M, "--tokens", "1", "--top-k", "513"], "vocabulary"),
@@ -83,7 +83,7 @@ BAD = [
     (["--model", M, "--tokens", "1", "--param", "tempreature=1"], "tempreature"),
     (["--model", M, "--tokens", "1", "--algorithm", "magic"], "unknown algorithm"),
     (["--model", M], "give inputs"),
-    (["--model", M, "--logits-file", "/nonexistent.npy"], "not found"),
+    (["--model", M, "--logits-file", "/nonexistent.npy"], "no such logits file"),
 ]
 
 

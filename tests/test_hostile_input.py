@@ -10,9 +10,14 @@ the stories260K folder. File contents name a kind (see `materialise`) or are the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pickle
 import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +65,9 @@ LAUGHS = (
     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
 )
 JOB = "s/.sodaray/jobs/j"  # a job's meta folder under a results folder
+DATA = ["data", "build", "--model", "{model}", "--dataset", "random", "--out", "{tmp}/o/d.parquet"]
+BUILD_600 = '{name: random, build: {dataset: random, lengths: "600", per_length: 1}}'
+BIG = 30_000_000  # bytes: the issue's 30 MB preset
 
 
 def job_json(**fields) -> str:
@@ -358,6 +366,269 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "--embedding-model",
         {"rows.parquet": "rows"},
     ),
+    # ---- issue 37: token and length lists (one rule: `validation.parse_int_list`)
+    ("tokens-space", [*INV, "--tokens", "1 2"], "'1 2' is not a non-negative integer", {}),
+    ("tokens-empty-item", [*INV, "--tokens", "1,,2"], "'1,,2' has an empty item", {}),
+    ("tokens-trailing-comma", [*INV, "--tokens", "1,"], "'1,' has an empty item", {}),
+    ("tokens-other-digits", [*INV, "--tokens", "١٧٢"], "is not a non-negative integer", {}),
+    ("tokens-underscore", [*INV, "--tokens", "1_0"], "'1_0' is not a non-negative integer", {}),
+    ("data-lengths-space", [*DATA, "--lengths", "1 2"], "not '1 2'", {}),
+    ("data-lengths-empty-item", [*DATA, "--lengths", "1,,3"], "not '1,,3'", {}),
+    (
+        "sweep-build-lengths-space",
+        PLAN,
+        "datasets[0].build.lengths: lengths take A-B",
+        {"s.yaml": sweep_text(dataset='{name: r, build: {dataset: random, lengths: "1 2"}}')},
+    ),
+    (
+        "train-inverter-lengths-empty-item",
+        ["train-inverter", "--model", "{model}", "--out", "{tmp}/o/inv", "--lengths", "1,,2"],
+        "not '1,,2'",
+        {},
+    ),
+    (
+        "report-format-empty-item",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--format", "md,,csv"],
+        "'md,,csv' has an empty item",
+        {"rows.parquet": "rows"},
+    ),
+    # ---- issue 37: preset files are strict (one rule: `presets._read_preset`)
+    (
+        "preset-soda-and-params",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "give `soda:` or `params:`, not both",
+        {"p.yaml": "soda: {temperature: 0.1}\nparams: {learning_rate: 0.5}\n"},
+    ),
+    (
+        "preset-section-misspelt",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "'objectve' is not a preset section",
+        {"p.yaml": "soda: {temperature: 0.1}\nobjectve: {space: centred}\n"},
+    ),
+    (
+        "preset-include",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "'include' is not a preset section",
+        {"p.yaml": "soda: {temperature: 0.1}\ninclude: other.yaml\n"},
+    ),
+    (
+        "preset-flat-with-objective",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "puts its parameters under `soda:`",
+        {"p.yaml": "temperature: 0.1\nobjective: {space: centred}\n"},
+    ),
+    (
+        "sweep-preset-section-misspelt",
+        PLAN,
+        "models[0].preset_file: {tmp}/in/p.yaml: 'objectve' is not a preset section",
+        {
+            "p.yaml": "soda: {temperature: 0.1}\nobjectve: {space: centred}\n",
+            "s.yaml": sweep_text(model='{id: "{model}", preset_file: "{tmp}/in/p.yaml"}'),
+        },
+    ),
+    # ---- issue 37: one size limit for every YAML and JSON file (`files.read_config`)
+    (
+        "preset-30-mb",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "30,000,000 bytes is not a preset file (at most 4,194,304)",
+        {"p.yaml": "big:soda: {temperature: 0.1}\nnote: "},
+    ),
+    (
+        "sweep-include-30-mb",
+        PLAN,
+        "30,000,000 bytes is not a sweep file (at most 4,194,304) (included by",
+        {"s.yaml": "include: [b.yaml]\n" + sweep_text(), "b.yaml": "big:description: "},
+    ),
+    (
+        "status-job-json-30-mb",
+        ["sweep", "status", "{tmp}/in/r"],
+        "30,000,000 bytes is not a job file",
+        {f"r/{JOB}/job.json": "big:"},
+    ),
+    (
+        "inverter-checkpoint-json-list",
+        [
+            *INV,
+            "--tokens",
+            "1",
+            "--objective",
+            "text",
+            "--algorithm",
+            "inverter",
+            "--param",
+            "checkpoint={tmp}/in/ck",
+        ],
+        "inverter.json: an inverter checkpoint file holds a JSON object, not list",
+        {"ck/inverter.json": "[1, 2]"},
+    ),
+    # ---- issue 37: paths that exist and are not regular files (`files.regular_file`)
+    ("sweep-file-a-directory", ["sweep", "plan", IN], "is a directory, not a sweep file", {}),
+    ("sweep-file-dev-zero", ["sweep", "plan", "/dev/zero"], "is a character device", {}),
+    ("sweep-file-fifo", ["sweep", "plan", f"{IN}/s.yaml"], "is a FIFO", {"s.yaml": "fifo"}),
+    ("tune-file-dev-zero", ["tune", "/dev/zero", "--out", "{tmp}/o"], "not a tuning file", {}),
+    (
+        "sweep-include-fifo",
+        PLAN,
+        "b.yaml is a FIFO (named pipe), not a sweep file (included by",
+        {"s.yaml": "include: [b.yaml]\n" + sweep_text(), "b.yaml": "fifo"},
+    ),
+    (
+        "preset-file-fifo",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        "p.yaml is a FIFO (named pipe), not a preset file",
+        {"p.yaml": "fifo"},
+    ),
+    (
+        "preset-file-a-directory",
+        [*INV, "--tokens", "1", "--preset-file", IN],
+        "is a directory, not a preset file",
+        {},
+    ),
+    ("logits-dev-zero", [*INV, "--logits-file", "/dev/zero"], "is a character device", {}),
+    ("logits-fifo", [*INV, "--logits-file", f"{IN}/l.npy"], "is a FIFO", {"l.npy": "fifo"}),
+    (
+        "sweep-dataset-path-fifo",
+        PLAN,
+        "datasets[0].path: {tmp}/in/d.parquet is a FIFO (named pipe), not a dataset file",
+        {
+            "d.parquet": "fifo",
+            "s.yaml": sweep_text(dataset='{name: d, path: "{tmp}/in/d.parquet"}'),
+        },
+    ),
+    (
+        "data-source-fifo",
+        [*DATA[:5], "nl-id", "--source", f"{IN}/src.jsonl", "--out", "{tmp}/o/d.parquet"],
+        "src.jsonl is a FIFO (named pipe), not a source file",
+        {"src.jsonl": "fifo"},
+    ),
+    (
+        "data-source-dev-zero",
+        [*DATA[:5], "nl-id", "--source", "/dev/zero", "--out", "{tmp}/o/d.parquet"],
+        "/dev/zero is a character device, not a source file",
+        {},
+    ),
+    ("report-dev-zero", ["report", "/dev/zero", "--out", "{tmp}/o"], "is a character device", {}),
+    (
+        "report-fifo",
+        ["report", f"{IN}/r.parquet", "--out", "{tmp}/o"],
+        "FIFO",
+        {"r.parquet": "fifo"},
+    ),
+    ("status-dev-zero", ["sweep", "status", "/dev/zero"], "not a results folder", {}),
+    (
+        "report-embedding-model-dev-zero",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--embedding-model", "/dev/zero"],
+        "is a character device, not a model folder",
+        {"rows.parquet": "rows"},
+    ),
+    ("model-fifo", ["invert", "--model", f"{IN}/m", "--tokens", "1"], "is a FIFO", {"m": "fifo"}),
+    (
+        "model-gguf-dev-zero",
+        ["invert", "--model", f"{IN}/m.gguf", "--tokens", "1"],
+        "m.gguf is a character device, not a GGUF model file",
+        {"m.gguf": "link:/dev/zero"},
+    ),
+    (
+        "data-model-fifo",
+        [*DATA[:3], f"{IN}/m", *DATA[4:]],
+        "is a FIFO (named pipe), not a model folder",
+        {"m": "fifo"},
+    ),
+    (
+        "inverter-checkpoint-dev-zero",
+        [
+            *INV,
+            "--tokens",
+            "1",
+            "--objective",
+            "text",
+            "--algorithm",
+            "inverter",
+            "--param",
+            "checkpoint=/dev/zero",
+        ],
+        "is a character device, not an inverter checkpoint folder",
+        {},
+    ),
+    # ---- issue 37: what `sweep plan` (and `run`, `tune`) checks without loading weights
+    (
+        "plan-length-over-context",
+        PLAN,
+        "dataset random has inputs of length 600: input length 600 + 1 output tokens = 601 "
+        "positions exceed stories260K's context of 512",
+        {"s.yaml": sweep_text(dataset=BUILD_600)},
+    ),
+    (
+        "run-length-over-context",  # on the driver: before any actor, one line, not 5 per shard
+        RUN,
+        "exceed stories260K's context of 512",
+        {"s.yaml": sweep_text(dataset=BUILD_600)},
+    ),
+    (
+        "plan-bos-pushes-over-context",
+        PLAN,
+        "input length 511 + 1 output tokens + 1 fixed = 513 positions exceed",
+        {
+            "s.yaml": sweep_text(
+                model='{id: "{model}", bos: true}',
+                dataset='{name: r, build: {dataset: random, lengths: "511", per_length: 1}}',
+            )
+        },
+    ),
+    (
+        "plan-auto-max-length-over-context",
+        PLAN,
+        "length: auto tries up to max_length 700",
+        {"s.yaml": sweep_text(extra="length: auto\nmax_length: 700\n")},
+    ),
+    (
+        "plan-assumed-length-over-context",
+        PLAN,
+        "assumed length 900",
+        {"s.yaml": sweep_text(extra="length: [1, 900]\n")},
+    ),
+    (
+        "plan-output-tokens-over-context",
+        PLAN,
+        "input length 1 + 600 output tokens",
+        {"s.yaml": sweep_text(extra="objectives: [{kind: logits, output_tokens: 600}]\n")},
+    ),
+    (
+        "tune-length-over-context",
+        TUNE,
+        "data has inputs of length 600",
+        {"t.yaml": tune_text().replace('lengths: "1"', 'lengths: "600"')},
+    ),
+    (
+        "plan-model-folder-empty",
+        PLAN,
+        "models[0].id: {tmp}/in/m holds no config.json: not a model folder",
+        {"m": "dir", "s.yaml": sweep_text(model='{id: "{tmp}/in/m"}')},
+    ),
+    (
+        "plan-model-folder-without-weights",
+        PLAN,
+        "models[0].id: {tmp}/in/m holds no weights",
+        {"m": "config-only-model", "s.yaml": sweep_text(model='{id: "{tmp}/in/m"}')},
+    ),
+    (
+        "tune-model-folder-without-weights",
+        TUNE,
+        "model.id: {tmp}/in/m holds no weights",
+        {"m": "config-only-model", "t.yaml": tune_text().replace("{model}", "{tmp}/in/m")},
+    ),
+    (
+        "invert-model-folder-without-weights",
+        ["invert", "--model", f"{IN}/m", "--tokens", "1"],
+        "holds no weights",
+        {"m": "config-only-model"},
+    ),
+    (
+        "plan-model-gguf-fifo",
+        PLAN,
+        "models[0].id: {tmp}/in/m.gguf is a FIFO",
+        {"m.gguf": "fifo", "s.yaml": sweep_text(model='{id: "{tmp}/in/m.gguf"}')},
+    ),
     # ---- and the rows a report must refuse
     (
         "report-duplicate-rows",
@@ -374,7 +645,20 @@ def materialise(tmp: Path, files: dict[str, str]) -> None:
         path = tmp / "in" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         text = content.replace("{model}", str(STORIES)).replace("{tmp}", str(tmp))
-        if content == "bool-logits":
+        if content == "fifo":
+            os.mkfifo(path)  # opening it would block: only what it is may be looked at
+        elif content == "dir":
+            path.mkdir()
+        elif content.startswith("link:"):
+            path.symlink_to(content.removeprefix("link:"))
+        elif content == "config-only-model":
+            path.mkdir()
+            shutil.copy(STORIES / "config.json", path / "config.json")
+        elif content.startswith("big:"):  # BIG bytes: the prefix, then one long YAML string
+            head = text.removeprefix("big:")
+            path.write_text(head + '"' + "x" * (BIG - len(head) - 3) + '"\n')
+            assert path.stat().st_size == BIG
+        elif content == "bool-logits":
             np.save(path, np.zeros((1, 512), dtype=bool))
         elif content == "string-logits":
             np.save(path, np.array([["a"] * 512]))
@@ -465,7 +749,7 @@ def test_hostile_input_is_one_line_exit_2(capsys, tmp_path, argv, message, files
     if args[:2] == ["invert", "--model"] and args[2] == "README.md":
         args[2] = str(Path(__file__).resolve().parents[1] / "README.md")
     err = one_line_error(args, capsys)
-    assert message in err, err
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
     assert files_outside(tmp_path) == []
 
 
@@ -551,3 +835,263 @@ def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray):
     assert failed.job.startswith("stories260K_bad") and failed.attempts == 1
     assert "vocabulary" in failed.error
     assert len(run.done) == 1 and run.done[0].job.startswith("stories260K_good")
+
+
+# ---- issue 37: what resume trusts (shards, locks) and what a report reads ------------------------
+# A finished results folder of two jobs (two temperatures, two shards each), computed once here
+# without Ray; each row below tampers with a copy of it as a careless user or a crash would, and
+# says what the next run must do: which shards it computes again, and the warning naming why.
+TWO = (
+    'name: two\nmodels: [{id: "{model}", num_cpus: 1}]\n'
+    'datasets: [{name: random, build: {dataset: random, lengths: "1", per_length: 4}}]\n'
+    "algorithms: [{name: soda, grid: {temperature: [0.05, 0.1]}}]\nmax_steps: 5\nshard_size: 2\n"
+)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    from conftest import finish_all
+
+    from sodaray.runner import load_sweep
+    from sodaray.runner.layout import plan_jobs
+
+    base = tmp_path_factory.mktemp("finished")
+    (base / "s.yaml").write_text(TWO.replace("{model}", str(STORIES)))
+    plans = plan_jobs(load_sweep(base / "s.yaml").jobs(), base / "out" / "two")
+    finish_all(plans)
+    return base
+
+
+def two_jobs(tmp_path: Path, finished: Path):
+    """A copy of the finished folder: (sweep, its root, job A's plan-less paths, job B's)."""
+    from sodaray.runner import load_sweep
+    from sodaray.runner.layout import meta_folder
+
+    shutil.copytree(finished, tmp_path, dirs_exist_ok=True)
+    sweep = load_sweep(tmp_path / "s.yaml")
+    root = tmp_path / "out" / "two"
+    a, b = sorted(sweep.jobs(), key=lambda j: j.search.temperature)  # 0.05, 0.1
+    paths = [(root / j.name, meta_folder(root, j.name)) for j in (a, b)]
+    return sweep, root, paths
+
+
+def corrupt_pages(path: Path) -> None:
+    """Bytes of the first data page overwritten: the footer still reads, the rows do not."""
+    data = bytearray(path.read_bytes())
+    data[4:40] = b"\xff" * 36
+    path.write_bytes(bytes(data))
+
+
+@contextlib.contextmanager
+def unrelated_process():
+    """A live process that is not a sodaray run (`sleep`), whose pid a lock may name."""
+    proc = subprocess.Popen([shutil.which("sleep") or "/bin/sleep", "300"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _boot() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+HOST = socket.gethostname()
+# (id, what is done to job A (or B), the shards of A and B the next run computes, the warning).
+RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
+    # A shard copied from another job of the same dataset: same sample ids, other results.
+    ("shard-from-another-job", "copy-a0-to-b0", ([], [0]), "rows of another job"),
+    ("shard-corrupt-page", "corrupt-a0", ([0], []), "unreadable"),
+    ("shard-is-a-fifo", "fifo-a0", ([0], []), "a FIFO (named pipe), not a shard file"),
+    ("shard-is-a-directory", "dir-a0", ([0], []), "a directory, not a shard file"),
+    # Job A's lock (its shards deleted, so what the run would compute shows):
+    ("lock-json-list", "lock:[1, 2]", ([0, 1], []), "not a lock: it holds list"),
+    ("lock-json-number", "lock:7", ([0, 1], []), "not a lock: it holds int"),
+    ("lock-empty", "lock:", ([0, 1], []), "job.lock: not valid JSON"),
+    ("lock-garbled", "lock:{not json", ([0, 1], []), "not valid JSON"),
+    ("lock-no-host", 'lock:{"pid": 5}', ([0, 1], []), "it names no host"),
+    ("lock-pid-text", f'lock:{{"host": "{HOST}", "pid": "12"}}', ([0, 1], []), "its pid is '12'"),
+    ("lock-pid-huge", f'lock:{{"host": "{HOST}", "pid": {2**80}}}', ([0, 1], []), "is gone"),
+    ("lock-a-directory", "lock-dir", ([0, 1], []), "is a directory, not a lock file"),
+    ("lock-a-fifo", "lock-fifo", ([0, 1], []), "is a FIFO (named pipe), not a lock file"),
+    # A live pid that is not a sodaray run: the issue's case (the run skipped the job, exit 0).
+    ("lock-live-unrelated-pid", "lock-unrelated", ([0, 1], []), "is not a sodaray run ("),
+    ("lock-pid-reused", "lock-reused", ([0, 1], []), "is another process now"),
+    ("lock-before-a-restart", "lock-other-boot", ([0, 1], []), "before this machine restarted"),
+]
+
+
+def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> None:
+    (a_dir, a_meta), (b_dir, _) = a, b
+    if how.startswith("lock") or how == "":
+        for shard in a_dir.glob("shard-*.parquet"):
+            shard.unlink()
+    lock = a_meta / "job.lock"
+    if how == "copy-a0-to-b0":
+        shutil.copy(a_dir / "shard-00000.parquet", b_dir / "shard-00000.parquet")
+    elif how == "corrupt-a0":
+        corrupt_pages(a_dir / "shard-00000.parquet")
+    elif how in ("fifo-a0", "dir-a0"):
+        (a_dir / "shard-00000.parquet").unlink()
+        make = os.mkfifo if how == "fifo-a0" else os.mkdir
+        make(a_dir / "shard-00000.parquet")
+    elif how.startswith("lock:"):
+        lock.write_text(how.removeprefix("lock:"))
+    elif how == "lock-dir":
+        lock.mkdir()
+    elif how == "lock-fifo":
+        os.mkfifo(lock)
+    elif how == "lock-unrelated":  # as an older sodaray, or a hand, wrote it: no start time
+        lock.write_text(json.dumps({"host": HOST, "pid": pid, "since": time.time()}))
+    elif how in ("lock-reused", "lock-other-boot"):
+        start, boot = _start_ticks(pid), _boot()
+        if how == "lock-reused":
+            start -= 1  # the pid's process started at another time than the lock's
+        else:
+            boot = "0" + boot[1:] if boot[0] != "0" else "1" + boot[1:]
+        lock.write_text(json.dumps({"host": HOST, "pid": pid, "boot": boot, "start": start}))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how,pending,warning", [c[1:] for c in RESUME_CASES], ids=[c[0] for c in RESUME_CASES]
+)
+def test_resume_trusts_only_this_jobs_shards_and_live_locks(
+    tmp_path, finished, caplog, how, pending, warning
+):
+    """Issue 37: each row is computed again (with a warning naming the file and why), never
+    trusted, obeyed, or ended in a traceback; `sweep status` does not count it as done."""
+    import logging
+
+    from sodaray.runner import sweep_status
+    from sodaray.runner.layout import plan_jobs, release_lock
+
+    sweep, root, (a, b) = two_jobs(tmp_path, finished)
+    with unrelated_process() as pid:
+        tamper(how, a, b, pid)
+        if not how.startswith("lock"):  # status before any run: the bad shard is pending
+            done = {s.job: s.done for s in sweep_status(tmp_path / "out")}
+            assert [done[a[0].name], done[b[0].name]] == [2 - len(p) for p in pending]
+        with caplog.at_level(logging.WARNING):
+            plans = plan_jobs(sweep.jobs(), root, lock=True)
+        for plan in plans:
+            release_lock(plan.meta)
+    got = {p.job.name: p.pending for p in plans}
+    assert (got[a[0].name], got[b[0].name]) == pending
+    assert all(p.locked_by is None for p in plans)  # nothing here is another live driver
+    assert warning in caplog.text, caplog.text
+    named = "job.lock" if how.startswith("lock") else "shard-00000.parquet"
+    assert named in caplog.text
+    if how == "copy-a0-to-b0":  # kept for inspection beside the job's settings, never read
+        assert (b[1] / "shard-00000.parquet.foreign").is_file()
+
+
+def test_a_job_another_driver_holds_is_not_run_and_the_run_says_so(tmp_path, finished, capsys):
+    """Issue 37: the job is skipped while a live sodaray driver holds it (the rule a second
+    driver on one folder relies on), but the run does not end as if complete: it names the
+    holder, lists the job as not run, and exits 1. Nothing is pending here, so no Ray starts."""
+    from conftest import another_driver
+
+    sweep, root, (a, _) = two_jobs(tmp_path, finished)
+    for shard in a[0].glob("shard-*.parquet"):
+        shard.unlink()
+    with another_driver(a[1]) as pid:
+        code = main(["sweep", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
+        out, err = capsys.readouterr()
+        assert json.loads((a[1] / "job.lock").read_text())["pid"] == pid  # left alone
+    assert code == 1, err
+    assert f"skipped {a[0].name}: another driver is running it ({HOST} pid {pid} since" in err
+    assert f"NOT RUN {a[0].name}: another driver holds its lock" in out
+
+
+def test_a_lock_of_an_unrelated_pid_and_another_jobs_shard_are_computed_again(
+    tmp_path, finished, capsys, caplog, local_ray
+):
+    """Issue 37, end to end: job A's lock names a live process that is not a sodaray run (the
+    run used to skip A and exit 0 with its shard never computed) and job B holds a shard copied
+    from A (resume used to trust it). One `sweep run` computes both, warning about each."""
+    import logging
+
+    import pyarrow.compute as pc
+
+    from sodaray.results import read_results
+
+    sweep, root, (a, b) = two_jobs(tmp_path, finished)
+    (a[0] / "shard-00001.parquet").unlink()
+    shutil.copy(a[0] / "shard-00000.parquet", b[0] / "shard-00000.parquet")
+    with unrelated_process() as pid, caplog.at_level(logging.WARNING):
+        (a[1] / "job.lock").write_text(json.dumps({"host": HOST, "pid": pid}))
+        code = main(["sweep", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0, err + out
+    assert "is not a sodaray run" in caplog.text and "rows of another job" in caplog.text
+    assert "2 shards run in" in out and "2 skipped" in out  # A's shard 1, B's shard 0
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 8
+    for job in sweep.jobs():  # every row is its own job's
+        mine = rows.filter(pc.equal(rows["job"], job.name))
+        assert len(mine) == 4 and set(mine["config_hash"].to_pylist()) == {job.config_hash}
+
+
+REPORT_WARNED: list[tuple[str, str]] = [
+    # One corrupt (not truncated) shard among good ones: the others still make the report.
+    ("report-corrupt-shard-among-good", "corrupt"),
+    ("report-fifo-named-like-a-shard", "fifo"),
+]
+
+
+@pytest.mark.parametrize("how", [c[1] for c in REPORT_WARNED], ids=[c[0] for c in REPORT_WARNED])
+def test_report_warns_naming_a_bad_shard_and_reports_the_rest(
+    tmp_path, finished, capsys, caplog, how
+):
+    """Issue 37: `report` on a folder with one bad shard used to end in a thrift error naming no
+    file (a FIFO would block it for ever); now a warning names it and the good shards report."""
+    import logging
+
+    sweep, root, (a, _) = two_jobs(tmp_path, finished)
+    bad = a[0] / "shard-00000.parquet"
+    if how == "corrupt":
+        corrupt_pages(bad)
+    else:
+        bad.unlink()
+        os.mkfifo(bad)
+    with caplog.at_level(logging.WARNING):
+        code = main(["report", str(root), "--out", str(tmp_path / "rep"), "--no-figures"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "6 result rows" in out  # the three good shards
+    assert f"skipped {bad}" in caplog.text
+    assert (tmp_path / "rep" / "model.md").is_file()
+
+
+def test_the_tables_hold_every_case_of_issue_37():
+    """The issue's list, each a row here (and its siblings): token lists, presets, sizes, paths
+    that are not regular files, context and model checks, shards, locks and report."""
+    ids = {c[0] for c in CASES} | {c[0] for c in RESUME_CASES} | {c[0] for c in REPORT_WARNED}
+    issue = {
+        "tokens-space",
+        "tokens-empty-item",
+        "preset-soda-and-params",
+        "preset-section-misspelt",
+        "preset-include",
+        "preset-30-mb",
+        "plan-length-over-context",
+        "plan-model-folder-empty",
+        "plan-model-folder-without-weights",
+        "shard-from-another-job",
+        "lock-live-unrelated-pid",
+        "lock-json-list",
+        "sweep-file-a-directory",
+        "sweep-file-dev-zero",
+        "sweep-file-fifo",
+        "report-corrupt-shard-among-good",
+        "run-length-over-context",
+    }
+    assert issue <= ids
+    assert len(RESUME_CASES) == len({c[0] for c in RESUME_CASES})

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import STORIES
+from conftest import STORIES, another_driver, finish_all
 
 from sodaray.cli import main
-from sodaray.experiment.replica import ReplicaWorker
-from sodaray.experiment.spec import ModelSpec
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 from sodaray.runner.layout import (
@@ -30,7 +28,6 @@ from sodaray.runner.layout import (
     plan_jobs,
     shard_path,
 )
-from sodaray.runner.run import shard_unit
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -50,18 +47,6 @@ def write_sweep(tmp_path: Path, dataset: dict) -> Path:
 
 
 BUILD = {"name": "random", "build": {"dataset": "random", "lengths": "1", "per_length": 4}}
-
-
-def finish_all(plans) -> None:
-    """Compute every pending shard in this process (no Ray) and write it as the driver does."""
-    worker = ReplicaWorker(ModelSpec(str(STORIES)), 1)
-    try:
-        for plan in plans:
-            for i in plan.pending:
-                *_, out = worker.run(shard_unit(plan, i))
-                write_table_atomic(out.table, shard_path(plan.folder, i))
-    finally:
-        worker.stop()
 
 
 def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):
@@ -139,13 +124,12 @@ def test_a_second_driver_skips_a_locked_job(tmp_path):
     root = tmp_path / "out" / "r"
     (job,) = sweep.jobs()
     folder = meta_folder(root, job.name)
-    # Another live driver on this host (our parent process stands in for it).
-    _write_lock(folder, socket.gethostname(), os.getppid())
-    (plan,) = plan_jobs(sweep.jobs(), root, lock=True)
-    assert plan.locked_by is not None and plan.pending == []
-    run = run_sweep(sweep, tmp_path / "out")  # nothing to do here: no Ray started
-    assert run.locked == [job.name] and run.done == []
-    assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getppid()  # not ours
+    with another_driver(folder) as pid:  # a live process that took the lock as a driver does
+        (plan,) = plan_jobs(sweep.jobs(), root, lock=True)
+        assert plan.locked_by is not None and plan.pending == []
+        run = run_sweep(sweep, tmp_path / "out")  # nothing to do here: no Ray started
+        assert run.locked == [job.name] and run.done == []
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == pid  # not ours
 
 
 @pytest.mark.parametrize(

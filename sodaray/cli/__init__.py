@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,15 +31,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse_tokens(text: str) -> list[int]:
+    from sodaray.validation import parse_int_list
+
     try:
-        tokens = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+        return parse_int_list(text)  # "1 2" and "1,,2" refused, not guessed at
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"--tokens takes comma-separated integers, got {text!r}"
-        ) from exc
-    if not tokens:
-        raise argparse.ArgumentTypeError("--tokens is empty")
-    return tokens
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _parse_length(text: str) -> int | str:
@@ -211,6 +209,11 @@ def cmd_invert(args: argparse.Namespace) -> int:
         check_device(args.device)
     if args.out is not None:
         check_output_file(args.out)
+    from sodaray.files import check_model_files, regular_file
+
+    check_model_files(os.path.expanduser(args.model), args.gguf_file)  # a FIFO, no weights
+    if args.logits_file:
+        regular_file(args.logits_file, "logits file")  # a directory, /dev/zero: said so
     kind = args.objective or ("text" if args.output_text else "logits")
     # The preset file's comparison settings (`objective: {space: centred}`), under any flag given.
     from sodaray.presets import load_preset_objective
@@ -375,19 +378,21 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from sodaray.report import build_report
-    from sodaray.validation import check_output_dir
+    from sodaray.validation import check_output_dir, split_list
 
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
-    if not formats:
+    if not args.format.replace(",", "").strip():
         raise CliError(f"--format names no format ({args.format!r}); give md, latex and/or csv")
+    formats = split_list(args.format, "--format", "md,csv")  # `md,,csv` as --tokens 1,,2
     check_output_dir(args.out)
     model = args.embedding_model
-    if (
-        model is not None
-        and model.startswith(("/", ".", "~"))
-        and not Path(model).expanduser().is_dir()
-    ):
-        raise CliError(f"--embedding-model {model}: no such model folder")
+    if model is not None and model.startswith(("/", ".", "~")):
+        from sodaray.files import what_is
+
+        kind = what_is(Path(model).expanduser())
+        if kind is None:
+            raise CliError(f"--embedding-model {model}: no such model folder")
+        if kind != "a directory":
+            raise CliError(f"--embedding-model {model} is {kind}, not a model folder")
     report = build_report(
         args.results,
         args.out,

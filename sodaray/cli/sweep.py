@@ -126,7 +126,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         for name in run.locked:
-            print(f"  skipped {name}: another driver is running it", file=sys.stderr)
+            owner = run.lock_owners.get(name, "?")
+            print(f"  skipped {name}: another driver is running it ({owner})", file=sys.stderr)
         for name in run.corrupt:
             print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
         progress.start(run.job_samples, bars=bool(samples) and sys.stderr.isatty())
@@ -157,9 +158,12 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     if track is not None:
         track(f"{args.out}/{sweep.name}")
     jobs = sweep_status(f"{args.out}/{sweep.name}")
+    # Work left undone is not success: a failed shard, or a job another driver holds (its
+    # shards are not done when this run ends; exit 0 read as "complete" to a script).
+    incomplete = 1 if run.failed or run.locked else 0
     if args.json:
         print(json.dumps(run_summary(sweep.name, run, jobs)))
-        return 1 if run.failed else 0
+        return incomplete
     _print_status(jobs)
     occupancy = run.occupancy
     shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
@@ -169,7 +173,12 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"FAILED {failure.job} shard {failure.shard} after {failure.attempts} tries: "
             f"{failure.error}"
         )
-    return 1 if run.failed else 0
+    for name in run.locked:
+        print(
+            f"NOT RUN {name}: another driver holds its lock ({run.lock_owners.get(name, '?')}); "
+            "run the command again once it ends"
+        )
+    return incomplete
 
 
 def run_summary(name: str, run, jobs) -> dict:
@@ -186,6 +195,7 @@ def run_summary(name: str, run, jobs) -> dict:
         "occupancy": run.occupancy,
         "failed": [dataclasses.asdict(f) for f in run.failed],
         "locked": run.locked,
+        "lock_owners": run.lock_owners,
         "status": [{**dataclasses.asdict(j), "pending": j.pending} for j in jobs],
     }
 
@@ -210,14 +220,16 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
 
     from sodaray.cost import check_plan_options
     from sodaray.runner import load_sweep
-    from sodaray.runner.plan import plan_sweep
+    from sodaray.runner.plan import check_jobs_fit, plan_sweep
 
     check_plan_options(args.rate, args.device, args.efficiency)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
     )
+    jobs = sweep.jobs(limit=args.limit, model=args.model)
+    check_jobs_fit(jobs, sweep.path)  # inputs beyond a model's context: refused, as `run` does
     plan = plan_sweep(
-        sweep.jobs(limit=args.limit, model=args.model),
+        jobs,
         rate=args.rate,
         measure=not args.no_calibrate,
         device=args.device,

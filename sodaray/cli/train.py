@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +99,9 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
     check_resumable(cfg, Path(args.out))
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    from sodaray.files import check_model_files
+
+    check_model_files(os.path.expanduser(args.model))  # a FIFO, a folder without weights
     logging.info("loading %s", args.model)
     model = load_model(args.model, device=args.device)
     check_context(model, max(cfg.lengths), cfg.output_tokens)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -41,6 +40,7 @@ from sodaray.data.tokenizer import (
     check_model_path,
     load_tokenizer,
 )
+from sodaray.files import regular_file
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,15 @@ MAX_LENGTH = 1 << 20
 def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
     """Lengths from "A-B", "N", "1,3,5" or integers: sorted, distinct, each at least 1."""
     if isinstance(spec, str):
-        text = spec.replace(" ", "")
+        from sodaray.validation import parse_int_list
+
+        # One rule for number lists (`--tokens` too): "1 2" is not 12, "1,,3" not [1, 3].
+        text = spec.strip()
         try:
             if "," in text:
-                values = [int(t) for t in text.split(",") if t]
+                values = parse_int_list(text, "lengths")
             elif "-" in text[1:]:
-                first, last = (int(t) for t in text.split("-", 1))
+                first, last = (parse_int_list(t, "lengths")[0] for t in text.split("-", 1))
                 if last < first:
                     values = None
                 elif last > MAX_LENGTH:  # before building a list that size
@@ -74,7 +77,7 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
                 else:
                     values = list(range(first, last + 1))
             else:
-                values = [int(text)]
+                values = parse_int_list(text, "lengths")
         except DatasetError:
             raise
         except ValueError:
@@ -107,8 +110,7 @@ def _resolve_source(name: str, source: str | None) -> str | None:
         if name != "privacy":
             raise DatasetError(f"--source synthetic is for the privacy dataset, not {name}")
         return source
-    if not Path(source).expanduser().is_file():
-        raise DatasetError(f"no such source file: {source}")
+    regular_file(source, "source file", DatasetError)  # a directory or FIFO: say which
     return source
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from sodaray.data.tokenizer import DatasetError
 from sodaray.errors import first_line
+from sodaray.files import regular_file
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,7 @@ def split_sentences(text: str, max_chars: int = 1000) -> list[str]:
 
 # ---- local files ----------------------------------------------------------------------------
 def _check_file(path: str | os.PathLike) -> Path:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise DatasetError(f"no such source file: {path}")
-    return p
+    return regular_file(path, "source file", DatasetError)  # a FIFO would block its read
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

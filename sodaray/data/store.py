@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.data.tokenizer import DatasetError
+from sodaray.files import regular_file
 
 FORMAT_VERSION = "1"
 VERSION_KEY = b"sodaray.dataset.version"
@@ -134,9 +135,7 @@ def write_dataset(table: pa.Table, path: str | os.PathLike) -> Path:
 
 def read_dataset(path: str | os.PathLike, *, verify: bool = True) -> pa.Table:
     """Read a dataset file, checking its format version, columns and (with `verify`) hash."""
-    p = Path(path)
-    if not p.is_file():
-        raise DatasetError(f"no such dataset file: {path}")
+    p = regular_file(path, "dataset file", DatasetError)  # a FIFO would block the reader
     try:
         table = pq.read_table(p)
     except (pa.ArrowException, OSError) as exc:

@@ -32,9 +32,14 @@ class TokenizerInfo:
 def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
     """(folder or hub id, GGUF file name): a path ending in `.gguf` is split into the two, and a
     local path that does not exist is an error (checked before any slow work)."""
+    import os
+
+    from sodaray.files import check_model_files
     from sodaray.models import resolve_model_path
 
     name_or_path, gguf_file = resolve_model_path(name_or_path, gguf_file, error=DatasetError)
+    # A FIFO or a device is said to be one (a tokenizer-only folder is enough here).
+    check_model_files(os.path.expanduser(name_or_path), gguf_file, DatasetError, contents=False)
     return name_or_path, gguf_file
 
 

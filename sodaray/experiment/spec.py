@@ -25,6 +25,7 @@ from sodaray.fields import (
     known_fields,
     path_name,
 )
+from sodaray.files import check_model_files, regular_file
 from sodaray.objectives import Objective
 from sodaray.paths import brief, expand_path, in_file, local_path, looked_for
 from sodaray.presets import PRESETS, load_preset_file, load_preset_objective, preset_params
@@ -294,6 +295,10 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
         raise fail(where, str(exc)) from exc
     if looks_local(spec.id) and not Path(location).exists():
         raise fail(f"{where}.id", f"no such model folder or file: {looked_for(spec.id, spec.base)}")
+    try:  # a folder without a model in it fails here, not on every replica
+        check_model_files(location, spec.gguf_file)
+    except ValueError as exc:
+        raise fail(f"{where}.id", str(exc)) from exc
     if spec.preset is not None and spec.preset not in PRESETS:
         raise fail(
             f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
@@ -323,12 +328,17 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
         location = spec.location
     except ValueError as exc:
         raise fail(f"{where}.path", str(exc)) from exc
-    if location is not None and not Path(location).is_file():
+    if location is not None and not Path(location).exists():
         raise fail(
             f"{where}.path",
             f"no such dataset file: {looked_for(spec.path or '', spec.base)} "
             "(build it with `sodaray data build`, or give a `build` spec)",
         )
+    if location is not None:
+        try:  # a directory or a FIFO: say what it is
+            regular_file(location, "dataset file")
+        except ValueError as exc:
+            raise fail(f"{where}.path", str(exc)) from exc
     if spec.build is not None:
         if not isinstance(spec.build, dict):
             raise fail(f"{where}.build", "must be a mapping")

@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import T5Config, T5ForConditionalGeneration
+
+from sodaray.errors import first_line
+from sodaray.files import read_json_object, what_is
 
 log = logging.getLogger(__name__)
 
@@ -165,11 +168,32 @@ def save_inverter(path: str | Path, net: Inverter, meta: InverterMeta) -> None:
     (path / META).write_text(json.dumps(asdict(meta), indent=2))
 
 
+def read_meta(path: Path) -> InverterMeta:
+    """A checkpoint's `inverter.json`, checked as any file read back from disk: a regular
+    file of at most `MAX_CONFIG_BYTES` holding an object of `InverterMeta`'s fields, each of
+    its type (a JSON list there ended in a traceback)."""
+    from sodaray.validation import coerce_fields
+
+    data = read_json_object(path, "inverter checkpoint file")
+    known = fields(InverterMeta)
+    unknown = sorted(str(k) for k in data if k not in {f.name for f in known})
+    missing = [f.name for f in known if f.name not in data and f.default is MISSING]
+    if unknown or missing:
+        what = f"unknown field {unknown[0]!r}" if unknown else f"no {missing[0]!r}"
+        raise ValueError(f"{path}: not an inverter checkpoint file ({what})")
+    try:
+        return InverterMeta(**coerce_fields(InverterMeta, data))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {first_line(exc)}") from exc
+
+
 def load_inverter(path: str | Path) -> tuple[Inverter, InverterMeta]:
     path = Path(path)
-    if not (path / META).is_file():
+    if what_is(path) not in ("a directory", None):
+        raise ValueError(f"{path} is {what_is(path)}, not an inverter checkpoint folder")
+    if what_is(path / META) is None:
         raise ValueError(f"{path} is not an inverter checkpoint (no {META})")
-    meta = InverterMeta(**json.loads((path / META).read_text()))
+    meta = read_meta(path / META)
     if meta.observation not in OBSERVATIONS:
         raise ValueError(f"{path}: unknown observation {meta.observation!r}")
     t5 = T5ForConditionalGeneration.from_pretrained(path)

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from sodaray.files import read_json_object
 from sodaray.inverter.data import build_pairs, encode_targets
 from sodaray.inverter.model import (
     Inverter,
@@ -144,7 +145,7 @@ def check_resumable(cfg: TrainConfig, out: Path) -> None:
     path = out / "train_config.json"
     if not (out / "state.json").is_file() or not path.is_file():
         return
-    before = json.loads(path.read_text())
+    before = read_json_object(path, "training settings file")  # a list: one line, not a crash
     now = asdict(cfg)
     now["lengths"] = list(now["lengths"])
     for name in FIXED_ON_RESUME:
@@ -195,7 +196,7 @@ def train_inverter(
 
     state = {"epoch": 0, "best_val": float("inf"), "history": [], "seconds": 0.0}
     if state_path.is_file():
-        state = json.loads(state_path.read_text())
+        state = read_json_object(state_path, "training state file")
         net, _ = load_inverter(out / "last")
         log.info("resuming from epoch %d", state["epoch"])
     else:

@@ -3,7 +3,6 @@ rows, wherever the rows for them are present."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from sodaray import metrics
+from sodaray.files import read_json
 from sodaray.report.render import FORMATS, RENDERERS
 from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
 from sodaray.results import JOB_FILE, META_DIR, read_results
@@ -55,8 +55,8 @@ def job_settings(paths: str | Path | Iterable[str | Path]) -> dict[str, dict]:
     }
     out: dict[str, dict] = {}
     for path in sorted(files):
-        try:
-            info = json.loads(path.read_text())
+        try:  # a regular file, size-limited: anything may lie in a results folder
+            info = read_json(path, "job file")
         except (OSError, ValueError):
             continue
         if isinstance(info, dict) and isinstance(info.get("config"), dict):

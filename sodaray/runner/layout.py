@@ -10,11 +10,14 @@ settings, shard count), `job.lock`, `shard-NNNNN.error.json` and set-aside
 folder names hold no `=`, which readers would take for a hive partition column.
 
 Resume is "compute every shard without a valid result file": a shard file is trusted only when
-it reads as the result schema with exactly the shard's sample ids; any other is moved aside and
-computed again. A driver holds `.sodaray/jobs/<job>/job.lock` (its host and pid, refreshed while
-it runs) for every job it runs; a second driver on the same folder skips those jobs, and breaks
-a lock whose owner is gone (same host: the pid is dead; another host: not refreshed for
-`LOCK_STALE_SECONDS`).
+it is a regular file that reads whole as the result schema, with exactly the shard's sample ids
+and the job's `config_hash` in its rows (a shard copied from another job of the same dataset
+has the same ids); any other is moved aside (`.corrupt`, or `.foreign` for another job's rows)
+and computed again. A driver holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and
+process start time, refreshed while it runs) for every job it runs; a second driver on the same
+folder skips those jobs, and breaks a lock that is not a lock or whose owner is gone (same
+host: the pid is dead, another process now, or from before a restart; another host: not
+refreshed for `LOCK_STALE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import json
 import logging
 import os
 import socket
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,7 @@ import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.files import read_json, what_is
 from sodaray.paths import brief, inside
 from sodaray.results import JOB_FILE, META_DIR, VERSION_KEY
 from sodaray.runner.spec import Job
@@ -67,30 +73,63 @@ def error_path(meta: Path, index: int) -> Path:
 
 
 def shard_problem(
-    path: Path, sample_ids: list[int] | None = None, rows: int | None = None
+    path: Path,
+    sample_ids: list[int] | None = None,
+    rows: int | None = None,
+    config_hash: str | None = None,
 ) -> str | None:
-    """Why a shard file cannot be trusted, or None: it must read as Parquet in the result schema
-    and hold exactly `sample_ids` (when given), or `rows` rows (else at least one)."""
+    """Why a shard file cannot be trusted, or None (see `read_shard`)."""
+    return read_shard(path, sample_ids, rows, config_hash)[1]
+
+
+def read_shard(
+    path: Path,
+    sample_ids: list[int] | None = None,
+    rows: int | None = None,
+    config_hash: str | None = None,
+) -> tuple[pa.Table | None, str | None]:
+    """A shard file's rows and None, or None and why they cannot be trusted. It must be a
+    regular file that reads whole (every column: a page corrupt anywhere broke `report` later)
+    as Parquet in the result schema, hold exactly `sample_ids` (when given), or `rows` rows
+    (else at least one), and be this job's (`config_hash`, when given): a shard copied from
+    another job of the same dataset has the same sample ids and another job's results."""
+    kind = what_is(path)
+    if kind != "a regular file":
+        return None, f"{kind or 'nothing'}, not a shard file"
     try:
         schema = pq.read_schema(path)
         if VERSION_KEY not in (schema.metadata or {}):
-            return "not a sodaray result file"
-        table = pq.read_table(path, columns=["sample_id", "found", "exact"])
+            return None, "not a sodaray result file"
+        table = pq.read_table(path)
     except (OSError, pa.ArrowException, KeyError) as exc:
-        return f"unreadable ({first_line(exc)})"
+        return None, f"unreadable ({first_line(exc)})"
+    if "sample_id" not in table.column_names or "found" not in table.column_names:
+        return None, "not a sodaray result file (no sample_id or found column)"
+    if config_hash is not None:
+        if "config_hash" not in table.column_names:
+            return None, "its rows name no job (no config_hash column)"
+        foreign = [h for h in set(table["config_hash"].to_pylist()) if h != config_hash]
+        if foreign:
+            jobs = set(table["job"].to_pylist()) if "job" in table.column_names else {"?"}
+            name = sorted(map(str, jobs))[0][:160]  # read from a file: bounded
+            return None, (
+                f"rows of another job ({name}, config hash {str(foreign[0])[:40]}), "
+                f"not this job's ({config_hash})"
+            )
     ids = table["sample_id"].to_pylist()
     if sample_ids is None:
         expected = 1 if rows is None else rows
         ok = len(ids) >= 1 if rows is None else len(ids) == rows
-        return None if ok else f"{len(ids)} rows where the shard has {expected}"
+        return (table, None) if ok else (None, f"{len(ids)} rows where the shard has {expected}")
     if sorted(ids) != sorted(sample_ids):
-        return f"{len(ids)} rows where the shard has {len(sample_ids)} samples (or other ids)"
-    return None
+        return None, f"{len(ids)} rows where the shard has {len(sample_ids)} samples (or other ids)"
+    return table, None
 
 
-def set_aside(path: Path, why: str, meta: Path) -> Path:
-    """Move an untrusted shard file to `meta/*.corrupt` (kept for inspection, never read)."""
-    target = meta / (path.name + ".corrupt")
+def set_aside(path: Path, why: str, meta: Path, suffix: str = ".corrupt") -> Path:
+    """Move an untrusted shard file to `meta/*.corrupt` (or `suffix`: `.foreign` for another
+    job's rows), kept for inspection, never read."""
+    target = meta / (path.name + suffix)
     meta.mkdir(parents=True, exist_ok=True)
     os.replace(path, target)
     log.warning("%s: %s; moved to %s, computing it again", path, why, target)
@@ -98,6 +137,37 @@ def set_aside(path: Path, why: str, meta: Path) -> Path:
 
 
 # ---- per-job locks ------------------------------------------------------------------------------
+# A lock names its driver so that another driver can tell whether it still runs: the host, the
+# pid, and (Linux) the boot and the process's start time, so that a pid reused by an unrelated
+# process, or a lock left before a reboot, is not taken for a live driver. A lock naming a live
+# pid with another start time (or, from a sodaray that recorded none, a process that is not a
+# sodaray run) is stale; so is a file that is not a lock at all (a JSON list, garbage): it is
+# broken with a warning instead of being obeyed or ending the run in a traceback.
+def _proc(pid: int | str, name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 16)
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    text = _proc("sys/kernel/random", "boot_id")
+    return text.strip() if text else None
+
+
+def _process_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if unknown."""
+    text = _proc(pid, "stat")
+    if not text or ")" not in text:
+        return None
+    fields_ = text.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+    try:
+        return int(fields_[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -105,59 +175,155 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:  # alive, someone else's
         return True
+    except (OverflowError, ValueError):  # not a pid this system has
+        return False
     return True
 
 
-def lock_owner(folder: Path) -> dict[str, Any] | None:
-    """The live owner of a job's lock (host, pid), or None when unlocked or stale."""
+def _me() -> dict[str, Any]:
+    me: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    boot, start = _boot_id(), _process_start(os.getpid())
+    if boot is not None and start is not None:
+        me.update(boot=boot, start=start)
+    # What runs, for a person reading the lock: the program and its arguments up to the first
+    # option (an option's value may be a credential: `--mlflow http://user:secret@host`).
+    words = [Path(sys.argv[0]).name if sys.argv else "?"]
+    for arg in sys.argv[1:]:
+        if arg.startswith("-"):
+            break
+        words.append(arg)
+    me["command"] = " ".join(words)[:200]
+    return me
+
+
+def _lock_problem(owner: Any) -> str | None:
+    """Why a lock's content is not a lock sodaray writes, or None."""
+    if not isinstance(owner, dict):
+        return f"it holds {type(owner).__name__}, not a JSON object"
+    if not isinstance(owner.get("host"), str) or not owner["host"]:
+        return "it names no host"
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
+        return f"its pid is {brief(pid)}, not a process id"
+    for key, kind in (("boot", str), ("start", int), ("since", (int, float))):
+        if key in owner and (not isinstance(owner[key], kind) or isinstance(owner[key], bool)):
+            return f"its {key} is {brief(owner[key])}"
+    return None
+
+
+def lock_state(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A job's lock: (its live owner, None) when another driver holds it; (None, why) when a
+    lock is there but stale or invalid (to break); (None, None) when there is none or it is
+    this process's own."""
     path = folder / LOCK_FILE
+    if not path.exists() and not path.is_symlink():
+        return None, None
     try:
-        owner = json.loads(path.read_text())
+        owner = read_json(path, "lock file")
         age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):  # half-written or garbled: stale once old enough
-        return None if time.time() - _mtime(path) > LOCK_STALE_SECONDS else {"host": "?"}
-    if owner.get("host") == socket.gethostname():
-        same_driver = owner.get("pid") == os.getpid()
-        return None if same_driver or not _pid_alive(int(owner.get("pid", 0))) else owner
-    return None if age > LOCK_STALE_SECONDS else owner
+    except FileNotFoundError:  # released between the two looks
+        return None, None
+    except (OSError, ValueError) as exc:  # not a regular file, too large, not JSON
+        return None, f"not a lock ({first_line(exc)})"
+    problem = _lock_problem(owner)
+    if problem is not None:
+        return None, f"not a lock: {problem}"
+    pid = owner["pid"]
+    where = f"{owner['host']} pid {pid}"
+    if owner["host"] != socket.gethostname():  # its pid means nothing here: only its age tells
+        if age > LOCK_STALE_SECONDS:
+            return None, f"{where} has not refreshed it for {age:.0f}s"
+        return owner, None
+    if pid == os.getpid():
+        return None, None
+    if "boot" in owner and owner["boot"] != _boot_id():
+        return None, f"{where} held it before this machine restarted"
+    if not _pid_alive(pid):
+        return None, f"{where} is gone"
+    start = _process_start(pid)
+    if "start" in owner and start is not None and start != owner["start"]:
+        return None, f"{where} is another process now (the pid was reused)"
+    command = _proc(pid, "cmdline")
+    if "start" not in owner and command is not None and "sodaray" not in command:
+        # A lock without a start time (hand-written, or from an older sodaray): its pid must
+        # at least be a sodaray run.
+        shown = command.replace("\0", " ").strip()[:60] or "?"
+        return None, f"{where} is not a sodaray run ({shown})"
+    return owner, None
 
 
-def _mtime(path: Path) -> float:
+def lock_owner(folder: Path) -> dict[str, Any] | None:
+    """The live owner of a job's lock (host, pid, ...), or None when unlocked or stale."""
+    return lock_state(folder)[0]
+
+
+def describe_owner(owner: dict[str, Any]) -> str:
+    """`host pid N since HH:MM:SS` for a message about who holds a lock."""
+    since = owner.get("since")
+    when = (
+        time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
+        if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0
+        else ""
+    )
+    return f"{owner.get('host', '?')} pid {owner.get('pid', '?')}{when}"
+
+
+def _create_lock(path: Path, text: str) -> bool:
+    """Write `path` with `text` only if it does not exist; False if it does. The text is
+    written to a temporary file first and linked into place, so no reader ever sees a lock
+    half written (which it could not tell from garbage)."""
+    fd, tmp = tempfile.mkstemp(prefix=".job.lock.", dir=path.parent)
     try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: exclusive create instead
+            try:
+                out = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(out, "w", encoding="utf-8") as f:
+                f.write(text)
+            return True
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def acquire_lock(folder: Path) -> dict[str, Any] | None:
     """Take the job's lock; returns the other live owner instead when there is one."""
     path = folder / LOCK_FILE
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    text = json.dumps(_me()) + "\n"
     for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            owner = lock_owner(folder)
-            if owner is not None:
-                return owner
-            log.warning("breaking the stale lock %s", path)
+        if _create_lock(path, text):
+            return None
+        owner, why = lock_state(folder)
+        if owner is not None:
+            return owner
+        if why is not None:  # else it is this process's own (or just released): taken again
+            log.warning("breaking the lock %s: %s", path, why)
+        if path.is_dir() and not path.is_symlink():  # a folder in its place: moved, kept
+            os.replace(path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
+        else:
             path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(me) + "\n")
-        return None
     return lock_owner(folder) or {"host": "?"}
 
 
 def release_lock(folder: Path) -> None:
+    """Remove the job's lock if it is this process's own."""
     path = folder / LOCK_FILE
     try:
-        owner = json.loads(path.read_text())
+        owner = read_json(path, "lock file")
     except (OSError, ValueError):
         return
-    if owner.get("host") == socket.gethostname() and owner.get("pid") == os.getpid():
+    if (
+        _lock_problem(owner) is None
+        and owner["host"] == socket.gethostname()
+        and owner["pid"] == os.getpid()
+    ):
         path.unlink(missing_ok=True)
 
 
@@ -213,21 +379,21 @@ def plan_jobs(
             "overrides": list(overrides or []),
         }
         if lock and (owner := acquire_lock(meta)) is not None:
-            host, pid = owner.get("host"), owner.get("pid")
-            log.warning("skipping %s: another driver runs it (%s pid %s)", job.name, host, pid)
+            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
             plans.append(JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity))
             continue
         (meta / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
         plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity)
         for i in range(shards):
             path = shard_path(folder, i)
-            if not path.exists():
+            if not path.exists() and not path.is_symlink():
                 plan.pending.append(i)
                 continue
             lo, hi = shard_bounds(plan, i)
-            why = shard_problem(path, rows["sample_id"][lo:hi])
+            why = shard_problem(path, rows["sample_id"][lo:hi], config_hash=job.config_hash)
             if why is not None:
-                plan.corrupt.append(set_aside(path, why, meta).name)
+                suffix = ".foreign" if why.startswith("rows of another job") else ".corrupt"
+                plan.corrupt.append(set_aside(path, why, meta, suffix).name)
                 plan.pending.append(i)
         plans.append(plan)
     return plans
@@ -263,9 +429,9 @@ def read_job_file(meta: Path) -> dict[str, Any]:
     """A job's `job.json`, checked: it is read back from disk, where anything may have written
     it (a job naming `../../etc`, a count of 10^12 shards), so every field used is checked."""
     path = meta / JOB_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    try:  # a regular file of at most `MAX_CONFIG_BYTES`, UTF-8, JSON
+        info = read_json(path, "job file")
+    except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable job file ({first_line(exc)})") from exc
     if not isinstance(info, dict):
         raise ValueError(f"{path}: not a job file (a JSON object)")
@@ -292,10 +458,10 @@ def job_status(meta: Path) -> JobStatus:
         index = _shard_index(path.name, ".parquet")
         if index is None or index >= shards:
             continue
-        if shard_problem(path, rows=min(size, samples - index * size)) is None:
-            # `run` sets bad ones aside
+        own = info.get("config_hash") if isinstance(info.get("config_hash"), str) else None
+        t, _ = read_shard(path, rows=min(size, samples - index * size), config_hash=own)
+        if t is not None:  # `run` sets bad ones (and other jobs' rows) aside
             finished.add(index)
-            t = pq.read_table(path, columns=["found", "exact"])
             samples_done += len(t)
             f, e = found_exact(t)
             found, exact = found + f, exact + e
@@ -314,8 +480,11 @@ def _shard_index(name: str, suffix: str) -> int | None:
 def sweep_status(out: str | Path) -> list[JobStatus]:
     """Every job under `out` (a results folder or one sweep's folder)."""
     out = Path(out)
-    if not out.is_dir():
+    kind = what_is(out)
+    if kind is None:
         raise FileNotFoundError(f"no such results folder: {out}")
+    if kind != "a directory":
+        raise ValueError(f"{out} is {kind}, not a results folder")
     found = sorted(out.glob(f"{META_DIR}/jobs/*/{JOB_FILE}"))
     found += sorted(out.glob(f"*/{META_DIR}/jobs/*/{JOB_FILE}"))
     return [job_status(path.parent) for path in found]

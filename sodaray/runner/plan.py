@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sodaray.cost import (
@@ -73,6 +74,55 @@ def select_counts(
                 limit -= 1
         rank += 1
     return chosen
+
+
+def longest_input(job: Job) -> int:
+    """The longest input `job` searches: its assumed length, `max_length` for `length: auto`,
+    else the longest true length among the samples it selects."""
+    if job.length == "auto":
+        return job.max_length
+    if job.length.isdigit():
+        return int(job.length)
+    counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
+    return max((n for n, k in counts.items() if k), default=0)
+
+
+def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
+    """Every job's inputs and observed outputs fit its model's context, where the model's
+    local config says it (`experiment.context`): one line naming the file, the dataset and
+    the model, before any dataset is built or actor started. Jobs alike are checked once."""
+    from sodaray.experiment.context import check_fits
+    from sodaray.experiment.spec import SweepError
+
+    seen: set[str] = set()
+    for job in jobs:
+        key = json.dumps(
+            [
+                job.model.identity(),
+                job.dataset.name,
+                job.length,
+                job.max_length,
+                job.samples_per_length,
+                job.limit,
+                job.objective.output_tokens,
+            ],
+            default=str,
+        )
+        if key in seen:
+            continue
+        seen.add(key)
+        longest = longest_input(job)
+        what = (
+            f"length: auto tries up to max_length {longest}"
+            if job.length == "auto"
+            else f"assumed length {longest}"
+            if job.length.isdigit()
+            else f"dataset {job.dataset.name} has inputs of length {longest}"
+        )
+        try:
+            check_fits(job.model, longest, job.objective.output_tokens)
+        except ValueError as exc:
+            raise SweepError(f"{where}: {what}: {first_line(exc)}") from exc
 
 
 def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:

@@ -38,6 +38,7 @@ from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
     LOCK_REFRESH_SECONDS,
     JobPlan,
+    describe_owner,
     error_path,
     found_exact,
     plan_jobs,
@@ -46,6 +47,7 @@ from sodaray.runner.layout import (
     shard_bounds,
     shard_path,
 )
+from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Sweep
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class SweepRun:
     shards_total: int = 0
     shards_skipped: int = 0  # already finished before this run
     locked: list[str] = field(default_factory=list)  # jobs another live driver is running
+    lock_owners: dict[str, str] = field(default_factory=dict)  # job -> "host pid N since ..."
     corrupt: list[str] = field(default_factory=list)  # shard files set aside and recomputed
     done: list[ShardDone] = field(default_factory=list)
     failed: list[ShardFailed] = field(default_factory=list)
@@ -153,10 +156,12 @@ def run_sweep(
     check_address(address)  # before planning (dataset builds): fail fast
     root = inside(out, sweep.name)
     jobs = sweep.jobs(limit=limit, model=model)
+    check_jobs_fit(jobs, sweep.path)  # on the driver, before a lock, a build or an actor
     plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
+    run.lock_owners = {p.job.name: describe_owner(p.locked_by) for p in plans if p.locked_by}
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sodaray.errors import first_line
 from sodaray.experiment.cluster import check_address, check_wait, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
@@ -25,7 +26,7 @@ from sodaray.experiment.work import Checkpoint, Finished, Unit
 from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
-from sodaray.tuner.spec import TuningSpec
+from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     ask_trial,
@@ -101,6 +102,7 @@ def run_tuning(
     study, stale = open_study(spec, url, study_name)
     run = TuneRun(study_name, url, out, stale_failed=stale)
     rows, identity = validation_rows(spec, study, out)
+    check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
     with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
         # A batch's worth of trials on each replica, and the next one waiting.
         group = ActorGroup(
@@ -149,6 +151,24 @@ def validation_rows(
         # The rows the trials ran on: the data spec names a build, the hash its result.
         study.set_user_attr("dataset_hash", identity.hash)
     return select_rows(table, None, None), identity
+
+
+def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
+    """The validation inputs and the observed outputs fit the model's context, where its
+    local config says it (`experiment.context`): one line naming the file."""
+    from sodaray.experiment.context import check_fits
+
+    longest = max(rows["length"], default=0)
+    outputs = [spec.objective_for({}).output_tokens]
+    for param in spec.space:  # a tuned output_tokens: its largest value must fit too
+        if param.name == f"{OBJECTIVE_PREFIX}output_tokens":
+            outputs += [v for v in (param.high, *(param.choices or [])) if isinstance(v, int)]
+    try:
+        check_fits(spec.model, longest, max(outputs))
+    except ValueError as exc:
+        raise TuningError(
+            f"{spec.path}: data has inputs of length {longest}: {first_line(exc)}"
+        ) from exc
 
 
 def checkpoints(max_steps: int, count: int) -> tuple[int, ...]:

@@ -1,0 +1,68 @@
+"""Whether a model entry's inputs fit its context, decided on the driver from the model's files
+(its `config.json`, and its tokenizer only where one BOS decides), without loading weights.
+
+Why here: a sweep whose dataset held inputs longer than the model's context was accepted by
+`sweep plan`, and `sweep run` started its replicas, loaded the model and failed every shard
+there, as a five-line failure per shard. Checked before any actor starts, it is one line and
+exit code 2. A hub id (no local config) or a GGUF file is not checked here: the replica's own
+check (`sodaray.validation.check_context`) still holds for them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sodaray.experiment.spec import ModelSpec
+from sodaray.files import read_json_object, what_is
+from sodaray.validation import check_positions
+
+# The config fields that bound a sequence, as `LoadedModel.max_positions` reads them.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def config_context(model: ModelSpec) -> int | None:
+    """The longest sequence `model` takes, from its local `config.json` (a multimodal wrapper's
+    `text_config` too); None when no local config says (a hub id, a GGUF file)."""
+    location = model.location  # where the model is loaded from (a hub id names no folder here)
+    if model.gguf_file or location.endswith(".gguf"):
+        return None
+    path = Path(location) / "config.json"
+    if what_is(path) != "a regular file":
+        return None
+    config: Any = read_json_object(path, "model config")
+    for section in (config, config.get("text_config")):
+        if not isinstance(section, dict):
+            continue
+        for key in CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _tokenizer_adds_bos(model: ModelSpec) -> int:
+    """1 if the model's tokenizer puts a BOS before plain text, as `models.wrap_model` decides
+    for `bos: null` (the default); only called where that one position decides."""
+    from sodaray.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(
+        model.location, gguf_file=model.gguf_file, trust_remote_code=model.trust_remote_code
+    ).tokenizer
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        return 0
+    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return int(bool(ids) and ids[0] == bos_id)
+
+
+def check_fits(model: ModelSpec, longest: int, output_tokens: int) -> None:
+    """Refuse (ValueError, one line) an input of `longest` tokens with `output_tokens` observed
+    that cannot fit `model`'s context, where its config says the context."""
+    limit = config_context(model)
+    if limit is None:
+        return
+    fixed = 1 if model.bos else 0
+    if model.bos is None and longest + output_tokens == limit:  # a BOS would be one too many
+        fixed = _tokenizer_adds_bos(model)
+    check_positions(limit, fixed, longest, output_tokens, f"{model.label}'s")

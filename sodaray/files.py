@@ -1,0 +1,168 @@
+"""The one rule for files sodaray reads: a path must name a regular file (through symlinks),
+and a configuration file (YAML or JSON: sweep, tuning, include, preset, job and lock files) is
+read only up to `MAX_CONFIG_BYTES`.
+
+Why: `Path.is_file()` is false for a directory, `/dev/zero` and a FIFO alike, so each was
+reported as "no such file" though it exists; and opening a FIFO or a device blocks or never
+ends. `regular_file` says what the path is instead, before anything opens it. Sweep files
+stopped at 4 MB while a 30 MB preset was parsed (seconds of YAML, hundreds of MB of memory):
+`read_config` holds every configuration file to the same limit, reading at most one byte
+past it whatever the file's size claims (a file may grow between `stat` and `read`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sodaray.errors import first_line
+
+MAX_CONFIG_BYTES = 4 << 20  # a configuration file larger than this is not a configuration file
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def what_is(path: str | os.PathLike) -> str | None:
+    """What `path` names, following symlinks: None when nothing (or a dangling link), "a
+    regular file", or the kind of thing that is not one ("a directory", "a FIFO (named pipe)",
+    "a character device", ...)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):  # a name too long, a NUL byte, a loop of links
+        return None
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def regular_file(
+    path: str | os.PathLike,
+    what: str,
+    error: type[Exception] = ValueError,
+    where: str = "",
+) -> Path:
+    """`path` (with `~` expanded) when it names a regular file; else `error`, one line saying
+    what is there instead: "no such sweep file: x.yaml", "/dev/zero is a character device,
+    not a sweep file". `where` is added to the message ("(included by a.yaml)")."""
+    p = Path(path).expanduser()
+    kind = what_is(p)
+    suffix = f" {where}" if where else ""
+    if kind is None:
+        raise error(f"no such {what}: {path}{suffix}")
+    if kind != "a regular file":
+        raise error(f"{path} is {kind}, not {_article(what)}{suffix}")
+    return p
+
+
+def _article(what: str) -> str:
+    return ("an " if what[:1].lower() in "aeiou" else "a ") + what
+
+
+def read_config(
+    path: str | os.PathLike,
+    what: str,
+    error: type[Exception] = ValueError,
+    where: str = "",
+    limit: int = MAX_CONFIG_BYTES,
+) -> str:
+    """A configuration file's text: a regular file (`regular_file`) of at most `limit` bytes,
+    UTF-8. One-line `error`s naming the file."""
+    p = regular_file(path, what, error, where)
+    suffix = f" {where}" if where else ""
+    try:
+        size = p.stat().st_size
+        if size > limit:
+            raise error(
+                f"{path}: {size:,} bytes is not {_article(what)} (at most {limit:,}){suffix}"
+            )
+        with p.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({first_line(exc)}){suffix}") from exc
+    if len(data) > limit:
+        raise error(f"{path}: more than {limit:,} bytes is not {_article(what)}{suffix}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
+
+
+def read_json(
+    path: str | os.PathLike,
+    what: str,
+    error: type[Exception] = ValueError,
+    limit: int = MAX_CONFIG_BYTES,
+) -> Any:
+    """A JSON file's value, read by `read_config`'s rule; bad JSON is one line naming it."""
+    text = read_config(path, what, error, limit=limit)
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
+        raise error(f"{path}: not valid JSON ({first_line(exc)})") from exc
+
+
+def read_json_object(
+    path: str | os.PathLike, what: str, error: type[Exception] = ValueError
+) -> dict[str, Any]:
+    """A JSON file that must hold an object (`{...}`): a list or a number is one line."""
+    value = read_json(path, what, error)
+    if not isinstance(value, dict):
+        raise error(f"{path}: {_article(what)} holds a JSON object, not {type(value).__name__}")
+    return value
+
+
+# What a model folder's weights are called: transformers' safetensors, PyTorch, TF and Flax
+# files (and their shards), or a GGUF file.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")
+
+
+def check_model_files(
+    location: str,
+    gguf_file: str | None = None,
+    error: type[Exception] = ValueError,
+    contents: bool = True,
+) -> None:
+    """A local model path that cannot hold a model, refused before anything loads it: a FIFO
+    or device, a file that is not `.gguf`, and (with `contents`) a folder without
+    `config.json` or without a weight file (`data build` needs only a tokenizer). Nothing is
+    checked where `location` names nothing here (a hub id: a missing local path is the
+    caller's own message)."""
+    if gguf_file is None and location.endswith(".gguf"):
+        regular_file(location, "GGUF model file", error)
+        return
+    kind = what_is(location)
+    if kind is None:
+        return
+    if kind == "a regular file":
+        raise error(
+            f"{location} is a file, not a model folder (give the folder that holds "
+            "config.json and the weights, or a .gguf file)"
+        )
+    if kind != "a directory":
+        raise error(f"{location} is {kind}, not a model folder or .gguf file")
+    folder = Path(location)
+    if gguf_file is not None:
+        regular_file(folder / gguf_file, "GGUF model file", error)
+        return
+    if not contents:
+        return
+    config = what_is(folder / "config.json")
+    if config is None:
+        raise error(f"{location} holds no config.json: not a model folder")
+    if config != "a regular file":
+        raise error(f"{folder / 'config.json'} is {config}, not a model's config file")
+    if not any(
+        f.suffix in WEIGHT_SUFFIXES and what_is(f) == "a regular file" for f in folder.iterdir()
+    ):
+        raise error(f"{location} holds no weights (no *.safetensors or *.bin file)")
