@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 TARGET_CACHE = 8  # target sets kept for units that come back with the same rows (trials)
 ENGINE_EXIT_S = 10.0  # for the engine's thread to record its error once it has handed it out
+ENGINE_POLL_S = 1.0  # how often a unit waiting on its engine checks that its thread lives
 
 
 class EngineStopped(RuntimeError):
@@ -196,7 +197,15 @@ class ReplicaWorker:
         self.works[unit.key] = work
         try:
             self.engine.submit(work)
-            while (item := events.get()) is not None:
+            while True:
+                try:
+                    item = events.get(timeout=ENGINE_POLL_S)
+                except queue.Empty:  # a unit handed to an engine as its thread ended: no wait
+                    if work.error is None:  # for ever (a dying engine hands its error first)
+                        self._check_engine()
+                    continue
+                if item is None:
+                    break
                 yield item
         finally:  # also when the driver stops listening: the engine drops the unit
             self.works.pop(unit.key, None)

@@ -16,10 +16,12 @@ def adam_step(
     v: Tensor,
     *,
     learning_rate: Hyper,
-    beta1: Hyper,
-    beta2: Hyper,
+    beta1: Hyper = 0.0,
+    beta2: Hyper = 0.0,
     eps: Hyper,
     correction: tuple[Tensor, Tensor] | None = None,
+    one_minus_beta1: Tensor | None = None,
+    one_minus_beta2: Tensor | None = None,
 ) -> None:
     """One Adam step on a batch of rows, in place.
 
@@ -29,10 +31,14 @@ def adam_step(
     (1 - beta1^t, 1 - beta2^t) per row, t the steps since its moments were last zeroed: given,
     the moments are bias-corrected (standard Adam: m / (1 - beta1^t)); None skips the correction
     (SODA's default; a row whose factors are 1 is uncorrected too). `grad` is consumed: its
-    memory holds the squared gradient and then the denominator.
+    memory holds the squared gradient and then the denominator. `one_minus_beta1|2`, where
+    given, are 1 - beta already as `_one_minus` makes them (a batch computes them once, not
+    every step) and stand for `beta1|2`.
     """
-    m.lerp_(grad, _one_minus(beta1))  # beta1 m + (1 - beta1) g, one pass
-    v.lerp_(grad.mul_(grad), _one_minus(beta2))
+    weight1 = _one_minus(beta1) if one_minus_beta1 is None else one_minus_beta1
+    weight2 = _one_minus(beta2) if one_minus_beta2 is None else one_minus_beta2
+    m.lerp_(grad, weight1)  # beta1 m + (1 - beta1) g, one pass
+    v.lerp_(grad.mul_(grad), weight2)
     denom = torch.sqrt(v, out=grad)
     step = learning_rate
     if correction is not None:

@@ -255,12 +255,12 @@ class RelaxedEmbedding(torch.autograd.Function):
 
 @dataclass
 class _Hyper:
-    """The step's hyperparameters, each row its slot's value as a (T, 1) column (the betas in
-    float64: see `adam_step`)."""
+    """The step's hyperparameters, each row its slot's value as a (T, 1) column (the betas as
+    their 1 - beta, rounded to float32 once from float64: see `adam_step`)."""
 
     learning_rate: Tensor
-    beta1: Tensor
-    beta2: Tensor
+    one_minus_beta1: Tensor
+    one_minus_beta2: Tensor
     eps: Tensor
     temperature: Tensor
     decay: Tensor | None  # None: no slot decays
@@ -465,8 +465,8 @@ class SodaBatch:
         decay = h["decay"]
         self.hyper = _Hyper(
             per_row(h["learning_rate"]),
-            per_row(h["beta1"], torch.float64),
-            per_row(h["beta2"], torch.float64),
+            (1.0 - per_row(h["beta1"], torch.float64)).float(),
+            (1.0 - per_row(h["beta2"], torch.float64)).float(),
             per_row(h["eps"]),
             per_row(h["tau"]),
             None if (decay == 1.0).all() else per_row(decay),  # x * 1.0 is x: skipping is exact
@@ -617,8 +617,8 @@ class SodaBatch:
             self.rows.guarded("m"),
             self.rows.guarded("v"),
             learning_rate=h.learning_rate,
-            beta1=h.beta1,
-            beta2=h.beta2,
+            one_minus_beta1=h.one_minus_beta1,
+            one_minus_beta2=h.one_minus_beta2,
             eps=h.eps,
             correction=correction,
         )
