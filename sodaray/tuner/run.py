@@ -3,7 +3,8 @@
 The driver owns the study: it asks Optuna for a trial, hands its samples to the actor group as
 one unit (its config, its objective, the validation rows), reports each checkpoint the replica
 streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a pruned trial's
-unit, and tells Optuna the outcome once the trial's rows are written. Trials share a replica's
+unit, passes on the running trials' progress (`on_progress`), and tells Optuna the outcome once
+the trial's rows are written. Trials share a replica's
 batch: as many run at once as fill it. A trial whose replica died runs again in the same trial
 (its samples' results do not depend on the replica); trials left RUNNING by a driver that died
 are marked failed and their parameters tried again when the study is resumed.
@@ -21,7 +22,7 @@ from typing import Any
 from sodaray.experiment.cluster import check_address, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
-from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
@@ -76,11 +77,13 @@ def run_tuning(
     on_launch: Callable[[int, list[int]], None] | None = None,
     on_trial: Callable[[TrialOutcome], None] | None = None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    on_progress: Callable[[int, UnitProgress], None] | None = None,
 ) -> TuneRun:
     """Add `trials` (default: the file's) trials to the study on `workers` replicas of the
     model. `on_launch(number, pids)` runs as each trial is handed out (the replicas' process
     ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
-    (as `study.optimize` takes), called after each trial is told."""
+    (as `study.optimize` takes), called after each trial is told; `on_progress(number, counts)`
+    with a running trial's counts, about once a second (`experiment.work.UnitProgress`)."""
     import optuna
 
     if workers < 1:
@@ -102,7 +105,7 @@ def run_tuning(
         group = ActorGroup(
             spec.model, max_attempts=max_attempts, fill=1.0, min_units=1, replicas=workers
         )
-        loop = _Trials(spec, study, run, rows, identity, group, on_launch)
+        loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
         try:
             loop.drain(n_trials, on_trial, callbacks)
         finally:
@@ -161,9 +164,11 @@ class _Trials:
         identity: DatasetIdentity,
         group: ActorGroup,
         on_launch: Callable[[int, list[int]], None] | None,
+        on_progress: Callable[[int, UnitProgress], None] | None = None,
     ) -> None:
         self.spec, self.study, self.run, self.rows = spec, study, run, rows
         self.identity, self.group, self.on_launch = identity, group, on_launch
+        self.on_progress = on_progress
         self.distributions = spec.distributions()
         self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
         self.reported: dict[str, set[int]] = {}
@@ -232,6 +237,12 @@ class _Trials:
         end: its rows written, its attributes set, then told in its own state."""
         import optuna
 
+        if isinstance(output, Progress):  # every trial's on its replica, on one trial's stream
+            for counts in output.units:
+                live = self.live.get(counts.key)  # one that ended meanwhile is not running
+                if live is not None and self.on_progress is not None:
+                    self.on_progress(live[0].number, counts)
+            return None
         trial, started = self.live[unit.key]
         if isinstance(output, Checkpoint):
             if output.step not in self.reported[unit.key]:  # a retried trial reports again
