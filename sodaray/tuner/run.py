@@ -4,10 +4,10 @@ The driver owns the study: it asks Optuna for a trial, hands its samples to the 
 one unit (its config, its objective, the validation rows), reports each checkpoint the replica
 streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a pruned trial's
 unit, passes on the running trials' progress (`on_progress`), and tells Optuna the outcome once
-the trial's rows are written. Trials share a replica's
-batch: as many run at once as fill it. A trial whose replica died runs again in the same trial
-(its samples' results do not depend on the replica); trials left RUNNING by a driver that died
-are marked failed and their parameters tried again when the study is resumed.
+the trial's rows are written. Trials share a replica's batch: as many run at once as fill it. A
+trial whose replica died runs again in the same trial (its samples' results do not depend on
+the replica); trials left RUNNING by a driver that died are marked failed and their parameters
+tried again when the study is resumed.
 """
 
 from __future__ import annotations
