@@ -60,6 +60,19 @@ class ModelShape:
         return 3 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
 
 
+def lengths_tried(length: Any, max_length: int) -> int:
+    """The most lengths a sample is searched at: `length: auto` tries 1..`max_length`, shortest
+    first; a fixed or assumed length is one."""
+    return max_length if length == "auto" else 1
+
+
+def most_sample_steps(samples: int, search: Any, length: Any, max_length: int) -> int:
+    """The most sample-steps `samples` can take: each its whole step budget at every length it
+    may be searched at. Searches stop a sample once it is found, so this is an upper bound:
+    the one plans quote and progress bars count down from."""
+    return samples * search.step_budget() * lengths_tried(length, max_length)
+
+
 def search_flops(
     shape: ModelShape, samples_by_length: dict[int, int], steps: int, outputs: int, bos: bool
 ) -> float:

@@ -28,6 +28,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         description="Run a sweep on Ray: locally without --address (the embedded default), "
         "on a cluster with --address auto or ADDR. Rerunning resumes: finished shards are "
         "skipped.",
+        epilog="Progress (stderr; on a terminal): a bar per job: sample-steps taken / the most "
+        "they can take (each sample's whole budget at each length it may try; found samples "
+        "stop early, so the total shrinks), time so far, sample-steps per second over the last "
+        "30 s, the most time left at that rate, samples finished and found. Above the bars, "
+        "the batch occupancy: the share of the batch slots that held a search, over the last "
+        "10 s and overall ('no step yet' while the replicas load their model). In a log: a "
+        "line per finished shard, and one per running job each minute. The README's 'Progress "
+        "lines' explains each number.",
     )
     run.add_argument("sweep", help="sweep YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
@@ -129,7 +137,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             print(f"  skipped {name}: another driver is running it", file=sys.stderr)
         for name in run.corrupt:
             print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
-        progress.start(run.job_samples, bars=bool(samples) and sys.stderr.isatty())
+        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
 
     try:
         run = run_sweep(
@@ -142,6 +150,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             wait_for_nodes=args.wait_for_nodes,
             on_start=on_start,
             on_shard=progress.shard,
+            on_progress=progress.job,
         )
     except SweepInterrupted as stop:
         progress.close()

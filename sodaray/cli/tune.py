@@ -18,6 +18,11 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         description="Run (or resume: the same command again adds trials) an Optuna study from "
         "a tuning file. Writes OUT/<name>/: study.journal, trials/*.parquet, best_preset.yaml, "
         "plots/*.png.",
+        epilog="Progress (stderr; on a terminal): a bar of trials, each running trial counted "
+        "as its share of its most sample-steps (found samples stop early), the most time left "
+        "at the rate of the last 30 s, the running trials (#number share), and the last trial "
+        "to end (#number, state, value of the file's metric). The README's 'Progress lines' "
+        "explains each number.",
     )
     p.add_argument("tuning", help="tuning YAML file")
     p.add_argument(
@@ -121,6 +126,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             wait_for_nodes=args.wait_for_nodes,
             on_trial=progress.trial,
             callbacks=callbacks,
+            on_progress=progress.progress,
         )
     except KeyboardInterrupt:
         if tracker is not None:

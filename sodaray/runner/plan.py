@@ -18,6 +18,7 @@ from sodaray.cost import (
     ModelShape,
     device_seconds,
     format_duration,
+    lengths_tried,
     measure_rate,
     model_shape,
     search_flops,
@@ -78,7 +79,7 @@ def select_counts(
 def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:
     """`job`'s cost; `shape` (the loaded model's, for a GGUF file) where its id tells none."""
     counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
-    steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
+    steps, tries = job.search.step_budget(), lengths_tried(job.length, job.max_length)
     shape = model_shape(job.model.location) or shape
     outputs = job.objective.output_tokens
     bos = job.model.bos is not False  # unknown: count one token, the common case
