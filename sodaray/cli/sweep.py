@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 
-from sodaray.cost import DEFAULT_EFFICIENCY
+log = logging.getLogger(__name__)
 
 OVERRIDE_HELP = (
     "KEY=VALUE overrides of the file's fields, in the file's own names (max_steps=500, "
@@ -16,6 +17,11 @@ OVERRIDE_HELP = (
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    costs_help = (
+        "measured step costs: a costs file (YAML, as `benchmarks/bench_invert.py --suite gpu "
+        "--out FILE` writes it; kind gpu prices the GPU jobs, kind cpu the CPU jobs) or a "
+        "built-in device (h100: issue 41's figures)"
+    )
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
     cmds = p.add_subparsers(dest="sweep_command", required=True, parser_class=type(p))
     run = cmds.add_parser(
@@ -47,18 +53,27 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         help="log each job's summary to this MLflow tracking URI when the run ends "
         "(sqlite:///mlflow.db, http://HOST:5000; needs pip install 'sodaray[mlflow]')",
     )
+    run.add_argument(
+        "--costs",
+        metavar="FILE_OR_DEVICE",
+        help=f"{costs_help}: the run's wall is compared with the plan's (default: h100 for the "
+        "GPU jobs; CPU jobs only with a CPU costs file)",
+    )
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
         "plan",
         help="jobs, samples, the most sample-steps and the time a sweep can take",
         description="Before anything runs: every job's samples, step budget and most "
-        "sample-steps (searches stop found samples early, so this is an upper bound), and "
-        "device-hours at a rate (sample-steps per second per device) given with --rate or "
-        "measured by a short calibration on this machine.",
+        "sample-steps (searches stop found samples early, so this is an upper bound), and its "
+        "time: GPU jobs from measured step costs (a floor per pass, a rate for the samples' "
+        "FLOPs; --costs), CPU jobs at a rate (sample-steps per second per replica) given with "
+        "--rate or measured by a short calibration on this machine.",
     )
     plan.add_argument("sweep", help="sweep YAML file")
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-    plan.add_argument("--rate", type=float, help="sample-steps per second (skips calibration)")
+    plan.add_argument(
+        "--rate", type=float, help="sample-steps per second per replica, every job (no costs)"
+    )
     plan.add_argument(
         "--no-calibrate", action="store_true", help="no rate: counts only, no time estimate"
     )
@@ -66,12 +81,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--max-steps", type=int, help="as `sweep run --max-steps`")
     plan.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     plan.add_argument("--model", help="as `sweep run --model`")
-    plan.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
     plan.add_argument(
-        "--efficiency",
-        type=float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"share of the device's peak ({DEFAULT_EFFICIENCY})",
+        "--costs", metavar="FILE_OR_DEVICE", default="h100", help=f"{costs_help} (default h100)"
     )
     plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
@@ -82,6 +93,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
+    from sodaray.errors import first_line
     from sodaray.progress import SweepProgress
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
@@ -100,8 +112,20 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 
         track = sweep_logger(args.mlflow)  # the URI is checked before anything runs
     progress = SweepProgress(sweep.name)
+    costs = _costs(args.costs or "h100")
+    planned: dict = {}
 
     def on_start(run, samples: int) -> None:
+        from sodaray.runner.plan import plan_sweep
+
+        # The jobs are planned and their datasets built: price those with work to do (no
+        # calibration: the costs say what a step takes) to hold the run's wall against.
+        try:
+            planned.update(
+                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
+            )
+        except Exception as exc:  # a price is a by-product: the run goes on without it
+            log.warning("no plan to hold the run against: %s", first_line(exc))
         print(
             f"sweep {sweep.name}: {run.jobs} jobs, {run.shards_total} shards "
             f"({run.shards_skipped} already done), {samples} samples to run",
@@ -138,19 +162,47 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     if track is not None:
         track(sweep.name, f"{args.out}/{sweep.name}")
     jobs = sweep_status(f"{args.out}/{sweep.name}")
+    check = None
+    if planned and run.done:
+        from sodaray.runner.plan import check_run
+
+        check = check_run(planned, run)
     if args.json:
-        print(json.dumps(run_summary(sweep.name, run, jobs)))
+        print(json.dumps({**run_summary(sweep.name, run, jobs), "plan": check}))
         return 1 if run.failed else 0
     _print_status(jobs)
     occupancy = run.occupancy
     shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
     print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{shown}")
+    if check is not None and check["planned_seconds"] > 0:
+        print(_plan_line(check))
     for failure in run.failed:
         print(
             f"FAILED {failure.job} shard {failure.shard} after {failure.attempts} tries: "
             f"{failure.error}"
         )
     return 1 if run.failed else 0
+
+
+def _plan_line(check: dict) -> str:
+    """The run against its plan, in one line (`plan.check_run`)."""
+    searching = check["searching_seconds"] or 0.0
+    line = (
+        f"plan ({', '.join(check['priced_by'])} costs): {check['planned_seconds']:.1f} s at most "
+        f"for these samples, {check['as_run_seconds']:.1f} s for the steps they took; measured "
+        f"{check['wall_seconds']:.1f} s wall, {searching:.1f} s searching (after "
+        f"{check['wall_seconds'] - searching:.1f} s of start-up): searching/plan "
+        f"{check['searching_over_planned']:.2f}, wall/plan {check['wall_over_planned']:.2f}"
+    )
+    if check["unpriced_jobs"]:
+        line += f" ({len(check['unpriced_jobs'])} jobs not priced: CPU jobs need a CPU --costs)"
+    return line
+
+
+def _costs(source: str):
+    from sodaray.device_costs import load_costs
+
+    return load_costs(source)
 
 
 def run_summary(name: str, run, jobs) -> dict:
@@ -189,16 +241,13 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
     import json
 
-    from sodaray.cost import PEAK_TFLOPS
+    from sodaray.cost import format_duration
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import plan_sweep
 
     if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
         raise ValueError(f"--rate must be a positive finite number, not {args.rate}")
-    if not 0 < args.efficiency <= 1:
-        raise ValueError(f"--efficiency must be in (0, 1], not {args.efficiency}")
-    if args.device not in PEAK_TFLOPS:
-        raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {args.device!r}")
+    costs = _costs(args.costs)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
     )
@@ -206,39 +255,50 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         sweep.jobs(limit=args.limit, model=args.model),
         rate=args.rate,
         measure=not args.no_calibrate,
-        device=args.device,
-        efficiency=args.efficiency,
+        costs=costs,
         say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
     )
     if args.json:
         print(json.dumps({"sweep": sweep.name, **plan}))
         return 0
-    rows, width, device = plan["jobs"], max(len(r["job"]) for r in plan["jobs"]), args.device
-    print(f"sweep {sweep.name}: {len(rows)} jobs; {device} at {args.efficiency:.0%} of peak")
+    rows, width = plan["jobs"], max(len(r["job"]) for r in plan["jobs"])
+    print(f"sweep {sweep.name}: {len(rows)} jobs")
+    kinds = {r["kind"] for r in rows}
+    for kind, name in (("gpu", "GPU"), ("cpu", "CPU")):
+        described = plan["costs"].get(kind)
+        if kind in kinds and described is not None:
+            print(f"{name} jobs priced by {described['device']} costs: {described['source']}")
     print(
-        f"{'job':<{width}}  samples  max steps  max sample-steps  PFLOPs  {device + '-h':>8}  "
-        "rate/s  est. time here"
+        f"{'job':<{width}}  samples  max steps  max sample-steps    PFLOPs  priced by    "
+        "rate/s  device-h  est. wall"
     )
     for r in rows:
         pf = "-" if r["flops"] is None else f"{r['flops'] / 1e15:,.1f}"
-        dh = "-" if r["device_hours"] is None else f"{r['device_hours']:,.2f}"
+        hours = "-" if r["device_seconds"] is None else f"{r['device_seconds'] / 3600:,.2f}"
         rate = "-" if r["rate"] is None else f"{r['rate']:,.0f}"
         print(
             f"{r['job']:<{width}}  {r['samples']:>7,}  {r['max_steps']:>9,}  "
-            f"{r['sample_steps']:>16,}  {pf:>6}  {dh:>8}  {rate:>6}  {r['estimate']}"
+            f"{r['sample_steps']:>16,}  {pf:>8}  {r['priced_by']:<11}  {rate:>6}  {hours:>8}  "
+            f"{r['estimate']}"
         )
     t = plan["total"]
     print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
-    if t["device_hours"]:
-        print(
-            f"estimate: {t['device_hours']:,.1f} {device}-hours at full batches, from the "
-            f"models' shapes ({t['unshaped']} jobs of unknown shape not counted)"
-        )
     for kind in ("gpu", "cpu"):
         if t[f"{kind}_hours"]:
-            print(f"estimate: {t[f'{kind}_hours']:,.2f} {kind.upper()}-hours at the rates shown")
-    if t["unrated"]:
-        print(f"{t['unrated']} jobs without a rate: pass --rate SAMPLE_STEPS_PER_SECOND")
+            print(
+                f"estimate: {t[f'{kind}_hours']:,.2f} {kind.upper()}-hours (every sample running "
+                "its full budget; a replica sharing a GPU counted as if alone)"
+            )
+    if t["wall_seconds"]:
+        print(
+            f"estimate: {format_duration(t['wall_seconds'])} of wall (jobs one after another, "
+            "each job's shards across its replicas; start-up not counted)"
+        )
+    if t["unpriced"]:
+        print(
+            f"{t['unpriced']} jobs without a price: pass --rate SAMPLE_STEPS_PER_SECOND "
+            "(or --costs FILE for CPU jobs, measured by bench_invert.py --suite gpu --device cpu)"
+        )
     return 0
 
 

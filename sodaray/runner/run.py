@@ -38,7 +38,7 @@ from sodaray.runner.layout import (
     shard_bounds,
     shard_path,
 )
-from sodaray.runner.spec import Sweep
+from sodaray.runner.spec import Job, Sweep
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class ShardDone:
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+    at: float = 0.0  # seconds into the run when the driver had its rows
 
 
 @dataclass
@@ -82,13 +83,23 @@ class SweepRun:
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+    started: float = 0.0  # time.perf_counter() when the run began
     job_samples: dict[str, int] = field(default_factory=dict)  # samples to run, per job
+    pending_jobs: list[Job] = field(default_factory=list)  # as planned (a file's hash named)
 
     @property
     def occupancy(self) -> float | None:
         """Mean batch occupancy so far: searches per step over the batches' capacity, over
         every step of every replica (None before any step)."""
         return mean_occupancy(self.done)
+
+    @property
+    def searching_seconds(self) -> float | None:
+        """The run's wall without its start-up (Ray, the replicas loading their models): from
+        the first shard starting on a replica to the last shard's rows (None: none finished)."""
+        if not self.done:
+            return None
+        return max(d.at for d in self.done) - min(d.at - d.seconds for d in self.done)
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -143,12 +154,13 @@ def run_sweep(
     jobs = sweep.jobs(limit=limit, model=model)
     plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
     held = [p.meta for p in plans if p.locked_by is None]
-    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
+    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
+    run.pending_jobs = [p.job for p in pending]
     run.job_samples = {
         p.job.name: sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
         for p in pending
@@ -239,6 +251,7 @@ class _Shards:
             output.slot_steps,
             output.capacity_steps,
             output.batch_steps,
+            time.perf_counter() - self.run.started,
         )
         self.run.done.append(done)
         return done
