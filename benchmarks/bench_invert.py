@@ -368,7 +368,6 @@ def measure_case(model, spec: str, steps: int, device: str, precision: str, peak
         "tflops": rate * flops / 1e12,
         "share_of_peak": rate * flops / peak,
         "peak_gib": memory,
-        "layers": model.model.config.num_hidden_layers,
     }
 
 
@@ -407,12 +406,13 @@ def gpu_suite(args, device: str) -> None:
     )
     rows, measured, authors = [], [], {}
     current: tuple[str, object] | None = None
+    model = None
     for spec in cases:
         name = spec.split(":")[0]
         if args.authors_cmd and name == "neo":
             authors[spec] = time_authors(args.authors_cmd, spec, args.steps)
         if current is None or current[0] != name:
-            current = None  # the last model goes before the next one is built
+            current = model = None  # the last model goes before the next one is built
             if cuda:
                 torch.cuda.empty_cache()
             current = (name, build_model(name, device, args.dtype))

@@ -7,7 +7,7 @@ not held out. Their errors (predicted / measured - 1), as the tests below check 
 - float32, fit on: neo n=10 B=1 -5.2%, B=8 +5.9%, B=1000 -7.0%; Qwen n=3 B=64 -2.2%,
   B=1000 +7.3%. Held out: neo n=3 B=64 +4.1%, neo n=10 B=64 -5.8%, B=256 +0.4%;
   Qwen n=3 B=256 -3.5%, Qwen n=10 B=64 -9.6%.
-- bfloat16, fit on: neo n=10 B=256 +5.6%, B=1000 -13.4%; Qwen n=3 B=64 -7.2%, B=1000 +11.1%.
+- bfloat16, fit on: neo n=10 B=256 +5.7%, B=1000 -13.3%; Qwen n=3 B=64 -7.2%, B=1000 +11.2%.
   Held out: Qwen n=3 B=256 -7.3%.
 """
 
