@@ -471,7 +471,11 @@ def gpu_suite(args, device: str) -> None:
     source = f"bench_invert.py --suite gpu on {full}, {when}, torch {torch.__version__}"
     if not cuda:
         source += f", threads={args.threads}"
-    fit = fit_device(measured, short_device_name(device), "gpu" if cuda else "cpu", source)
+    try:
+        fit = fit_device(measured, short_device_name(device), "gpu" if cuda else "cpu", source)
+    except ValueError as exc:  # noise left no positive rate (a CPU under load): say so, no file
+        print(f"# costs: no fit ({exc}); nothing written", flush=True)
+        return
     for precision, c in fit.costs.precisions.items():
         print(
             f"# costs ({precision}): a pass {1000 * c.pass_seconds:.2f} ms + "

@@ -7,7 +7,8 @@ is re-measured (`benchmarks/bench_invert.py --suite gpu --out FILE` writes a cos
 
 - A pass costs a floor however few samples it holds: kernel launches, Python dispatch and host
   synchronisation, per layer (each layer launches its own kernels) and besides. On the H100 it is
-  about 15 ms for 4 layers and 75-90 ms for 24: small batches are launch-bound.
+  about 15 ms for 4 layers and 74 ms for 24 (the issue read 75-90 off its small batches): small
+  batches are launch-bound.
 - A sample's work is its sample-step FLOPs from the model's shape (`ModelShape.step_flops`:
   its positions through the blocks, the relaxed input's mixture, the unembedding, the update),
   at the rate the device reaches on a batch's work: per sample position, the per-position
@@ -28,7 +29,6 @@ The built-in H100 constants are `fit_costs` over the rows of `H100_STEPS` not ma
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.cost import KNOWN_SHAPES, ModelShape
-
-log = logging.getLogger(__name__)
 
 KINDS = ("gpu", "cpu")  # the jobs a costs table prices: those asking a GPU, or none
 PRECISIONS = ("float32", "tf32", "bfloat16")
@@ -98,9 +96,10 @@ def step_cost(
 ) -> StepCost:
     """One step over `counts` samples per input length (fractions: a replica's share), one
     sample of length n costing `flops(n)`: the cheaper of one pass padded to the longest length
-    (`mix`: lengths may share a pass) and a pass per length. The engine picks its split among
-    splits that include both, so a step costs no more than this. `passes_per_group`: passes a
-    group of samples takes per step (GCG: its gradient, then its candidates)."""
+    (`mix`: lengths may share a pass) and a pass per length. The engine's own split, the
+    cheapest by its measured costs among splits that include both, costs about this or less.
+    `passes_per_group`: passes a group of samples takes per step (GCG: its gradient, then its
+    candidates)."""
     rate = costs.at(precision)
     floor = rate.floor(layers) * passes_per_group
     live = {n: k for n, k in counts.items() if k > 0}

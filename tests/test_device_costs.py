@@ -39,6 +39,7 @@ from sodaray.device_costs import (
     load_costs,
     step_cost,
 )
+from sodaray.runner.plan import waves
 
 ROOT = Path(__file__).resolve().parents[1]
 NEO = KNOWN_SHAPES["roneneldan/TinyStories-33M"]
@@ -114,6 +115,31 @@ def test_a_step_of_mixed_lengths_costs_the_cheaper_of_one_padded_pass_and_a_pass
     assert (apart.passes, apart.seconds) == (2, 222.0)
     gcg = step_cost(dear, "float32", 2, {3: 1}, flops, passes_per_group=2)
     assert (gcg.passes, gcg.seconds) == (2, 203.0)
+
+
+@pytest.mark.parametrize(
+    "shares,size",
+    [
+        ({1: 4, 2: 3, 3: 10}, 4),
+        ({1: 2.5, 2: 2.5}, 16),
+        ({5: 1e6}, 3),
+        ({1: 1000, 2: 1000, 3: 7}, 300),
+        ({2: 0.5}, 1000),
+    ],
+)
+def test_waves_take_every_sample_once_in_length_order_a_batch_at_a_time(shares, size):
+    out = waves(shares, size)
+    taken: dict[int, float] = {}
+    last = 0
+    for wave, repeats in out:
+        assert repeats >= 1 and 0 < sum(wave.values()) <= size + 1e-9
+        assert min(wave) >= last  # the order sweeps submit: by length
+        last = max(wave)
+        for n, k in wave.items():
+            taken[n] = taken.get(n, 0.0) + k * repeats
+    assert taken == pytest.approx(shares)
+    assert sum(r for _, r in out) == math.ceil(sum(shares.values()) / size - 1e-9)
+    assert len(out) <= 2 * len(shares) + 1  # a million waves are priced as a few
 
 
 def test_a_costs_file_round_trips(tmp_path):
