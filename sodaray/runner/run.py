@@ -47,7 +47,7 @@ from sodaray.runner.layout import (
     shard_bounds,
     shard_path,
 )
-from sodaray.runner.spec import Sweep
+from sodaray.runner.spec import Job, Sweep
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class ShardDone:
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+    at: float = 0.0  # seconds into the run when the driver had its rows
 
 
 @dataclass
@@ -114,12 +115,16 @@ class SweepRun:
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
+    started: float = 0.0  # time.perf_counter() when the run began
     progress: dict[str, JobProgress] = field(default_factory=dict)  # jobs with samples to run
+    pending_jobs: list[Job] = field(default_factory=list)  # as planned (a file's hash named)
     # Every replica's steps so far (`experiment.work.Progress`, `Finished`): searches stepped
-    # against the slots their batches offered, over so many batch-steps.
+    # against the slots their batches offered, over so many batch-steps; and the batch-steps
+    # by model (its label), which `runner.plan.check_run` prices.
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+    model_batch_steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def occupancy(self) -> float | None:
@@ -127,10 +132,20 @@ class SweepRun:
         every step of every replica (None before any step was reported)."""
         return self.slot_steps / self.capacity_steps if self.capacity_steps else None
 
-    def count_steps(self, output: Progress | Finished) -> None:
+    def count_steps(self, output: Progress | Finished, model: str) -> None:
+        """A replica of `model` (its label) reported its steps since its previous output."""
         self.slot_steps += output.slot_steps
         self.capacity_steps += output.capacity_steps
         self.batch_steps += output.batch_steps
+        self.model_batch_steps[model] = self.model_batch_steps.get(model, 0) + output.batch_steps
+
+    @property
+    def searching_seconds(self) -> float | None:
+        """The run's wall without its start-up (Ray, the replicas loading their models): from
+        the first shard starting on a replica to the last shard's rows (None: none finished)."""
+        if not self.done:
+            return None
+        return max(d.at for d in self.done) - min(d.at - d.seconds for d in self.done)
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -196,12 +211,13 @@ def run_sweep(
     jobs = sweep.jobs(limit=limit, model=model)
     plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
     held = [p.meta for p in plans if p.locked_by is None]
-    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
+    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
+    run.pending_jobs = [p.job for p in pending]
     for p in pending:
         samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
         job = p.job
@@ -290,11 +306,11 @@ class _Shards:
                 plan, index = self.shards[unit.key]
                 moved: set[str] = set()
                 if isinstance(output, Progress):
-                    self.run.count_steps(output)
+                    self.run.count_steps(output, plan.job.model.label)
                     for counts in output.units:
                         moved |= self.move(counts)
                 elif isinstance(output, Finished):
-                    self.run.count_steps(output)
+                    self.run.count_steps(output, plan.job.model.label)
                     done = self.write(plan, index, output)
                     if on_shard is not None:
                         on_shard(done)
@@ -350,6 +366,7 @@ class _Shards:
             output.slot_steps,
             output.capacity_steps,
             output.batch_steps,
+            time.perf_counter() - self.run.started,
         )
         self.run.done.append(done)
         return done
