@@ -98,7 +98,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.dry_run:
         study = describe(spec, args, costs)
         print(json.dumps(study, default=str))
-        for line in estimate_lines(study["estimate"]):
+        for line in dry_run_lines(study["estimate"]):
             print(line, file=sys.stderr)
         return 0
     callbacks = []
@@ -186,7 +186,7 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     }
 
 
-def estimate_lines(estimate: dict[str, Any]) -> list[str]:
+def dry_run_lines(estimate: dict[str, Any]) -> list[str]:
     """`tune --dry-run`'s estimate in `sweep plan`'s words (stderr: stdout is its JSON)."""
     from sodaray.cli.sweep import estimate_lines, priced_lines
 
