@@ -19,7 +19,7 @@ from conftest import STORIES
 from sodaray.experiment.group import ActorGroup, Failure, ReplicasLost, next_event
 from sodaray.experiment.replica import ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Finished
+from sodaray.experiment.work import Finished, Progress
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 from sodaray.runner.layout import meta_folder, plan_jobs, shard_path
@@ -88,6 +88,9 @@ def test_one_replica_writes_each_shard_once_from_a_full_batch(tmp_path, local_ra
     # The occupancy adds up: each step advances every search in it once (the counts come with
     # the shards' rows and with the progress items between them).
     assert run.slot_steps == sum(d.sample_steps for d in run.done)
+    # Its model's batch-steps, as `sweep run --costs` prices them, are all of the run's.
+    assert run.model_batch_steps == {plan.job.model.label: run.batch_steps}
+    assert run.batch_steps > 0
     # 20 samples of two lengths through one batch of 8, full until the last ones drain (one
     # shard at a time could not fill more than 2 of 8 slots; a pool per length, 10 of 16).
     assert run.occupancy > 0.7
@@ -256,7 +259,9 @@ def test_a_dead_engine_thread_takes_its_replica_out_of_service(tmp_path, local_r
     units = [shard_unit(good_plan, i) for i in range(3)]
     for unit in units:
         group.submit(unit)
-    events = drain_group(group)  # one try each: a unit sent to a dead engine would fail
+    # One try each: a unit sent to a dead engine would fail. Besides the units' rows, only the
+    # replica's progress items (`Progress`, about once a second) may come.
+    events = [(k, e) for k, e in drain_group(group) if not isinstance(e, Progress)]
     assert sorted(k for k, e in events if isinstance(e, Finished)) == sorted(u.key for u in units)
     assert len(events) == 3 and group.dead == set()
     (after,) = group.pids()
