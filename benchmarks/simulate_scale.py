@@ -2,7 +2,7 @@
 result files, replayed through the old scheduler and the new one, for a sweep file at full scale.
 
     python benchmarks/simulate_scale.py --results DIR [--sweep sweeps/models.yaml]
-        [--device h100] [--efficiency 0.3] [--pass-latency 0.01]
+        [--costs h100|FILE] [--precision float32]
 
 Inputs. From DIR (any result rows `sodaray.read_results` takes): per input length, each sample's
 outcome as (found, steps / max_steps): the share found and when, relative to its budget. A length
@@ -19,12 +19,14 @@ Schedulers, each a replica per model with a batch of `max_batch_size` slots:
   step; each step the slots are split into passes by `sodaray.search.scheduler.plan_passes`, each
   pass padded to its longest input.
 
-Device time of a pass: `--pass-latency` seconds (what a pass costs however few samples it holds:
-kernel launches, the weights read once; a stated assumption, no GPU was measured) plus its
-samples' FLOPs (padded) at `--efficiency` of the device's float32 peak. The engine's own split
-uses the same costs (latency over per-position time, in positions). Also printed: `flat`, every
-step costing a full batch (the latency-bound extreme: time follows batch-steps). One row per
-model: batch-steps, passes, occupancy and device-hours, old and new, and their ratios.
+Device time of a pass: its floor (what a pass costs however few samples it holds: kernel
+launches, dispatch, per layer and besides) plus its samples' FLOPs (padded) at the device's rate
+on a batch's work, both from measured costs (`sodaray.device_costs`: `--costs h100`, issue 41's
+H100 figures, by default; or a costs file from `bench_invert.py --suite gpu --out FILE`). The
+engine's own split uses the same costs (the floor over the per-position time, in positions).
+Also printed: `flat`, every step costing a full batch (the latency-bound extreme: time follows
+batch-steps). One row per model: batch-steps, passes, occupancy and device-hours, old and new,
+and their ratios.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sodaray.cost import DEFAULT_EFFICIENCY, KNOWN_SHAPES, device_seconds  # noqa: E402
+from sodaray.cost import KNOWN_SHAPES  # noqa: E402
 from sodaray.data import parse_lengths  # noqa: E402
+from sodaray.device_costs import load_costs  # noqa: E402
 from sodaray.search.scheduler import plan_passes  # noqa: E402
 
 Run = tuple[int, dict[int, int]]  # (steps, active slots by input length)
@@ -126,11 +129,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", required=True, help="a results folder: found-step distributions")
     p.add_argument("--sweep", default=str(ROOT / "sweeps" / "models.yaml"))
-    p.add_argument("--device", default="h100")
-    p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY)
+    p.add_argument("--costs", default="h100", help="built-in device costs (h100) or a costs file")
+    p.add_argument("--precision", default="float32", help="the steps' arithmetic (float32)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--pass-latency", type=float, default=0.01, help="seconds a pass costs at least")
     args = p.parse_args()
+    costs = load_costs(args.costs)
+    rates = costs.at(args.precision)
     dist = distributions(args.results)
     doc = yaml.safe_load(Path(args.sweep).read_text())
     build = doc["datasets"][0]["build"]
@@ -144,13 +148,15 @@ def main() -> None:
         f"# inputs: {args.results}: found share by length "
         + ", ".join(f"{n}: {v:.0%}" for n, v in found.items())
         + f"; sweep {Path(args.sweep).name}: lengths {lengths[0]}-{lengths[-1]} x {per_length}, "
-        f"{budget:,} steps, batch {batch}; {args.device} at {args.efficiency:.0%} of float32 "
-        f"peak, {1000 * args.pass_latency:g} ms per pass"
+        f"{budget:,} steps, batch {batch}; {costs.device} costs ({costs.source}), "
+        f"{costs.priced_as(args.precision)}: a pass {1000 * rates.pass_seconds:g} ms + "
+        f"{1000 * rates.layer_seconds:g} ms per layer, work at "
+        f"{rates.flops_per_second / 1e12:g} TFLOP/s"
     )
     rng = np.random.default_rng(args.seed)
     work = {n: np.maximum(1, np.ceil(draw(dist, n, per_length, rng) * budget)) for n in lengths}
     schedules = {"old": old_scheduler(work, batch), "new": new_scheduler(work, batch)}
-    rate = device_seconds(1.0, args.device, "float32", args.efficiency) ** -1  # FLOP/s
+    rate = rates.flops_per_second
     total = {"old": [0.0, 0.0], "new": [0.0, 0.0]}
     for model in doc["models"]:
         shape = KNOWN_SHAPES.get(model["id"])
@@ -161,13 +167,14 @@ def main() -> None:
         def flops(n: int, shape=shape) -> float:
             return shape.step_flops(n, outputs)
 
+        latency = rates.floor(shape.layers)  # a pass's floor for this model's depth
         row = []
         for name, runs in schedules.items():
             steps = sum(r[0] for r in runs)
             occupancy = sum(r[0] * sum(r[1].values()) for r in runs) / (steps * batch)
             seconds = passes = 0.0
             for count, active in runs:
-                t, k = step_seconds(active, name == "new", flops, args.pass_latency, rate, fixed)
+                t, k = step_seconds(active, name == "new", flops, latency, rate, fixed)
                 seconds, passes = seconds + count * t, passes + count * k
             # flat: every step costs a full batch at its longest length (latency-bound extreme)
             full = sum(r[0] * batch * flops(max(r[1])) for r in runs) / rate
@@ -183,7 +190,7 @@ def main() -> None:
         )
     (ho, fo), (hn, fn) = total["old"], total["new"]
     print(
-        f"total {args.device}-hours: old {ho:,.1f} ({fo:,.1f} flat); new {hn:,.1f} "
+        f"total {costs.device}-hours: old {ho:,.1f} ({fo:,.1f} flat); new {hn:,.1f} "
         f"({fn:,.1f} flat); old/new {ho / hn:.2f}x ({fo / fn:.2f}x flat)"
     )
 

@@ -1,12 +1,15 @@
-"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and device time
-at a stated device and efficiency, for plans at scales no machine here can run.
+"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and this
+machine's CPU rates; what those FLOPs take on a device is `sodaray.device_costs` (measured).
 
-A SODA sample-step is one forward and one backward pass (about 3x a forward's FLOPs) over the
-sample's sequence (BOS, the n relaxed input positions, the m observed outputs), plus the relaxed
-input's mixture of embeddings (an n x V by V x d product) and the unembedding at the observed
-positions (m x d by d x V), plus the update over the n x V input parameters. The model's
-shape is read from its config (a local `config.json`, a loaded model's config, or the table of
-the paper's models below, so `sweep plan` works offline for them).
+A SODA sample-step is one forward pass over the sample's sequence (BOS if the model takes one,
+the n relaxed input positions, the observed outputs but the last, which is predicted and never
+fed) and one backward pass to the input only: the weights are frozen, so each product runs once
+more (input gradients, no weight gradients): 2x a forward's FLOPs. The forward holds the
+relaxed input's mixture of embeddings (an n x V by V x d product), the transformer blocks and
+the unembedding at the observed positions (m x d by d x V); the update runs over the n x V
+input parameters. The model's shape is read from its config (a local `config.json`, a loaded
+model's config, or the table of the paper's models below, so `sweep plan` works offline for
+them).
 """
 
 from __future__ import annotations
@@ -20,15 +23,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Dense peak TFLOP/s by device and dtype, from the vendors' data sheets (SXM parts; float32 is
-# the non-tensor-core rate: torch keeps TF32 off for matmuls unless asked).
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "h100": {"float32": 67.0, "bfloat16": 989.0},
-    "h200": {"float32": 67.0, "bfloat16": 989.0},
-    "a100": {"float32": 19.5, "bfloat16": 312.0},
-    "l4": {"float32": 30.3, "bfloat16": 121.0},
-}
-DEFAULT_EFFICIENCY = 0.3  # share of peak a batched fp32 step reaches (say otherwise: --efficiency)
 UPDATE_FLOPS_PER_PARAM = 30  # softmax, its backward and Adam over each of the n x V input logits
 GATED = {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral", "olmo"}
 
@@ -49,24 +43,43 @@ class ModelShape:
         attn = 2 * self.width * self.attention + 2 * self.width * self.kv
         return self.layers * (attn + (3 if self.gated else 2) * self.width * self.mlp)
 
-    def step_flops(self, length: int, outputs: int, bos: bool = True) -> float:
-        """FLOPs of one SODA sample-step at input length `length` with `outputs` observed."""
-        tokens = length + outputs + int(bos)
-        forward = (
+    def forward_flops(self, length: int, outputs: int, bos: bool = True) -> float:
+        """FLOPs of one forward pass of a sample of input length `length`, `outputs` observed."""
+        tokens = length + max(outputs - 1, 0) + int(bos)  # the last output is never fed
+        return (
             2 * self.block_params * tokens
             + 4 * self.layers * tokens * tokens * self.attention  # scores and their mixing
             + 2 * (length + outputs) * self.vocab * self.width  # input mixture, unembedding
         )
-        return 3 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
+
+    def step_flops(self, length: int, outputs: int, bos: bool = True) -> float:
+        """FLOPs of one SODA sample-step: a forward, a backward to the input (as much again:
+        frozen weights get no gradient), and the update over the n x V input parameters."""
+        forward = self.forward_flops(length, outputs, bos)
+        return 2 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
 
 
-def search_flops(
-    shape: ModelShape, samples_by_length: dict[int, int], steps: int, outputs: int, bos: bool
+def lengths_tried(length: Any, max_length: int) -> int:
+    """The most lengths a sample is searched at: `length: auto` tries 1..`max_length`, shortest
+    first; a fixed or assumed length is one."""
+    return max_length if length == "auto" else 1
+
+
+def most_sample_steps(samples: int, search: Any, length: Any, max_length: int) -> int:
+    """The most sample-steps `samples` can take: each its whole step budget at every length it
+    may be searched at. Searches stop a sample once it is found, so this is an upper bound:
+    the one plans quote and progress bars count down from."""
+    return samples * search.step_budget() * lengths_tried(length, max_length)
+
+
+def sample_flops(
+    shape: ModelShape, length: int, outputs: int, bos: bool, candidates: int = 0
 ) -> float:
-    """FLOPs of every sample running its whole step budget at its length: the upper bound a
-    plan quotes (`sweep plan`, `tune --dry-run`)."""
-    return sum(
-        k * steps * shape.step_flops(n, outputs, bos) for n, k in samples_by_length.items()
+    """One sample-step at input length `length`: SODA's (and the embedding search's) gradient
+    step; GCG adds a forward pass per candidate (`candidates`). The learned inverter's single
+    step is counted as one of SODA's (its own model is small beside the target's)."""
+    return shape.step_flops(length, outputs, bos) + candidates * shape.forward_flops(
+        length, outputs, bos
     )
 
 
@@ -127,22 +140,12 @@ def model_shape(model_id: str) -> ModelShape | None:
     return None
 
 
-def check_plan_options(rate: float | None, device: str, efficiency: float) -> None:
-    """The estimate's options as a plan takes them (`--rate`, `--device`, `--efficiency`)."""
+def check_rate(rate: float | None) -> None:
+    """A plan's `--rate` (`sweep plan`, `tune --dry-run`): sample-steps per second per replica."""
     import math
 
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--rate must be a positive finite number, not {rate}")
-    if not 0 < efficiency <= 1:
-        raise ValueError(f"--efficiency must be in (0, 1], not {efficiency}")
-    if device not in PEAK_TFLOPS:
-        raise ValueError(f"--device must be one of {', '.join(PEAK_TFLOPS)}, not {device!r}")
-
-
-def device_seconds(flops: float, device: str, dtype: str, efficiency: float) -> float:
-    """Seconds of one device for `flops` at `efficiency` of its dense peak."""
-    peak = PEAK_TFLOPS[device].get(dtype, PEAK_TFLOPS[device]["float32"])
-    return flops / (peak * 1e12 * efficiency)
 
 
 def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:

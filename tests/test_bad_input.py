@@ -51,6 +51,17 @@ def tuning(space: str = "{learning_rate: {low: 0.01, high: 0.1}}") -> dict[str, 
     return {"t.yaml": TUNE.format(model="{model}", space=space)}
 
 
+FLOAT32 = "{pass_seconds: 0.003, layer_seconds: 0.003, flops_per_second: 2.0e+13}"
+
+
+def costs(top: str = "device: d\nkind: gpu\n", float32: str = FLOAT32, more: str = "") -> dict:
+    """A sweep and a costs file (`--costs {tmp}/c.yaml`), its pieces as given."""
+    return {**sweep(), "c.yaml": f"{top}precisions:\n  float32: {float32}\n{more}"}
+
+
+PLAN_COSTS = ["sweep", "plan", "{tmp}/s.yaml", "--no-calibrate", "--costs", "{tmp}/c.yaml"]
+
+
 CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     # ---- invert: values that used to pass or escape as tracebacks
     (
@@ -370,6 +381,87 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         ["sweep", "plan", "{tmp}/s.yaml", "--rate", "-5"],
         "--rate must be a positive finite number",
         sweep(),
+    ),
+    (
+        "plan-costs-missing",
+        ["sweep", "plan", "{tmp}/s.yaml", "--costs", "{tmp}/none.yaml"],
+        "no such costs file, nor built-in costs (built in: h100)",
+        sweep(),
+    ),
+    (
+        "run-costs-missing",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--costs", "a100"],
+        "--costs a100: no such costs file",
+        sweep(),
+    ),
+    (
+        "tune-dry-run-costs-missing",
+        ["tune", "{tmp}/t.yaml", "--dry-run", "--costs", "a100"],
+        "--costs a100: no such costs file",
+        tuning(),
+    ),
+    (
+        "tune-dry-run-costs-kind",
+        ["tune", "{tmp}/t.yaml", "--dry-run", "--costs", "{tmp}/c.yaml"],
+        "kind must be one of gpu, cpu",
+        {**tuning(), "c.yaml": f"device: d\nkind: tpu\nprecisions:\n  float32: {FLOAT32}\n"},
+    ),
+    ("plan-costs-a-list", PLAN_COSTS, "a costs file is a mapping", {**sweep(), "c.yaml": "[1]"}),
+    (
+        "plan-costs-kind",
+        PLAN_COSTS,
+        "kind must be one of gpu, cpu",
+        costs("device: d\nkind: tpu\n"),
+    ),
+    ("plan-costs-unknown-key", PLAN_COSTS, "unknown key 'peak'", costs(more="peak: 1\n")),
+    ("plan-costs-no-device", PLAN_COSTS, "device must be a name", costs("kind: gpu\n")),
+    (
+        "plan-costs-no-float32",
+        PLAN_COSTS,
+        "with float32 among them",
+        {**sweep(), "c.yaml": f"device: d\nkind: gpu\nprecisions: {{bfloat16: {FLOAT32}}}\n"},
+    ),
+    (
+        "plan-costs-unknown-precision",
+        PLAN_COSTS,
+        "precision 'fp8' is not one of",
+        costs(more=f"  fp8: {FLOAT32}\n"),
+    ),
+    (
+        "plan-costs-negative-floor",
+        PLAN_COSTS,
+        "pass_seconds must be a finite number >= 0",
+        costs(float32=FLOAT32.replace("0.003,", "-1,", 1)),
+    ),
+    (
+        "plan-costs-nan-floor",
+        PLAN_COSTS,
+        "layer_seconds must be a finite number",
+        costs(float32=FLOAT32.replace("layer_seconds: 0.003", "layer_seconds: .nan")),
+    ),
+    (
+        "plan-costs-rate-a-string",
+        PLAN_COSTS,
+        "flops_per_second must be a finite number",
+        costs(float32=FLOAT32.replace("2.0e+13", '"fast"')),
+    ),
+    (
+        "plan-costs-zero-rate",
+        PLAN_COSTS,
+        "flops_per_second must be at least 1000",
+        costs(float32=FLOAT32.replace("2.0e+13", "0")),
+    ),
+    (
+        "plan-costs-missing-constant",
+        PLAN_COSTS,
+        "must give exactly pass_seconds, layer_seconds, flops_per_second",
+        costs(float32="{pass_seconds: 0.003, flops_per_second: 2.0e+13}"),
+    ),
+    (
+        "plan-costs-floor-of-a-day",
+        PLAN_COSTS,
+        "a pass's floor above an hour",
+        costs(float32=FLOAT32.replace("0.003,", "86400,", 1)),
     ),
     (
         "train-inverter-missing-model",

@@ -16,6 +16,7 @@ import yaml
 from conftest import SHARED, STORIES, one_line_error, stand_in
 
 from sodaray.cli import main
+from sodaray.cost import model_shape
 from sodaray.runner.spec import load_sweep
 from sodaray.tuner.spec import load_tuning
 
@@ -143,7 +144,8 @@ def test_tune_dry_run_shows_each_range_and_an_estimate(tmp_path, capsys):
     args = ["tune", str(ROOT / "tuning" / "stories260k.yaml"), "space.temperature.high=0.3"]
     args += ["trials=3", "--dry-run", "--rate", "100", "--workers", "2"]
     assert main([*args, "--out", str(tmp_path)]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
     # A bound override shows as the range the study samples, not a class name.
     assert plan["space"]["temperature"] == {
         "type": "float",
@@ -163,10 +165,25 @@ def test_tune_dry_run_shows_each_range_and_an_estimate(tmp_path, capsys):
     est = plan["estimate"]
     # 5 lengths x 20 validation samples, 600 steps each at most, 3 trials.
     assert est["samples"] == 100 and est["sample_steps"] == 3 * 100 * 600
-    assert est["flops"] > 0 and est["device_hours"] > 0  # from stories260K's config
-    assert est["seconds"] == pytest.approx(3 * 100 * 600 / (100 * 2))  # two workers
-    assert est["time"] == "15.0 min" and est["calibrated"] is False
-    # Without a rate, counts and device-hours only: no time is made up.
+    # FLOPs from stories260K's config, as `sweep plan` counts them: a forward over BOS, the
+    # input and the outputs but the last, a backward to the input as dear again, the update.
+    shape = model_shape(str(STORIES))
+    outputs = load_tuning(ROOT / "tuning" / "stories260k.yaml").objective_for({}).output_tokens
+    flops = 3 * 20 * 600 * sum(shape.step_flops(n, outputs, True) for n in range(1, 6))
+    assert est["flops"] == pytest.approx(flops)
+    # A CPU model at --rate: 100 sample-steps/s per worker, two workers side by side.
+    assert est["priced_by"] == "--rate" and est["kind"] == "cpu"
+    assert est["device_seconds"] == pytest.approx(3 * 100 * 600 / 100)
+    assert est["wall_seconds"] == pytest.approx(3 * 100 * 600 / (100 * 2))
+    assert est["cpu_hours"] == pytest.approx(0.5) and est["gpu_hours"] == 0
+    assert est["estimate"] == "15.0 min" and est["calibrated"] is False
+    # The same lines as `sweep plan`'s, on stderr (stdout holds the JSON alone).
+    assert "estimate: 0.50 CPU-hours" in err and "estimate: 15.0 min of wall" in err
+    # Without a rate, a CPU model has no price (the default h100 costs price GPU models):
+    # counts and FLOPs only, no time made up.
     dry = ["tune", str(ROOT / "tuning" / "stories260k.yaml"), "--dry-run", "--out", str(tmp_path)]
     assert main(dry) == 0
-    assert json.loads(capsys.readouterr().out)["estimate"]["seconds"] is None
+    out, err = capsys.readouterr()
+    est = json.loads(out)["estimate"]
+    assert est["wall_seconds"] is None and est["priced_by"] == "-" and est["flops"] > 0
+    assert "no price: pass --rate" in err

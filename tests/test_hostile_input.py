@@ -337,6 +337,24 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     ),
     ("sweep-file-utf16", PLAN, "s.yaml: not UTF-8 text", {"s.yaml": "utf16:" + sweep_text()}),
     (
+        "costs-alias-bomb",
+        [*PLAN, "--costs", f"{IN}/c.yaml"],
+        "aliases expand it",
+        {"s.yaml": sweep_text(), "c.yaml": LAUGHS + "device: d\nkind: gpu\nsource: *e\n"},
+    ),
+    (
+        "costs-a-directory",
+        [*PLAN, "--costs", f"{IN}/c"],
+        "no such costs file",
+        {"s.yaml": sweep_text(), "c/x": "x"},
+    ),
+    (
+        "costs-huge-file",
+        [*PLAN, "--costs", f"{IN}/c.yaml"],
+        "is not a costs file",
+        {"s.yaml": sweep_text(), "c.yaml": "# " + "x" * (5 << 20) + "\n"},
+    ),
+    (
         "status-job-json-garbled",
         ["sweep", "status", "{tmp}/in/r"],
         "job.json: not a readable job file",

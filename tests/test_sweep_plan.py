@@ -11,7 +11,8 @@ from conftest import STORIES, real_models_missing
 
 from sodaray.cli import main
 from sodaray.experiment.data import select_rows
-from sodaray.runner.plan import calibrate, job_cost, select_counts
+from sodaray.experiment.estimate import calibrate
+from sodaray.runner.plan import job_cost, select_counts
 from sodaray.runner.spec import load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
@@ -77,34 +78,54 @@ def test_calibration_measures_a_rate_on_stories260k():
     job = load_sweep(SWEEPS / "quickstart.yaml").quick(20).jobs(limit=3)[0]
     from sodaray.runner.plan import load_for_plan
 
-    rate = calibrate(job, job_cost(job), load_for_plan(job), steps=5)
+    rate = calibrate(job_cost(job), load_for_plan(job), steps=5)
     assert 0 < rate < float("inf")
 
 
 def test_the_cost_model_counts_a_step_from_the_models_shape():
     """Qwen2.5-0.5B's blocks hold 0.36B parameters (its model card: 0.49B with 0.13B of
-    embeddings); a step's FLOPs follow the documented formula term by term."""
+    embeddings); a step's FLOPs follow the documented formula term by term: a forward over
+    BOS, the input and the outputs but the last, and a backward to the input as dear again."""
     from sodaray.cost import KNOWN_SHAPES, ModelShape
 
     assert round(KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"].block_params / 1e6) == 358
     shape = ModelShape(layers=2, width=4, vocab=10, mlp=8, gated=False, attention=4, kv=4)
     assert shape.block_params == 2 * (4 * 16 + 2 * 32)
-    tokens = 3 + 1 + 1  # input, one output, BOS
-    forward = 2 * 256 * tokens + 4 * 2 * tokens**2 * 4 + 2 * 4 * 10 * 4
-    assert shape.step_flops(3, 1, bos=True) == 3 * forward + 30 * 3 * 10
+    tokens = 1 + 3 + 1  # BOS, input, two outputs but the last
+    forward = 2 * 256 * tokens + 4 * 2 * tokens**2 * 4 + 2 * (3 + 2) * 10 * 4
+    assert shape.forward_flops(3, 2, bos=True) == forward
+    assert shape.step_flops(3, 2, bos=True) == 2 * forward + 30 * 3 * 10
 
 
-def test_plan_json_parses_and_prices_jobs_on_the_stated_device(capsys):
+def test_plan_json_parses_and_prices_gpu_jobs_by_the_stated_costs(capsys, tmp_path):
+    """Every job of the models table asks a GPU: priced by the built-in H100 costs, or by a
+    costs file's; the totals are the rows' sums."""
     import json
 
-    args = ["sweep", "plan", str(SWEEPS / "models.yaml"), "--rate", "5000", "--json"]
-    assert main([*args, "--device", "a100", "--efficiency", "0.5"]) == 0
+    import yaml
+
+    from sodaray.device_costs import H100, costs_to_data
+
+    args = ["sweep", "plan", str(SWEEPS / "models.yaml"), "--no-calibrate", "--json"]
+    assert main(args) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert (plan["device"], plan["efficiency"], len(plan["jobs"])) == ("a100", 0.5, 5)
-    for job in plan["jobs"]:
-        assert job["device_hours"] == pytest.approx(job["flops"] / (19.5e12 * 0.5) / 3600)
-    assert plan["total"]["device_hours"] == pytest.approx(
-        sum(j["device_hours"] for j in plan["jobs"])
+    assert plan["costs"]["gpu"]["device"] == "h100" and len(plan["jobs"]) == 5
+    assert {j["priced_by"] for j in plan["jobs"]} == {"h100"}
+    assert plan["total"]["gpu_hours"] == pytest.approx(
+        sum(j["device_seconds"] for j in plan["jobs"]) / 3600
     )
-    assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--device", "tpu"]) == 2
-    assert "--device must be one of h100" in capsys.readouterr().err
+    # A device twice as fast on the samples' work, with the same floors.
+    faster = {
+        name: {**c, "flops_per_second": 2 * c["flops_per_second"]}
+        for name, c in costs_to_data(H100)["precisions"].items()
+    }
+    file = tmp_path / "fast.yaml"
+    file.write_text(yaml.safe_dump({**costs_to_data(H100), "device": "fast", "precisions": faster}))
+    assert main([*args, "--costs", str(file)]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    for slow_job, fast_job in zip(plan["jobs"], fast["jobs"], strict=True):
+        assert fast_job["priced_by"] == "fast"
+        assert fast_job["floor_seconds"] == pytest.approx(slow_job["floor_seconds"])
+        assert fast_job["work_seconds"] == pytest.approx(slow_job["work_seconds"] / 2)
+    assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--costs", "tpu"]) == 2
+    assert "no such costs file, nor built-in costs (built in: h100)" in capsys.readouterr().err

@@ -73,6 +73,11 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         "invert",
         help="recover the input behind a model output",
         description="Recover the exact input that produced a model's output.",
+        epilog="Each target's result goes to stdout as it finishes. On a terminal a bar on "
+        "stderr counts sample-steps (one search step of one target) out of the most the "
+        "targets can take (their whole budget at each length tried; a found target's unused "
+        "budget leaves the total), with the rate, the most time left at it, and the targets "
+        "finished and found.",
     )
     p.add_argument("--model", required=True, help="hub id, local folder, or .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside the --model folder")
@@ -268,9 +273,11 @@ def cmd_invert(args: argparse.Namespace) -> int:
     )
     bar = None
     if sys.stderr.isatty():
-        from tqdm import tqdm
+        from sodaray.cost import most_sample_steps
+        from sodaray.progress import InvertProgress
 
-        bar = tqdm(total=len(targets), desc="inverting", unit="target", file=sys.stderr)
+        per_target = most_sample_steps(1, config, length, args.max_length)
+        bar = InvertProgress(len(targets), per_target, config.stepwise)
     done: dict[int, Any] = {}  # sample id -> its result row (a one-row table)
 
     def show(res) -> None:
@@ -280,9 +287,8 @@ def cmd_invert(args: argparse.Namespace) -> int:
         done[res.sample_id] = table
         line = _result_line(res, table.to_pylist()[0], args.json)
         if bar is not None:
-            bar.write(line, file=sys.stdout)
-            bar.update(1)
-            bar.set_postfix(found=sum(int(t["found"][0].as_py()) for t in done.values()))
+            bar.write(line)
+            bar.result(res)
         else:
             print(line, flush=True)
 
@@ -297,9 +303,11 @@ def cmd_invert(args: argparse.Namespace) -> int:
         if len(asked) > 1:
             raise KeyboardInterrupt
 
-    def again(_active: int) -> None:
+    def again(active: int) -> None:
         if asked:
             raise KeyboardInterrupt
+        if bar is not None:
+            bar.step(active)
 
     main_thread = threading.current_thread() is threading.main_thread()  # signals: main only
     previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
-from sodaray.cost import DEFAULT_EFFICIENCY
+from sodaray.cost import format_duration
+
+log = logging.getLogger(__name__)
 
 WAIT_HELP = (
     "on a cluster, seconds to wait while none of a model's replicas can be placed (nodes an "
@@ -19,6 +22,13 @@ OVERRIDE_HELP = (
 )
 
 
+COSTS_HELP = (
+    "measured step costs: a costs file (YAML, as `benchmarks/bench_invert.py --suite gpu "
+    "--out FILE` writes it; kind gpu prices the GPU jobs, kind cpu the CPU jobs) or a "
+    "built-in device (h100: issue 41's figures)"
+)
+
+
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
     cmds = p.add_subparsers(dest="sweep_command", required=True, parser_class=type(p))
@@ -28,6 +38,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         description="Run a sweep on Ray: locally without --address (the embedded default), "
         "on a cluster with --address auto or ADDR. Rerunning resumes: finished shards are "
         "skipped.",
+        epilog="Progress (stderr; on a terminal): a bar per job: sample-steps taken / the most "
+        "they can take (each sample's whole budget at each length it may try; found samples "
+        "stop early, so the total shrinks), time so far, sample-steps per second over the last "
+        "30 s, the most time left at that rate, samples finished and found. Above the bars, "
+        "the batch occupancy: the share of the batch slots that held a search, over the last "
+        "10 s and overall ('no step yet' while the replicas load their model). In a log: a "
+        "line per finished shard, and one per running job each minute. The README's 'Progress "
+        "lines' explains each number.",
     )
     run.add_argument("sweep", help="sweep YAML file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
@@ -63,18 +81,27 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         help="the MLflow experiment (default: the sweep's name); give several sweeps one to "
         "compare them in one table",
     )
+    run.add_argument(
+        "--costs",
+        metavar="FILE_OR_DEVICE",
+        help=f"{COSTS_HELP}: the run's wall is compared with the plan's (default: h100 for the "
+        "GPU jobs; CPU jobs only with a CPU costs file)",
+    )
     run.set_defaults(func=cmd_sweep_run)
     plan = cmds.add_parser(
         "plan",
         help="jobs, samples, the most sample-steps and the time a sweep can take",
         description="Before anything runs: every job's samples, step budget and most "
-        "sample-steps (searches stop found samples early, so this is an upper bound), and "
-        "device-hours at a rate (sample-steps per second per device) given with --rate or "
-        "measured by a short calibration on this machine.",
+        "sample-steps (searches stop found samples early, so this is an upper bound), and its "
+        "time: GPU jobs from measured step costs (a floor per pass, a rate for the samples' "
+        "FLOPs; --costs), CPU jobs at a rate (sample-steps per second per replica) given with "
+        "--rate or measured by a short calibration on this machine.",
     )
     plan.add_argument("sweep", help="sweep YAML file")
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
-    plan.add_argument("--rate", type=float, help="sample-steps per second (skips calibration)")
+    plan.add_argument(
+        "--rate", type=float, help="sample-steps per second per replica, every job (no costs)"
+    )
     plan.add_argument(
         "--no-calibrate", action="store_true", help="no rate: counts only, no time estimate"
     )
@@ -82,12 +109,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--max-steps", type=int, help="as `sweep run --max-steps`")
     plan.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     plan.add_argument("--model", help="as `sweep run --model`")
-    plan.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
     plan.add_argument(
-        "--efficiency",
-        type=float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"share of the device's peak ({DEFAULT_EFFICIENCY})",
+        "--costs", metavar="FILE_OR_DEVICE", default="h100", help=f"{COSTS_HELP} (default h100)"
     )
     plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
@@ -98,6 +121,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
+    from sodaray.errors import first_line
     from sodaray.progress import SweepProgress
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
@@ -118,8 +142,20 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         # The URI is checked before anything runs.
         track = sweep_logger(args.mlflow, sweep, args.mlflow_experiment, options)
     progress = SweepProgress(sweep.name)
+    costs = _costs(args.costs or "h100")
+    planned: dict = {}
 
     def on_start(run, samples: int) -> None:
+        from sodaray.runner.plan import plan_sweep
+
+        # The jobs are planned and their datasets built: price those with work to do (no
+        # calibration: the costs say what a step takes) to hold the run's wall against.
+        try:
+            planned.update(
+                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
+            )
+        except Exception as exc:  # a price is a by-product: the run goes on without it
+            log.warning("no plan to hold the run against: %s", first_line(exc))
         print(
             f"sweep {sweep.name}: {run.jobs} jobs, {run.shards_total} shards "
             f"({run.shards_skipped} already done), {samples} samples to run",
@@ -130,7 +166,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             print(f"  skipped {name}: another driver is running it ({owner})", file=sys.stderr)
         for name in run.corrupt:
             print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
-        progress.start(run.job_samples, bars=bool(samples) and sys.stderr.isatty())
+        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
 
     try:
         run = run_sweep(
@@ -143,6 +179,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             wait_for_nodes=args.wait_for_nodes,
             on_start=on_start,
             on_shard=progress.shard,
+            on_progress=progress.job,
         )
     except SweepInterrupted as stop:
         progress.close()
@@ -161,13 +198,20 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     # Work left undone is not success: a failed shard, or a job another driver holds (its
     # shards are not done when this run ends; exit 0 read as "complete" to a script).
     incomplete = 1 if run.failed or run.locked else 0
+    check = None
+    if planned and run.done:
+        from sodaray.runner.plan import check_run
+
+        check = check_run(planned, run)
     if args.json:
-        print(json.dumps(run_summary(sweep.name, run, jobs)))
+        print(json.dumps({**run_summary(sweep.name, run, jobs), "plan": check}))
         return incomplete
     _print_status(jobs)
     occupancy = run.occupancy
     shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
     print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{shown}")
+    if check is not None and check["planned_seconds"] > 0:
+        print(_plan_line(check))
     for failure in run.failed:
         print(
             f"FAILED {failure.job} shard {failure.shard} after {failure.attempts} tries: "
@@ -179,6 +223,27 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             "run the command again once it ends"
         )
     return incomplete
+
+
+def _plan_line(check: dict) -> str:
+    """The run against its plan, in one line (`plan.check_run`)."""
+    searching = check["searching_seconds"] or 0.0
+    line = (
+        f"plan ({', '.join(check['priced_by'])} costs): {check['planned_seconds']:.1f} s at most "
+        f"for these samples, {check['as_run_seconds']:.1f} s for the steps they took; measured "
+        f"{check['wall_seconds']:.1f} s wall, {searching:.1f} s searching (after "
+        f"{check['wall_seconds'] - searching:.1f} s of start-up): searching/plan "
+        f"{check['searching_over_planned']:.2f}, wall/plan {check['wall_over_planned']:.2f}"
+    )
+    if check["unpriced_jobs"]:
+        line += f" ({len(check['unpriced_jobs'])} jobs not priced: CPU jobs need a CPU --costs)"
+    return line
+
+
+def _costs(source: str):
+    from sodaray.device_costs import load_costs
+
+    return load_costs(source)
 
 
 def run_summary(name: str, run, jobs) -> dict:
@@ -218,11 +283,12 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
     import json
 
-    from sodaray.cost import check_plan_options
+    from sodaray.cost import check_rate
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import check_jobs_fit, plan_sweep
 
-    check_plan_options(args.rate, args.device, args.efficiency)
+    check_rate(args.rate)
+    costs = _costs(args.costs)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
     )
@@ -232,40 +298,64 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         jobs,
         rate=args.rate,
         measure=not args.no_calibrate,
-        device=args.device,
-        efficiency=args.efficiency,
+        costs=costs,
         say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
     )
     if args.json:
         print(json.dumps({"sweep": sweep.name, **plan}))
         return 0
-    rows, width, device = plan["jobs"], max(len(r["job"]) for r in plan["jobs"]), args.device
-    print(f"sweep {sweep.name}: {len(rows)} jobs; {device} at {args.efficiency:.0%} of peak")
+    rows, width = plan["jobs"], max(len(r["job"]) for r in plan["jobs"])
+    print(f"sweep {sweep.name}: {len(rows)} jobs")
+    for line in priced_lines(plan["costs"], {r["kind"] for r in rows}, "jobs"):
+        print(line)
     print(
-        f"{'job':<{width}}  samples  max steps  max sample-steps  PFLOPs  {device + '-h':>8}  "
-        "rate/s  est. time here"
+        f"{'job':<{width}}  samples  max steps  max sample-steps    PFLOPs  priced by    "
+        "rate/s  device-h  est. wall"
     )
     for r in rows:
         pf = "-" if r["flops"] is None else f"{r['flops'] / 1e15:,.1f}"
-        dh = "-" if r["device_hours"] is None else f"{r['device_hours']:,.2f}"
+        hours = "-" if r["device_seconds"] is None else f"{r['device_seconds'] / 3600:,.2f}"
         rate = "-" if r["rate"] is None else f"{r['rate']:,.0f}"
         print(
             f"{r['job']:<{width}}  {r['samples']:>7,}  {r['max_steps']:>9,}  "
-            f"{r['sample_steps']:>16,}  {pf:>6}  {dh:>8}  {rate:>6}  {r['estimate']}"
+            f"{r['sample_steps']:>16,}  {pf:>8}  {r['priced_by']:<11}  {rate:>6}  {hours:>8}  "
+            f"{r['estimate']}"
         )
     t = plan["total"]
     print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
-    if t["device_hours"]:
+    for line in estimate_lines(
+        t, "jobs one after another, each job's shards across its replicas; start-up not counted"
+    ):
+        print(line)
+    if t["unpriced"]:
         print(
-            f"estimate: {t['device_hours']:,.1f} {device}-hours at full batches, from the "
-            f"models' shapes ({t['unshaped']} jobs of unknown shape not counted)"
+            f"{t['unpriced']} jobs without a price: pass --rate SAMPLE_STEPS_PER_SECOND "
+            "(or --costs FILE for CPU jobs, measured by bench_invert.py --suite gpu --device cpu)"
         )
-    for kind in ("gpu", "cpu"):
-        if t[f"{kind}_hours"]:
-            print(f"estimate: {t[f'{kind}_hours']:,.2f} {kind.upper()}-hours at the rates shown")
-    if t["unrated"]:
-        print(f"{t['unrated']} jobs without a rate: pass --rate SAMPLE_STEPS_PER_SECOND")
     return 0
+
+
+def priced_lines(costs: dict, kinds: set[str], what: str) -> list[str]:
+    """Which costs priced a plan's `kinds` of work (`experiment.estimate.describe_tables`)."""
+    return [
+        f"{name} {what} priced by {costs[kind]['device']} costs: {costs[kind]['source']}"
+        for kind, name in (("gpu", "GPU"), ("cpu", "CPU"))
+        if kind in kinds and kind in costs
+    ]
+
+
+def estimate_lines(total: dict, wall: str) -> list[str]:
+    """A plan's time (`experiment.estimate.Totals`), as `sweep plan` and `tune --dry-run` print
+    it: GPU- and CPU-hours over every replica, and the wall (`wall`: how it adds up)."""
+    lines = [
+        f"estimate: {total[f'{kind}_hours']:,.2f} {kind.upper()}-hours (every sample running "
+        "its full budget; a replica sharing a GPU counted as if alone)"
+        for kind in ("gpu", "cpu")
+        if total[f"{kind}_hours"]
+    ]
+    if total["wall_seconds"]:
+        lines.append(f"estimate: {format_duration(total['wall_seconds'])} of wall ({wall})")
+    return lines
 
 
 def cmd_sweep_status(args: argparse.Namespace) -> int:

@@ -7,8 +7,7 @@ import json
 import sys
 from typing import Any
 
-from sodaray.cli.sweep import WAIT_HELP
-from sodaray.cost import DEFAULT_EFFICIENCY
+from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +17,11 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         description="Run (or resume: the same command again adds trials) an Optuna study from "
         "a tuning file. Writes OUT/<name>/: study.journal, trials/*.parquet, best_preset.yaml, "
         "plots/*.png.",
+        epilog="Progress (stderr; on a terminal): a bar of trials, each running trial counted "
+        "as its share of its most sample-steps (found samples stop early), the most time left "
+        "at the rate of the last 30 s, the running trials (#number share), and the last trial "
+        "to end (#number, state, value of the file's metric). The README's 'Progress lines' "
+        "explains each number.",
     )
     p.add_argument("tuning", help="tuning YAML file")
     p.add_argument(
@@ -46,18 +50,17 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         "most (JSON); run nothing",
     )
     est = p.add_argument_group("the --dry-run estimate (as `sweep plan`)")
-    est.add_argument("--rate", type=float, help="sample-steps per second per worker: a time")
+    est.add_argument(
+        "--rate", type=float, help="sample-steps per second per worker: a time (no costs)"
+    )
     est.add_argument(
         "--calibrate",
         action="store_true",
-        help="measure the rate here (loads the model, runs a few steps) instead of --rate",
+        help="a CPU model's rate measured here (loads the model, runs a few steps) when no "
+        "--rate or CPU --costs prices it",
     )
-    est.add_argument("--device", default="h100", help="device of the FLOPs estimate (h100)")
     est.add_argument(
-        "--efficiency",
-        type=float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"share of the device's peak ({DEFAULT_EFFICIENCY})",
+        "--costs", metavar="FILE_OR_DEVICE", default="h100", help=f"{COSTS_HELP} (default h100)"
     )
     p.add_argument(
         "--mlflow",
@@ -87,11 +90,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
-    from sodaray.cost import check_plan_options
+    from sodaray.cost import check_rate
+    from sodaray.device_costs import load_costs
 
-    check_plan_options(args.rate, args.device, args.efficiency)
+    check_rate(args.rate)
+    costs = load_costs(args.costs)
     if args.dry_run:
-        print(json.dumps(describe(spec, args), default=str))
+        study = describe(spec, args, costs)
+        print(json.dumps(study, default=str))
+        for line in dry_run_lines(study["estimate"]):
+            print(line, file=sys.stderr)
         return 0
     callbacks = []
     tracker = None
@@ -121,6 +129,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             wait_for_nodes=args.wait_for_nodes,
             on_trial=progress.trial,
             callbacks=callbacks,
+            on_progress=progress.progress,
         )
     except KeyboardInterrupt:
         if tracker is not None:
@@ -143,10 +152,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe(spec, args: argparse.Namespace) -> dict[str, Any]:
+def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     """What `tune` would run, where it would write, and what it will cost at most
     (`--dry-run`): each parameter's range as the study samples it (overrides applied), and
-    the estimate of `sodaray.tuner.plan`."""
+    the estimate of `sodaray.tuner.plan`, priced by `costs` as `sweep plan` prices."""
     import dataclasses
 
     from sodaray.paths import inside
@@ -172,10 +181,27 @@ def describe(spec, args: argparse.Namespace) -> dict[str, Any]:
             workers=args.workers,
             rate=args.rate,
             calibrate=args.calibrate,
-            device=args.device,
-            efficiency=args.efficiency,
+            costs=costs,
         ),
     }
+
+
+def dry_run_lines(estimate: dict[str, Any]) -> list[str]:
+    """`tune --dry-run`'s estimate in `sweep plan`'s words (stderr: stdout is its JSON)."""
+    from sodaray.cli.sweep import estimate_lines, priced_lines
+
+    lines = priced_lines(estimate["costs"], {estimate["kind"]}, "trials")
+    lines.append(
+        f"total: {estimate['trials']} trials x {estimate['samples']:,} samples, at most "
+        f"{estimate['sample_steps']:,} sample-steps"
+    )
+    lines += estimate_lines(estimate, "the trials across the workers; start-up not counted")
+    if estimate["wall_seconds"] is None:
+        lines.append(
+            "no price: pass --rate SAMPLE_STEPS_PER_SECOND, --calibrate, or --costs FILE for a "
+            "CPU model (measured by bench_invert.py --suite gpu --device cpu)"
+        )
+    return lines
 
 
 def no_trial_completed(run) -> str | None:

@@ -4,7 +4,8 @@ and studies.
 Each replica is a threaded Ray actor (`ReplicaWorker`) that takes units as they come; the group
 keeps enough of them in flight on each (at least `min_units`, and samples for `fill` batches)
 that its engine's batch refills from the next unit while the last one's slow samples run. Units
-stream back checkpoints and rows (`Checkpoint`, `Finished`). One failure policy: a unit whose
+stream back checkpoints and rows (`Checkpoint`, `Finished`), and a replica's progress
+(`Progress`, on one of its units' streams). One failure policy: a unit whose
 own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
 with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
 `max_attempts` tries. A unit's failure that is not its input's fault asks every replica whether
@@ -35,7 +36,7 @@ from sodaray.errors import last_line
 from sodaray.experiment.cluster import Placement, actor_options, describe, replicas_to_make
 from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Failure:
     final: bool
 
 
-Event = Checkpoint | Finished | Failure
+Event = Checkpoint | Progress | Finished | Failure  # a Progress holds other units' counts too
 
 
 class ReplicasLost(ConnectionError):

@@ -3,7 +3,9 @@ CPU), one engine stepping every sample of every unit in flight together, and the
 
 The actor is threaded: each unit in flight is one call, a streaming generator that submits the
 unit's samples to the shared engine and yields its checkpoints and then its rows, so the engine's
-batches draw on all of them at once (sweep shards of any job and length, study trials).
+batches draw on all of them at once (sweep shards of any job and length, study trials). About
+once a second one of the streams also carries the progress of every unit in flight
+(`experiment.reporter`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sodaray.errors import first_line
+from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit
 from sodaray.models import LoadedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,11 @@ class ReplicaWorker:
 
         self.spec = spec
         self.model = load_replica(spec, num_cpus)
-        self.engine = Engine(self.model, mix_lengths=spec.mix_lengths)
+        self.reporter = ProgressReporter()
+        self.engine = Engine(
+            self.model, mix_lengths=spec.mix_lengths, on_batch=self.reporter.on_batch
+        )
+        self.reporter.engine = self.engine
         self.works: dict[str, Any] = {}
         self.failed: BaseException | None = None
         self._targets: OrderedDict[Any, Any] = OrderedDict()
@@ -153,9 +160,10 @@ class ReplicaWorker:
         if work is not None:
             self.engine.cancel(work)
 
-    def run(self, unit: Unit) -> Iterator[Checkpoint | Finished]:
+    def run(self, unit: Unit) -> Iterator[Checkpoint | Progress | Finished]:
         """Invert `unit`'s samples on the shared engine; yield its checkpoints as they are
-        reached, then its rows. An error in the unit (a bad input) is raised here alone."""
+        reached (and the replica's progress items it carries), then its rows. An error in the
+        unit (a bad input) is raised here alone."""
         from sodaray.api import invert, length_plans
         from sodaray.search.engine import Work
 
@@ -185,6 +193,10 @@ class ReplicaWorker:
             exact = sum(bool(r.exact) for r in done)
             events.put(Checkpoint(unit.key, index, step, found, exact, unit.samples))
 
+        def ended() -> None:  # on the engine thread: no progress item after the end
+            self.reporter.done(unit.key)
+            events.put(None)
+
         work = Work(
             targets,
             unit.search,
@@ -192,9 +204,10 @@ class ReplicaWorker:
             on_result=lambda row, _: finished.append(row),
             checkpoints=unit.checkpoints,
             on_checkpoint=checkpoint,
-            on_done=lambda: events.put(None),
+            on_done=ended,
         )
         self.works[unit.key] = work
+        self.reporter.watch(unit.key, work, events)
         try:
             self.engine.submit(work)
             while True:
@@ -209,6 +222,7 @@ class ReplicaWorker:
                 yield item
         finally:  # also when the driver stops listening: the engine drops the unit
             self.works.pop(unit.key, None)
+            self.reporter.done(unit.key)
             if not work._finished:
                 self.engine.cancel(work)
         if work.error is not None:  # only a dying engine hands a work its error

@@ -1,11 +1,12 @@
 """What crosses between the driver and a replica: a unit of work (a sweep's shard, a study's trial)
-and what the replica streams back for it."""
+and what the replica streams back for it: its checkpoints, the replica's progress, its rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from sodaray.cost import most_sample_steps
 from sodaray.objectives import Objective
 from sodaray.search.base import SearchConfig
 
@@ -36,6 +37,11 @@ class Unit:
         """The result rows' `length_mode`: fixed, auto or assumed."""
         return "assumed" if self.length.isdigit() else self.length
 
+    @property
+    def most_sample_steps(self) -> int:
+        """The most sample-steps the unit can take (`sodaray.cost.most_sample_steps`)."""
+        return most_sample_steps(self.samples, self.search, self.length, self.max_length)
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -48,6 +54,34 @@ class Checkpoint:
     found: int
     exact: int
     total: int
+
+
+@dataclass(frozen=True)
+class UnitProgress:
+    """One unit's counts so far: the sample-steps its samples have taken (finished ones
+    included), the samples finished and found, and `most`, the most sample-steps it can come to
+    (finished samples at the steps they took, the rest at their whole budget at every length
+    they may try): it shrinks as samples finish early, and equals `sample_steps` at the end."""
+
+    key: str
+    sample_steps: int
+    finished: int
+    found: int
+    most: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A replica's units in flight, every second or so while its engine steps (how often:
+    `experiment.reporter`): one item per replica, on the stream of one of its units (its
+    oldest), holding every unit's counts, so the driver's load does not grow with the units in
+    flight. The occupancy counts are as `Finished`'s: the replica's since its previous output."""
+
+    units: tuple[UnitProgress, ...]
+    pid: int
+    slot_steps: int = 0
+    capacity_steps: int = 0
+    batch_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,39 @@
-"""`sodaray sweep plan`: what a sweep will cost, before anything runs.
+"""`sodaray sweep plan`: what a sweep will cost, before anything runs; and, after a run, how
+its plan compares with the wall it took.
 
 Per job: its samples (by length), the most sample-steps it can take (every sample running its
 full budget at every length it may try), their FLOPs from the model's shape (`sodaray.cost`),
-and time estimates: device-hours at a stated device and efficiency, and the time at a rate in
-sample-steps per second, given by the user or measured by a short calibration on the local
-device. Searches stop a sample once it is found, so every estimate is an upper bound.
+and its time, priced as every plan prices (`experiment.estimate`: a GPU job by measured device
+costs, the H100's by default or a costs file's; a CPU job by a CPU costs file or a rate given or
+calibrated here). Searches stop a sample once it is found, so every estimate is an upper bound;
+`check_run` also prices the steps a run actually took.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sodaray.cost import (
-    ModelShape,
-    device_seconds,
-    format_duration,
-    measure_rate,
-    model_shape,
-    search_flops,
-    shape_from_config,
-)
+from sodaray.cost import ModelShape, lengths_tried, model_shape, shape_from_config
+from sodaray.device_costs import H100, DeviceCosts
 from sodaray.errors import first_line
 from sodaray.experiment.data import dataset_lengths
+from sodaray.experiment.estimate import (
+    Totals,
+    Workload,
+    calibrate,
+    describe_tables,
+    price,
+    tables,
+)
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
-
-CALIBRATION_STEPS = 50  # enough steps to amortise the first (warm-up) step's cost
-
-
-@dataclass(frozen=True)
-class JobCost:
-    job: str
-    model: str
-    algorithm: str
-    num_gpus: float
-    samples_by_length: dict[int, int]
-    max_steps: int
-    lengths_per_sample: int  # `length: auto` may try every length up to max_length
-    batch_size: int
-    flops: float | None  # at most, from the model's shape (None: shape unknown offline)
-
-    @property
-    def samples(self) -> int:
-        return sum(self.samples_by_length.values())
-
-    @property
-    def sample_steps(self) -> int:
-        return self.samples * self.max_steps * self.lengths_per_sample
 
 
 def select_counts(
@@ -83,7 +65,7 @@ def longest_input(job: Job) -> int:
         return job.max_length
     if job.length.isdigit():
         return int(job.length)
-    counts = select_counts(dataset_lengths(job), job.samples_per_length, job.limit)
+    counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
     return max((n for n, k in counts.items() if k), default=0)
 
 
@@ -125,27 +107,21 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
             raise SweepError(f"{where}: {what}: {first_line(exc)}") from exc
 
 
-def job_cost(job: Job, shape: ModelShape | None = None) -> JobCost:
-    """`job`'s cost; `shape` (the loaded model's, for a GGUF file) where its id tells none."""
+def job_cost(job: Job, shape: ModelShape | None = None) -> Workload:
+    """`job`'s workload; `shape` (the loaded model's, for a GGUF file) where its id tells none.
+    Its shards go to as many replicas as the entry asks, at most one a shard."""
     counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
-    steps, tries = job.search.step_budget(), job.max_length if job.length == "auto" else 1
-    shape = model_shape(job.model.location) or shape
-    outputs = job.objective.output_tokens
-    bos = job.model.bos is not False  # unknown: count one token, the common case
-    flops = None
-    if shape is not None:  # `length: auto` tries up to max_length: counted at the longest
-        at = {job.max_length: sum(counts.values())} if tries > 1 else counts
-        flops = search_flops(shape, at, steps * tries, outputs, bos)
-    return JobCost(
-        job=job.name,
-        model=job.model.label,
-        algorithm=job.algorithm,
-        num_gpus=job.model.num_gpus,
+    samples = sum(counts.values())
+    return Workload(
+        name=job.name,
+        model=job.model,
+        search=job.search,
+        objective=job.objective,
         samples_by_length=counts,
-        max_steps=steps,
-        lengths_per_sample=tries,
-        batch_size=job.search.max_batch_size or max(counts.values(), default=1),
-        flops=flops,
+        lengths_per_sample=lengths_tried(job.length, job.max_length),
+        max_length=job.max_length,
+        replicas=max(1, min(job.model.replicas, math.ceil(samples / job.shard_size))),
+        shape=model_shape(job.model.location) or shape,
     )
 
 
@@ -154,27 +130,7 @@ def load_for_plan(job: Job) -> Any:
     return job.model.load_here()
 
 
-def calibrate(job: Job, cost: JobCost, model: Any, steps: int = CALIBRATION_STEPS) -> float:
-    """Sample-steps per second for `job` on this machine (`sodaray.cost.measure_rate`) at its
-    middle length, batched as the job batches, on `model` (`load_for_plan`)."""
-    m = job.model
-    lengths = sorted(cost.samples_by_length)
-    batch = max(1, min(cost.batch_size, max(cost.samples_by_length.values())))
-    threads = max(1, int(m.num_cpus)) if m.num_gpus == 0 else None
-    rate = measure_rate(
-        model,
-        job.search,
-        job.objective,
-        lengths[len(lengths) // 2],
-        batch,
-        steps=steps,
-        threads=threads,
-    )
-    log.info("calibration %s: %.1f sample-steps/s", job.name, rate)
-    return rate
-
-
-def calibration_key(job: Job, cost: JobCost) -> str:
+def calibration_key(job: Job, cost: Workload) -> str:
     """Jobs that cost the same per sample-step share one calibration."""
     obj = job.objective
     return json.dumps(
@@ -192,56 +148,112 @@ def calibration_key(job: Job, cost: JobCost) -> str:
 
 
 def plan_sweep(
-    jobs: list[Job], *, rate: float | None, measure: bool, device: str, efficiency: float, say
+    jobs: list[Job],
+    *,
+    rate: float | None,
+    measure: bool,
+    costs: DeviceCosts = H100,
+    say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Every job's cost and estimates, and their totals, as plain data (`sweep plan --json`)."""
+    """Every job's cost and time, and their totals, as plain data (`sweep plan --json`), priced
+    by `experiment.estimate.price`; `measure`: load a model here where a job needs it (a CPU
+    job's calibration, a GGUF file's shape)."""
     rates: dict[str, float | None] = {}
     loaded: dict[str, Any] = {}  # model identity -> the model (None: not loadable here)
-    keys = ("samples", "sample_steps", "device_hours", "gpu_hours", "cpu_hours")
-    total: dict[str, Any] = dict.fromkeys((*keys, "unshaped", "unrated"), 0)
+    total = Totals()
     rows = []
     for job in jobs:
         identity = json.dumps(job.model.identity(), sort_keys=True, default=str)
         cost = job_cost(job)
-        if measure and rate is None and identity not in loaded:
+        unpriced = tables(costs)[cost.kind] is None  # a CPU job without a CPU costs file
+        wants_model = cost.shape is None or (rate is None and unpriced)
+        if measure and wants_model and identity not in loaded:
             try:  # once per model, however many jobs run it (a GGUF file loads for minutes)
                 loaded[identity] = load_for_plan(job)
             except Exception as exc:  # a model not loadable here: say why, go on
                 say(f"  no calibration for {job.model.label}: {first_line(exc)}")
                 loaded[identity] = None
         model = loaded.get(identity)
-        if cost.flops is None and model is not None:
-            cost = job_cost(job, shape_from_config(model.model.config))
-        key = calibration_key(job, cost)
-        if key not in rates:
-            rates[key] = rate
-            if model is not None:
-                try:
-                    rates[key] = calibrate(job, cost, model)
-                except Exception as exc:  # e.g. the batch does not fit here: say why, go on
-                    say(f"  no calibration for {job.name}: {first_line(exc)}")
-        here, hours = rates[key], None
-        if cost.flops is not None:
-            hours = device_seconds(cost.flops, device, job.model.dtype, efficiency) / 3600
-            total["device_hours"] += hours
-        seconds = None if here is None else cost.sample_steps / here
-        if seconds is not None:
-            total["gpu_hours" if cost.num_gpus > 0 else "cpu_hours"] += seconds / 3600
-        total["samples"] += cost.samples
-        total["sample_steps"] += cost.sample_steps
-        total["unshaped"] += cost.flops is None
-        total["unrated"] += here is None
+        if cost.shape is None and model is not None:
+            cost = cost.with_shape(shape_from_config(model.model.config))
+
+        def measured(job: Job = job, cost: Workload = cost, model: Any = model) -> float | None:
+            key = calibration_key(job, cost)
+            if key not in rates:
+                rates[key] = None
+                if model is not None:
+                    try:
+                        rates[key] = calibrate(cost, model)
+                    except Exception as exc:  # e.g. the batch does not fit here: say why, go on
+                        say(f"  no calibration for {job.name}: {first_line(exc)}")
+            return rates[key]
+
+        time = price(cost, costs, rate, measured)
+        total.add(cost, time)
         rows.append(
             {
-                "job": cost.job,
-                "model": cost.model,
+                "job": cost.name,
+                "model": cost.model.label,
+                "kind": cost.kind,
                 "samples": cost.samples,
                 "max_steps": cost.max_steps,
                 "sample_steps": cost.sample_steps,
                 "flops": cost.flops,
-                "device_hours": hours,
-                "rate": here,
-                "estimate": "-" if seconds is None else format_duration(seconds),
+                "replicas": cost.replicas,
+                **time.fields(),
             }
         )
-    return {"device": device, "efficiency": efficiency, "jobs": rows, "total": total}
+    return {"costs": describe_tables(costs), "jobs": rows, "total": dataclasses.asdict(total)}
+
+
+def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
+    """A run (`SweepRun`) against its plan: the plan's wall for the samples the run ran (the
+    jobs' pending shards; every sample its full budget), the same costs applied to the steps
+    the run took (its batch-steps and sample-steps), and the measured walls: the whole run,
+    and its search alone (from the first shard starting on a replica to the last result)."""
+    rows = {r["job"]: r for r in plan["jobs"]}
+    models: dict[str, dict[str, float]] = {}
+    planned, unpriced, priced_by = 0.0, [], set()
+    for job, progress in run.progress.items():
+        row, samples = rows.get(job), progress.samples
+        if row is None or row["device_seconds"] is None or not row["samples"] or not samples:
+            unpriced.append(job)
+            continue
+        share = samples / row["samples"]
+        priced_by.add(row["priced_by"])
+        planned += row["wall_seconds"] * share
+        sample_steps = sum(d.sample_steps for d in run.done if d.job == job)
+        m = models.setdefault(
+            row["model"], {"floor": 0.0, "batch": 0.0, "work": 0.0, "replicas": 1}
+        )
+        m["replicas"] = max(m["replicas"], row["replicas"])
+        if row["batch_steps"]:  # priced by device costs: floors per batch-step, work per sample
+            m["floor"] += row["floor_seconds"] * share
+            m["batch"] += row["batch_steps"] * share
+            m["work"] += sample_steps * row["work_seconds"] / row["sample_steps"]
+        else:  # priced by a rate
+            m["work"] += sample_steps / row["rate"]
+    # The batch-steps each model's replicas took (a batch holds samples of any of its jobs),
+    # counted from the shards' rows and the progress items between them.
+    ran = run.model_batch_steps
+    as_run = sum(
+        ((ran.get(model, 0) * m["floor"] / m["batch"] if m["batch"] else 0.0) + m["work"])
+        / m["replicas"]
+        for model, m in models.items()
+    )
+    searching = run.searching_seconds
+
+    def ratio(a: float | None, b: float) -> float | None:
+        return a / b if a is not None and b > 0 else None
+
+    return {
+        "priced_by": sorted(priced_by),
+        "planned_seconds": planned,
+        "as_run_seconds": as_run,
+        "wall_seconds": run.seconds,
+        "searching_seconds": searching,
+        "wall_over_planned": ratio(run.seconds, planned),
+        "searching_over_planned": ratio(searching, planned),
+        "searching_over_as_run": ratio(searching, as_run),
+        "unpriced_jobs": unpriced,
+    }

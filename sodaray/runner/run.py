@@ -4,7 +4,8 @@ file written as its rows come back.
 Every shard of every job is a unit (`experiment.work.Unit`); the units of one model go to one
 actor group (`experiment.group.ActorGroup`), whose replicas run all of them through one engine,
 so a replica's batch holds samples of any job, config and length at once. The driver writes a
-shard's file when its rows arrive, keeps its locks fresh, and records a shard that failed for
+shard's file when its rows arrive, counts each job's progress in sample-steps as the replicas
+stream it (`JobProgress`), keeps its locks fresh, and records a shard that failed for
 good (`.sodaray/jobs/<job>/shard-NNNNN.error.json`, retried by the next run). Ctrl-C stops the
 replicas and keeps every finished shard.
 """
@@ -16,12 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import pyarrow.compute as pc
 
+from sodaray.cost import most_sample_steps
 from sodaray.experiment.cluster import (
     Placement,
     check_address,
@@ -31,9 +33,8 @@ from sodaray.experiment.cluster import (
     ray_session,
 )
 from sodaray.experiment.group import ActorGroup, Failure, next_event
-from sodaray.experiment.work import Finished, Unit
+from sodaray.experiment.work import Finished, Progress, Unit, UnitProgress
 from sodaray.paths import inside
-from sodaray.progress import mean_occupancy
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
     LOCK_REFRESH_SECONDS,
@@ -48,7 +49,7 @@ from sodaray.runner.layout import (
     shard_path,
 )
 from sodaray.runner.plan import check_jobs_fit
-from sodaray.runner.spec import Sweep
+from sodaray.runner.spec import Job, Sweep
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,30 @@ class ShardDone:
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+    at: float = 0.0  # seconds into the run when the driver had its rows
+
+
+@dataclass
+class JobProgress:
+    """A job's progress in this run: the sample-steps its samples have taken (`sample_steps`)
+    out of the most they can take (`most`: finished samples at the steps they took, the rest
+    at their whole budget at every length they may try, so it shrinks as samples are found
+    early and equals `sample_steps` once the job is done), and its samples to run, finished
+    and found. Running shards count as their replicas last reported them."""
+
+    job: str
+    samples: int
+    most: int
+    sample_steps: int = 0
+    finished: int = 0
+    found: int = 0
+
+    def add(self, old: UnitProgress, new: UnitProgress) -> None:
+        """One of its shards went from `old` counts to `new`."""
+        self.sample_steps += new.sample_steps - old.sample_steps
+        self.most += new.most - old.most
+        self.finished += new.finished - old.finished
+        self.found += new.found - old.found
 
 
 @dataclass
@@ -93,13 +118,37 @@ class SweepRun:
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
-    job_samples: dict[str, int] = field(default_factory=dict)  # samples to run, per job
+    started: float = 0.0  # time.perf_counter() when the run began
+    progress: dict[str, JobProgress] = field(default_factory=dict)  # jobs with samples to run
+    pending_jobs: list[Job] = field(default_factory=list)  # as planned (a file's hash named)
+    # Every replica's steps so far (`experiment.work.Progress`, `Finished`): searches stepped
+    # against the slots their batches offered, over so many batch-steps; and the batch-steps
+    # by model (its label), which `runner.plan.check_run` prices.
+    slot_steps: int = 0
+    capacity_steps: int = 0
+    batch_steps: int = 0
+    model_batch_steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def occupancy(self) -> float | None:
         """Mean batch occupancy so far: searches per step over the batches' capacity, over
-        every step of every replica (None before any step)."""
-        return mean_occupancy(self.done)
+        every step of every replica (None before any step was reported)."""
+        return self.slot_steps / self.capacity_steps if self.capacity_steps else None
+
+    def count_steps(self, output: Progress | Finished, model: str) -> None:
+        """A replica of `model` (its label) reported its steps since its previous output."""
+        self.slot_steps += output.slot_steps
+        self.capacity_steps += output.capacity_steps
+        self.batch_steps += output.batch_steps
+        self.model_batch_steps[model] = self.model_batch_steps.get(model, 0) + output.batch_steps
+
+    @property
+    def searching_seconds(self) -> float | None:
+        """The run's wall without its start-up (Ray, the replicas loading their models): from
+        the first shard starting on a replica to the last shard's rows (None: none finished)."""
+        if not self.done:
+            return None
+        return max(d.at for d in self.done) - min(d.at - d.seconds for d in self.done)
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -133,6 +182,11 @@ def shard_unit(plan: JobPlan, index: int) -> Unit:
     )
 
 
+def unstarted(unit: Unit) -> UnitProgress:
+    """A unit's counts before its first step."""
+    return UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
+
+
 def run_sweep(
     sweep: Sweep,
     out: str | Path,
@@ -144,9 +198,11 @@ def run_sweep(
     wait_for_nodes: float = 0.0,
     on_start: Callable[[SweepRun, int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
+    on_progress: Callable[[JobProgress], None] | None = None,
 ) -> SweepRun:
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
-    called once the work is planned; `on_shard` after each finished shard (progress).
+    called once the work is planned; `on_shard` after each finished shard, `on_progress` with a
+    job's counts each time they change (at least once a second while its shards run).
     `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
     `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`)."""
     import ray
@@ -159,17 +215,19 @@ def run_sweep(
     check_jobs_fit(jobs, sweep.path)  # on the driver, before a lock, a build or an actor
     plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
     held = [p.meta for p in plans if p.locked_by is None]
-    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans))
+    run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
     run.lock_owners = {p.job.name: describe_owner(p.locked_by) for p in plans if p.locked_by}
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
-    run.job_samples = {
-        p.job.name: sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
-        for p in pending
-    }
+    run.pending_jobs = [p.job for p in pending]
+    for p in pending:
+        samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
+        job = p.job
+        most = most_sample_steps(samples, job.search, job.length, job.max_length)
+        run.progress[job.name] = JobProgress(job.name, samples, most)
     requests = [p.job.model.request() for p in pending]
     attach = cluster_address(address) is not None
     try:
@@ -180,13 +238,13 @@ def run_sweep(
             elif pending and not ray.is_initialized():
                 check_resources(requests)  # before Ray starts (it would wait forever) and bars
             if on_start is not None:
-                on_start(run, sum(run.job_samples.values()))
+                on_start(run, sum(p.samples for p in run.progress.values()))
             if pending:
                 if placement is None:
                     placement = stack.enter_context(
                         ray_session(requests, address, wait_for_nodes)
                     )
-                _Shards(pending, run, max_attempts, placement).drain(on_shard, held)
+                _Shards(pending, run, max_attempts, placement).drain(on_shard, on_progress, held)
     except KeyboardInterrupt as exc:
         run.interrupted = True
         raise SweepInterrupted(run) from exc
@@ -206,6 +264,7 @@ class _Shards:
     ) -> None:
         self.run = run
         self.shards: dict[str, tuple[JobPlan, int]] = {}
+        self.counts: dict[str, UnitProgress] = {}  # shards not ended: as last reported
         models: dict[str, list[JobPlan]] = {}
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
@@ -224,13 +283,19 @@ class _Shards:
                 for plan, index in shards:
                     unit = shard_unit(plan, index)
                     self.shards[unit.key] = (plan, index)
+                    self.counts[unit.key] = unstarted(unit)
                     group.submit(unit)
         except BaseException:  # a model no node holds: the groups made so far give back theirs
             for group in self.groups:
                 group.kill()
             raise
 
-    def drain(self, on_shard: Callable[[ShardDone], None] | None, held: list[Path]) -> None:
+    def drain(
+        self,
+        on_shard: Callable[[ShardDone], None] | None,
+        on_progress: Callable[[JobProgress], None] | None,
+        held: list[Path],
+    ) -> None:
         """Until every shard is written or failed for good, keeping `held` locks fresh; Ctrl-C
         or a run that cannot go on kills the replicas."""
         try:
@@ -244,12 +309,26 @@ class _Shards:
                     continue
                 group, unit, output = event
                 plan, index = self.shards[unit.key]
-                if isinstance(output, Finished):
+                moved: set[str] = set()
+                if isinstance(output, Progress):
+                    self.run.count_steps(output, plan.job.model.label)
+                    for counts in output.units:
+                        moved |= self.move(counts)
+                elif isinstance(output, Finished):
+                    self.run.count_steps(output, plan.job.model.label)
                     done = self.write(plan, index, output)
                     if on_shard is not None:
                         on_shard(done)
+                    final = UnitProgress(unit.key, done.sample_steps, done.samples, done.found, 0)
+                    moved = self.move(final, ended=True)
                 elif isinstance(output, Failure) and output.final:
                     self.fail(plan, index, output)
+                    moved = self.move(self.counts[unit.key], ended=True)  # nothing more comes
+                elif isinstance(output, Failure):  # tried again, from its first step
+                    moved = self.move(unstarted(unit))
+                if on_progress is not None:
+                    for job in moved:
+                        on_progress(self.run.progress[job])
                 if not len(group):
                     # Its model is done: free its replicas' CPUs and GPUs for the models
                     # whose actors wait for room (more models than the machine runs at once).
@@ -258,6 +337,24 @@ class _Shards:
             for group in self.groups:
                 group.kill()
             raise
+
+    def move(self, new: UnitProgress, ended: bool = False) -> set[str]:
+        """A shard's counts are now `new` (its job's name, if they changed anything). A shard
+        that has ended (`ended`) ends at the steps it took; later reports of it are ignored
+        (they come on other shards' streams and may arrive after its rows)."""
+        old = self.counts.get(new.key)
+        if old is None:
+            return set()
+        if ended:
+            new = replace(new, most=new.sample_steps)
+            del self.counts[new.key]
+        else:
+            self.counts[new.key] = new
+        if new == old:
+            return set()
+        job = self.shards[new.key][0].job.name
+        self.run.progress[job].add(old, new)
+        return {job}
 
     def write(self, plan: JobPlan, index: int, output: Finished) -> ShardDone:
         table = output.table
@@ -274,6 +371,7 @@ class _Shards:
             output.slot_steps,
             output.capacity_steps,
             output.batch_steps,
+            time.perf_counter() - self.run.started,
         )
         self.run.done.append(done)
         return done

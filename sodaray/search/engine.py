@@ -290,6 +290,21 @@ class Engine:
         return out
 
     # ---- the stepping thread --------------------------------------------------------------------
+    def steps_taken(self) -> dict[Work, int]:
+        """Sample-steps each work in flight has taken so far: its finished targets' steps, those
+        of targets between two lengths, and those of its running slots. Read-only; call it on
+        the stepping thread (from a callback such as `on_batch`), where nothing moves."""
+        taken = {
+            work: sum(r.steps for r in work.results.values())
+            + sum(steps for steps, _, _ in work._partial.values())  # earlier lengths
+            for work in self.works
+        }
+        for pool in self.pools.values():
+            # A slot's `steps` count its current length only: earlier ones are in `_partial`.
+            for work, steps in zip(pool.works, pool.slot["steps"].tolist(), strict=True):
+                taken[work] = taken.get(work, 0) + steps
+        return taken
+
     def run(self) -> None:
         """Step until every submitted work is done."""
         while True:

@@ -1,9 +1,10 @@
-"""`sodaray tune --dry-run`'s estimate: what a study will cost before it runs, by the cost model
-`sweep plan` uses (`sodaray.cost`): every trial runs each validation sample for the whole step
-budget at most, so samples x budget x trials is an upper bound on the sample-steps (found samples
-stop early, pruned trials end at a checkpoint). FLOPs come from the model's shape and give
-device-hours at a stated device and efficiency; a rate in sample-steps per second (given, or
-measured by a short calibration here) gives the time on `workers` replicas.
+"""`sodaray tune --dry-run`'s estimate: what a study will cost before it runs, priced as
+`sweep plan` prices a job (`experiment.estimate`): every trial runs each validation sample for
+the whole step budget at most, so samples x budget x trials is an upper bound on the
+sample-steps (found samples stop early, pruned trials end at a checkpoint). The trials' samples
+share their replicas' batches, split evenly over the `workers` replicas (at most one a trial):
+a GPU model is priced by measured device costs (the H100's by default, or a costs file's), a
+CPU model by a CPU costs file, or at a rate given or measured by a short calibration here.
 """
 
 from __future__ import annotations
@@ -11,20 +12,31 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sodaray.cost import (
-    device_seconds,
-    format_duration,
-    measure_rate,
-    model_shape,
-    search_flops,
-    shape_from_config,
-)
+from sodaray.cost import model_shape, shape_from_config
+from sodaray.device_costs import H100, DeviceCosts
 from sodaray.experiment.data import dataset_lengths
+from sodaray.experiment.estimate import Totals, Workload, describe_tables, price, tables
+from sodaray.experiment.estimate import calibrate as calibrate_rate
 from sodaray.tuner.spec import TuningSpec
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_STEPS = 50  # as `sweep plan`: enough steps to amortise the warm-up step's cost
+
+def study_workload(spec: TuningSpec, trials: int, workers: int) -> Workload:
+    """The study as one workload: every trial's validation samples, at the file's own settings
+    (the space's sampled values aside), on at most one replica a trial."""
+    counts = dataset_lengths(spec.data)
+    return Workload(
+        name=spec.name,
+        model=spec.model,
+        search=spec.config({}),
+        objective=spec.objective_for({}),
+        samples_by_length={n: trials * k for n, k in sorted(counts.items())},
+        lengths_per_sample=1,  # a trial searches each sample at its own length
+        max_length=max(counts, default=1),
+        replicas=max(1, min(workers, trials)),
+        shape=model_shape(spec.model.location),
+    )
 
 
 def plan_study(
@@ -34,59 +46,38 @@ def plan_study(
     workers: int,
     rate: float | None,
     calibrate: bool,
-    device: str,
-    efficiency: float,
+    costs: DeviceCosts = H100,
 ) -> dict[str, Any]:
     """The study's cost as plain data: samples, the most sample-steps per trial and in all,
-    FLOPs and device-hours (None where the model's shape is unknown offline: a GGUF file
-    without `calibrate`), and the time at `rate` (or the calibrated one) on `workers`."""
-    counts = dataset_lengths(spec.data)
-    search, objective = spec.config({}), spec.objective_for({})
-    steps = search.step_budget()
-    samples = sum(counts.values())
-    per_trial = samples * steps
-    shape = model_shape(spec.model.location)
+    FLOPs (None where the model's shape is unknown offline: a GGUF file without `calibrate`),
+    and its time (`experiment.estimate.price`: `rate`, `costs`, or with `calibrate` a rate
+    measured here), as GPU- or CPU-hours and the wall on `workers` replicas."""
+    work = study_workload(spec, trials, workers)
     model = None
-    if calibrate and rate is None:
+    unpriced = tables(costs)[work.kind] is None  # a CPU model without a CPU costs file
+    if calibrate and (work.shape is None or (rate is None and unpriced)):
         model = spec.model.load_here()
-        shape = shape or shape_from_config(model.model.config)
-        lengths = sorted(counts)
-        batch = max(1, min(search.max_batch_size or samples, max(counts.values())))
-        threads = max(1, int(spec.model.num_cpus)) if spec.model.num_gpus == 0 else None
-        rate = measure_rate(
-            model,
-            search,
-            objective,
-            lengths[len(lengths) // 2],
-            batch,
-            steps=CALIBRATION_STEPS,
-            threads=threads,
-        )
-        log.info("calibration %s: %.1f sample-steps/s", spec.name, rate)
-    bos = spec.model.bos is not False  # unknown: count one token, the common case
-    flops = None
-    if shape is not None:
-        flops = trials * search_flops(shape, counts, steps, objective.output_tokens, bos)
-    hours = None
-    if flops is not None:
-        hours = device_seconds(flops, device, spec.model.dtype, efficiency) / 3600
-    seconds = None if rate is None else trials * per_trial / (rate * workers)
+        if work.shape is None:
+            work = work.with_shape(shape_from_config(model.model.config))
+    per_trial = work.sample_steps // trials
+    time = price(work, costs, rate, None if model is None else lambda: calibrate_rate(work, model))
+    total = Totals()
+    total.add(work, time)
     return {
-        "samples_by_length": {str(n): k for n, k in sorted(counts.items())},
-        "samples": samples,
-        "max_steps": steps,
+        "samples_by_length": {str(n): k // trials for n, k in work.samples_by_length.items()},
+        "samples": work.samples // trials,
+        "max_steps": work.max_steps,
         "trials": trials,
         "sample_steps_per_trial": per_trial,
-        "sample_steps": trials * per_trial,
-        "flops": flops,
-        "device": device,
-        "efficiency": efficiency,
-        "device_hours": hours,
-        "rate": rate,
-        "calibrated": model is not None,
+        "sample_steps": work.sample_steps,
+        "flops": work.flops,
+        "kind": work.kind,
         "workers": workers,
-        "seconds": seconds,
-        "time": None if seconds is None else format_duration(seconds),
+        "replicas": work.replicas,
+        "costs": describe_tables(costs),
+        **time.fields(),
+        "calibrated": time.priced_by == "calibration",
+        "gpu_hours": total.gpu_hours,
+        "cpu_hours": total.cpu_hours,
         "bound": "upper: found samples stop early and pruned trials end at a checkpoint",
     }
-

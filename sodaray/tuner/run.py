@@ -3,10 +3,11 @@
 The driver owns the study: it asks Optuna for a trial, hands its samples to the actor group as
 one unit (its config, its objective, the validation rows), reports each checkpoint the replica
 streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a pruned trial's
-unit, and tells Optuna the outcome once the trial's rows are written. Trials share a replica's
-batch: as many run at once as fill it. A trial whose replica died runs again in the same trial
-(its samples' results do not depend on the replica); trials left RUNNING by a driver that died
-are marked failed and their parameters tried again when the study is resumed.
+unit, passes on the running trials' progress (`on_progress`), and tells Optuna the outcome once
+the trial's rows are written. Trials share a replica's batch: as many run at once as fill it. A
+trial whose replica died runs again in the same trial (its samples' results do not depend on
+the replica); trials left RUNNING by a driver that died are marked failed and their parameters
+tried again when the study is resumed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from sodaray.errors import first_line
 from sodaray.experiment.cluster import check_address, check_wait, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
-from sodaray.experiment.work import Checkpoint, Finished, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
@@ -78,13 +79,15 @@ def run_tuning(
     on_launch: Callable[[int, list[int]], None] | None = None,
     on_trial: Callable[[TrialOutcome], None] | None = None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    on_progress: Callable[[int, UnitProgress], None] | None = None,
 ) -> TuneRun:
     """Add `trials` (default: the file's) trials to the study on `workers` replicas of the
     model. `on_launch(number, pids)` runs as each trial is handed out (the replicas' process
     ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
-    (as `study.optimize` takes), called after each trial is told. `address`: the Ray cluster to
-    attach to (else RAY_ADDRESS, else a fresh local Ray); `wait_for_nodes`: seconds to wait for
-    room on a cluster (`experiment.cluster.Placement`)."""
+    (as `study.optimize` takes), called after each trial is told; `on_progress(number, counts)`
+    with a running trial's counts, about once a second (`experiment.work.UnitProgress`).
+    `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
+    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`)."""
     import optuna
 
     if workers < 1:
@@ -113,7 +116,7 @@ def run_tuning(
             replicas=workers,
             placement=placement,
         )
-        loop = _Trials(spec, study, run, rows, identity, group, on_launch)
+        loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
         try:
             loop.drain(n_trials, on_trial, callbacks)
         finally:
@@ -190,9 +193,11 @@ class _Trials:
         identity: DatasetIdentity,
         group: ActorGroup,
         on_launch: Callable[[int, list[int]], None] | None,
+        on_progress: Callable[[int, UnitProgress], None] | None = None,
     ) -> None:
         self.spec, self.study, self.run, self.rows = spec, study, run, rows
         self.identity, self.group, self.on_launch = identity, group, on_launch
+        self.on_progress = on_progress
         self.distributions = spec.distributions()
         self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
         self.reported: dict[str, set[int]] = {}
@@ -261,6 +266,12 @@ class _Trials:
         end: its rows written, its attributes set, then told in its own state."""
         import optuna
 
+        if isinstance(output, Progress):  # every trial's on its replica, on one trial's stream
+            for counts in output.units:
+                live = self.live.get(counts.key)  # one that ended meanwhile is not running
+                if live is not None and self.on_progress is not None:
+                    self.on_progress(live[0].number, counts)
+            return None
         trial, started = self.live[unit.key]
         if isinstance(output, Checkpoint):
             if output.step not in self.reported[unit.key]:  # a retried trial reports again

@@ -1,0 +1,238 @@
+"""What a plan prices, for sweeps (`sweep plan`, `runner.plan`) and studies (`tune --dry-run`,
+`tuner.plan`) alike: one model's workload, every sample running its whole budget, and its time.
+
+A workload is samples per input length, each running its step budget at each length it may try
+(`length: auto` tries every length up to `max_length`, priced at the longest), split evenly over
+the replicas it can keep busy. Its time, by one rule (`price`):
+- at a rate in sample-steps per second per replica, when one is given (`--rate`);
+- else a GPU workload by measured device costs (`sodaray.device_costs`: the H100's by default,
+  or a costs file of kind gpu): each replica's samples in waves of its batch, taken in length
+  order (the order sweeps submit), each step a floor per pass plus the samples' FLOPs at the
+  device's rate;
+- else a CPU workload by a costs file of kind cpu when given, or at a rate measured here by a
+  short calibration (`calibrate`), or not at all: no time is made up.
+Searches stop a sample once it is found (and a pruner a trial), so every time is an upper bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sodaray.cost import ModelShape, format_duration, measure_rate, sample_flops
+from sodaray.device_costs import H100, DeviceCosts, DeviceTime, describe_costs, device_time
+from sodaray.experiment.spec import ModelSpec
+from sodaray.objectives import Objective
+from sodaray.search.base import SearchConfig
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_STEPS = 50  # enough steps to amortise the first (warm-up) step's cost
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one model's replicas run at most for a sweep's job or a study."""
+
+    name: str  # the job's or the study's
+    model: ModelSpec
+    search: SearchConfig
+    objective: Objective
+    samples_by_length: dict[int, int]  # over every unit (a study: every trial's)
+    lengths_per_sample: int  # `length: auto` may try every length up to max_length
+    max_length: int
+    replicas: int  # those its units can keep busy
+    shape: ModelShape | None  # None: unknown offline (a GGUF file not loaded)
+
+    @property
+    def max_steps(self) -> int:
+        return self.search.step_budget()
+
+    @property
+    def samples(self) -> int:
+        return sum(self.samples_by_length.values())
+
+    @property
+    def sample_steps(self) -> int:
+        return self.samples * self.max_steps * self.lengths_per_sample
+
+    @property
+    def batch_size(self) -> int:
+        return self.search.max_batch_size or max(self.samples_by_length.values(), default=1)
+
+    @property
+    def kind(self) -> str:
+        """Which costs price it (`device_costs.KINDS`): a replica asking a GPU, or none."""
+        return "gpu" if self.model.num_gpus > 0 else "cpu"
+
+    @property
+    def precision(self) -> str:
+        """The arithmetic its steps run in: its model's dtype, or its search's `precision`."""
+        if self.model.dtype != "float32":
+            return self.model.dtype
+        return str(getattr(self.search, "precision", "float32"))
+
+    @property
+    def candidates(self) -> int:
+        """Forward passes a sample-step adds beyond the gradient step (GCG's candidates)."""
+        return int(getattr(self.search, "num_candidates", 0))
+
+    def priced_length(self, n: int) -> int:
+        """The length a sample of length `n` is priced at: `length: auto`'s tries at the longest."""
+        return self.max_length if self.lengths_per_sample > 1 else n
+
+    def sample_flops(self, length: int) -> float:
+        assert self.shape is not None
+        bos = self.model.bos is not False  # unknown: count one token, the common case
+        outputs = self.objective.output_tokens
+        return sample_flops(self.shape, length, outputs, bos, self.candidates)
+
+    @property
+    def flops(self) -> float | None:
+        """FLOPs at most, from the model's shape (None: shape unknown)."""
+        if self.shape is None:
+            return None
+        steps = self.max_steps * self.lengths_per_sample
+        return sum(
+            k * steps * self.sample_flops(self.priced_length(n))
+            for n, k in self.samples_by_length.items()
+        )
+
+    def device_time(self, costs: DeviceCosts) -> DeviceTime:
+        """Its time on `costs`'s device (`device_costs.device_time`), summed over its replicas."""
+        assert self.shape is not None
+        shares: dict[int, float] = {}
+        for n, k in self.samples_by_length.items():
+            at = self.priced_length(n)
+            shares[at] = shares.get(at, 0.0) + k / self.replicas
+        return device_time(
+            costs,
+            self.precision,
+            self.shape.layers,
+            shares,
+            self.max_steps * self.lengths_per_sample,
+            self.batch_size,
+            self.sample_flops,
+            replicas=self.replicas,
+            mix=self.model.mix_lengths,
+            passes_per_group=2 if self.candidates else 1,  # a gradient pass, then candidates
+        )
+
+    def with_shape(self, shape: ModelShape) -> Workload:
+        return dataclasses.replace(self, shape=shape)
+
+
+def calibrate(work: Workload, model: Any, steps: int = CALIBRATION_STEPS) -> float:
+    """Sample-steps per second for `work` on this machine (`sodaray.cost.measure_rate`) at its
+    middle length, batched as it batches, on `model` (its `ModelSpec.load_here`); a CPU
+    replica's threads, as Ray gives them."""
+    lengths = sorted(work.samples_by_length)
+    batch = max(1, min(work.batch_size, max(work.samples_by_length.values())))
+    threads = max(1, int(work.model.num_cpus)) if work.model.num_gpus == 0 else None
+    rate = measure_rate(
+        model,
+        work.search,
+        work.objective,
+        lengths[len(lengths) // 2],
+        batch,
+        steps=steps,
+        threads=threads,
+    )
+    log.info("calibration %s: %.1f sample-steps/s", work.name, rate)
+    return rate
+
+
+def tables(costs: DeviceCosts) -> dict[str, DeviceCosts | None]:
+    """The costs that price each kind of workload, given one `--costs`: a GPU table prices GPU
+    workloads (CPU ones need a rate); a CPU table prices CPU workloads, and the H100's GPU ones."""
+    return {
+        "gpu": costs if costs.kind == "gpu" else H100,
+        "cpu": costs if costs.kind == "cpu" else None,
+    }
+
+
+def describe_tables(costs: DeviceCosts) -> dict[str, Any]:
+    """The tables a plan priced by, as its JSON shows them (`costs`)."""
+    return {kind: describe_costs(t) for kind, t in tables(costs).items() if t is not None}
+
+
+@dataclass(frozen=True)
+class Price:
+    """A workload's time: `device_seconds` summed over its replicas, `wall_seconds` with them
+    running side by side (None: not priced), and what priced it."""
+
+    priced_by: str  # --rate, a costs table's device, calibration, or - (not priced)
+    rate: float | None  # sample-steps per second per replica
+    device_seconds: float | None
+    wall_seconds: float | None
+    time: DeviceTime | None = None  # priced by device costs: its parts
+
+    def fields(self) -> dict[str, Any]:
+        """Its fields in a plan's JSON (`sweep plan --json`'s rows, `tune --dry-run`'s estimate)."""
+        t = self.time
+        return {
+            "priced_by": self.priced_by,
+            "rate": self.rate,
+            "device_seconds": self.device_seconds,
+            "wall_seconds": self.wall_seconds,
+            "floor_seconds": None if t is None else t.floor_seconds,
+            "work_seconds": None if t is None else t.work_seconds,
+            "batch_steps": None if t is None else t.batch_steps,
+            "passes": None if t is None else t.passes,
+            "estimate": "-" if self.wall_seconds is None else format_duration(self.wall_seconds),
+        }
+
+
+def price(
+    work: Workload,
+    costs: DeviceCosts,
+    rate: float | None,
+    measured: Callable[[], float | None] | None = None,
+) -> Price:
+    """`work`'s time by the module's rule; `measured()` gives a calibrated rate (or None) for a
+    CPU workload no costs table prices (the caller loads the model and caches)."""
+    table = tables(costs)[work.kind]
+    time: DeviceTime | None = None
+    here, priced_by = rate, "--rate" if rate is not None else "-"
+    if rate is None and table is not None and work.shape is not None:
+        time = work.device_time(table)
+        priced_by = table.device
+        here = work.sample_steps / time.seconds if time.seconds > 0 else None
+    elif rate is None and work.kind == "cpu" and measured is not None:
+        here = measured()
+        priced_by = "calibration" if here is not None else "-"
+    seconds = time.seconds if time is not None else None
+    if seconds is None and here:
+        seconds = work.sample_steps / here
+    wall = None if seconds is None else seconds / work.replicas
+    return Price(priced_by, here, seconds, wall, time)
+
+
+@dataclass
+class Totals:
+    """A plan's sums: samples, sample-steps, GPU- and CPU-hours (over every replica), the wall
+    (workloads one after another), and the workloads of unknown shape and without a price."""
+
+    samples: int = 0
+    sample_steps: int = 0
+    gpu_hours: float = 0.0
+    cpu_hours: float = 0.0
+    wall_seconds: float = 0.0
+    unshaped: int = 0
+    unpriced: int = 0
+
+    def add(self, work: Workload, cost: Price) -> None:
+        self.samples += work.samples
+        self.sample_steps += work.sample_steps
+        self.unshaped += work.shape is None
+        if cost.device_seconds is None or cost.wall_seconds is None:
+            self.unpriced += 1
+            return
+        if work.kind == "gpu":
+            self.gpu_hours += cost.device_seconds / 3600
+        else:
+            self.cpu_hours += cost.device_seconds / 3600
+        self.wall_seconds += cost.wall_seconds
