@@ -37,6 +37,7 @@ from sodaray.experiment.cluster import Placement, actor_options, describe, repli
 from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit
+from sodaray.search.scheduler import pick_replica
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +152,10 @@ class ActorGroup:
         while self.waiting:
             unit = self.waiting[0]
             free = [i for i in range(len(self.actors)) if self._takes(i, unit)]
-            if not free:
-                return
             load = {i: sum(u.samples for u, j in self.running.values() if j == i) for i in free}
-            replica = min(free, key=lambda i: (load[i], i))
+            replica = pick_replica(load)
+            if replica is None:
+                return
             self.waiting.popleft()
             call = self.actors[replica].run.options(num_returns="streaming")
             self.running[call.remote(unit)] = (unit, replica)
