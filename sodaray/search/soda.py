@@ -640,11 +640,14 @@ class SodaBatch:
             slots = np.flatnonzero(changed & (self.host["group"] == g))
             objective, atol, rtol = self.groups[g]
             # Each candidate's input, its continuation but the last token, then zeros.
-            seqs = np.zeros((len(slots), int(lengths[slots].max()) + self.context.shape[1]))
-            for i, slot in enumerate(slots):
-                n = lengths[slot]
-                seqs[i, :n] = current[self.slot_rows[slot]]
-                seqs[i, n : n + self.context.shape[1]] = self.context[slot]
+            extra = self.context.shape[1]
+            seqs = np.zeros((len(slots), int(lengths[slots].max()) + extra), dtype=np.int64)
+            index = np.full(count, -1)
+            index[slots] = np.arange(len(slots))
+            rows = np.flatnonzero(index[self.row_slot] >= 0)
+            seqs[index[self.row_slot[rows]], self.row_offset[rows]] = current[rows]
+            after = lengths[slots][:, None] + np.arange(extra)
+            seqs[np.arange(len(slots))[:, None], after] = self.context[slots]
             match = check_sequences(
                 self.model,
                 objective,
