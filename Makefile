@@ -8,6 +8,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= results
+# pytest workers: each takes whole test files (a module's Ray instance and fixtures stay in
+# one process); two halve the suite's wall on 2 cores, where most of a test is waiting on Ray.
+JOBS ?= 2
 
 .PHONY: setup quickstart test clean-results
 
@@ -27,7 +30,7 @@ quickstart: setup
 
 test: setup
 	$(BIN)/ruff check sodaray tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 clean-results:
 	rm -rf $(OUT)/quickstart report

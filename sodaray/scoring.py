@@ -12,6 +12,7 @@ transformer compute only; the (rows, V) state of a relaxed search holds no paddi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,10 @@ from torch import Tensor
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets, observation, screen_slack
+
+# Sequences a search's `misses` holds at most (`check_sequences`): bytes of a few tokens each;
+# past it, a near miss is confirmed again each time it comes back (slower, never wrong).
+MISS_MEMORY = 1024
 
 
 @dataclass
@@ -189,6 +194,7 @@ def check_sequences(
     rows: Tensor,
     atol: float,
     rtol: float,
+    misses: Sequence[set[bytes]] | None = None,
 ) -> Tensor:
     """Whether each candidate reproduces its observed output exactly, (C,) bool. Candidate c is
     `sequences[c]`: its `lengths[c]` input tokens, then its row's continuation but the last
@@ -200,7 +206,11 @@ def check_sequences(
     the few candidates it lets through are decided in the canonical shape
     (`LoadedModel.canonical_logits`), where targets were recorded. So a decision does not
     depend on what shared the batch or on its width, and a true input reproduces its target
-    bit for bit: never missed (issue 37)."""
+    bit for bit: never missed (issue 37).
+
+    `misses[c]`, where given, holds the sequences the confirm already turned down for
+    candidate c's search: the canonical computation is deterministic, so one seen there is not
+    computed again, and one turned down now joins it (up to `MISS_MEMORY` a search)."""
     kind = observation(objective.kind)
     m, p = objective.output_tokens, len(model.prefix_ids)
     ids = sequences
@@ -216,11 +226,23 @@ def check_sequences(
     near = near.nonzero().squeeze(1)
     if len(near) == 0:
         return found
+    keys: dict[int, bytes] = {}
+    if misses is not None:  # what the confirm turned down before is not confirmed again
+        host = sequences[near].cpu().numpy()
+        for i, (c, n) in enumerate(zip(near.tolist(), lengths[near].tolist(), strict=True)):
+            keys[c] = host[i, : n + m - 1].tobytes()
+        fresh = [keys[c] not in misses[c] for c in keys]
+        near = near[torch.tensor(fresh, dtype=torch.bool, device=near.device)]
     near_lengths = lengths[near]
     for n in near_lengths.unique().tolist():
         group = near[near_lengths == n]
         logits = model.canonical_logits(sequences[group, : n + m - 1], m)
-        found[group] = kind.compare(objective, logits, batch, rows[group], atol, rtol)
+        ok = kind.compare(objective, logits, batch, rows[group], atol, rtol)
+        found[group] = ok
+        if misses is not None:
+            for c in group[~ok].tolist():
+                if len(misses[c]) < MISS_MEMORY:
+                    misses[c].add(keys[c])
     return found
 
 

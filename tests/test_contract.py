@@ -132,3 +132,39 @@ def test_one_thread_invariance_holds_on_other_instruction_sets(isa):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "skipped" not in proc.stdout
+
+
+def test_a_near_miss_is_confirmed_once_a_search_and_a_true_input_still_found():
+    """The confirm is deterministic, so a search remembers the sequences it turned down
+    (`check_sequences(misses=...)`): a candidate that passes the screen and fails the confirm
+    costs one canonical computation however often the search comes back to it. Targets nudged
+    by 1e-5 of their size pass the screen and fail at tolerance 0; the true ones still pass."""
+    from sodaray.scoring import check_sequences
+
+    model = tiny_model("qwen2")
+    tokens = [[(7 * i + 3 * j + 1) % 64 for j in range(1 + i % 3)] for i in range(6)]
+    exact = sodaray.make_targets(model, tokens, objective=sodaray.Objective(atol=0.0, rtol=0.0))
+    nudged = sodaray.make_targets(model, tokens, objective=sodaray.Objective(atol=0.0, rtol=0.0))
+    nudged.observed_values = nudged.observed_values * (1 + 1e-5)
+    width = max(map(len, tokens))
+    sequences = torch.tensor([t + [0] * (width - len(t)) for t in tokens])
+    lengths = torch.tensor([len(t) for t in tokens])
+    rows = torch.arange(len(tokens))
+    calls = []
+    canonical = model.canonical_logits
+    model.canonical_logits = lambda seqs, m: calls.append(len(seqs)) or canonical(seqs, m)
+
+    def check(targets, misses):
+        entries = [SlotEntry(targets, r, len(tokens[r]), None) for r in range(len(tokens))]
+        batch = observed_rows(entries, model.device)
+        return check_sequences(
+            model, targets.objective, sequences, lengths, batch, rows, 0.0, 0.0, misses=misses
+        )
+
+    misses = [set() for _ in tokens]
+    assert not check(nudged, misses).any() and sum(calls) == len(tokens)  # all confirmed once
+    assert all(len(m) == 1 for m in misses)
+    assert not check(nudged, misses).any() and sum(calls) == len(tokens)  # none again
+    fresh = [set() for _ in tokens]
+    assert check(exact, fresh).all() and fresh == [set() for _ in tokens]  # a find is not a miss
+    assert not check(exact, misses).any()  # the memory is consulted: what it holds is skipped

@@ -24,8 +24,10 @@ def test_found_answers_equal_brute_force(stories):
     rng = np.random.default_rng(1)
     tokens = [[int(t)] for t in rng.choice(stories.vocab_size, size=24, replace=False)]
     targets = sodaray.make_targets(stories, tokens)
+    # 600 steps: 15 of these 24 are found by then on the machine that chose it (19 by 2,000,
+    # which took 52 s of the suite); the bar below is half.
     results = sodaray.invert(
-        stories, targets, sodaray.SodaConfig(max_steps=2000, max_batch_size=24)
+        stories, targets, sodaray.SodaConfig(max_steps=600, max_batch_size=24)
     )
     found = [r for r in results if r.found]
     for r in found:

@@ -332,6 +332,8 @@ class SodaBatch:
         # and each slot's observed continuation but its last token, so the check's sequences
         # are built on the host, in one copy to the device.
         self.row_last = np.zeros(0, dtype=np.int64)
+        # Each slot's sequences the match check's confirm turned down (`check_sequences`).
+        self.misses = np.empty(0, dtype=object)
         self.context = np.zeros((0, 0), dtype=np.int64)
         self.configs: dict[str, int] = {}
         self.groups: list[tuple[Objective, float, float]] = []
@@ -402,6 +404,9 @@ class SodaBatch:
             }
         )
         self.row_last = np.concatenate([self.row_last, np.full(total, -1, dtype=np.int64)])
+        misses = np.empty(len(entries), dtype=object)
+        misses[:] = [set() for _ in entries]
+        self.misses = np.concatenate([self.misses, misses])
         context = np.stack([e.targets.continuation[e.row, :-1].numpy() for e in entries])
         before = self.context if len(self.context) else self.context.reshape(0, context.shape[1])
         self.context = np.concatenate([before, context])
@@ -430,6 +435,7 @@ class SodaBatch:
         self.row_offset = apply_plan(self.row_offset, row_left, row_holes, row_movers)
         self.row_last = apply_plan(self.row_last, row_left, row_holes, row_movers)
         self.context = apply_plan(self.context, left, holes, movers)
+        self.misses = apply_plan(self.misses, left, holes, movers)
         self.slots.remove(left, holes, movers)
         for name in self.host:
             self.host[name] = apply_plan(self.host[name], left, holes, movers)
@@ -657,6 +663,7 @@ class SodaBatch:
                 torch.as_tensor(slots, device=dev),
                 atol,
                 rtol,
+                misses=self.misses[slots],
             )
             found[slots] = match.cpu().numpy()
         return found
