@@ -107,12 +107,12 @@ def test_jobs_of_other_configs_share_the_batch_without_changing_a_result(
     wide inner dimensions."""
     model = [{"id": str(STORIES), "num_cpus": 1, "mix_lengths": mix_lengths}]
     alone = run_sweep(
-        load_sweep(write_sweep(tmp_path, max_steps=120, models=model)), tmp_path / "alone"
+        load_sweep(write_sweep(tmp_path, max_steps=60, models=model)), tmp_path / "alone"
     )
     grid = {"temperature": [0.05, 0.1]}
     shared = write_sweep(
         tmp_path,
-        max_steps=120,
+        max_steps=60,
         models=model,
         algorithms=[{"name": "soda", "params": {"max_batch_size": BATCH}, "grid": grid}],
     )
