@@ -326,6 +326,14 @@ def result_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return files
 
 
+def _unreadable(path: Path, named: bool, what: str, exc: BaseException) -> None:
+    """A result file pyarrow cannot read: an error when the caller named it, else a warning
+    (the caller passes it over)."""
+    if named:
+        raise ResultsError(f"{path}: {what} ({first_line(exc)})") from exc
+    log.warning("skipped %s: not a readable Parquet file (%s)", path, first_line(exc))
+
+
 def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
     """All result rows under `paths` (files or folders), checked against the schema version.
 
@@ -341,11 +349,9 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowException) as exc:
-            if f in named:
-                raise ResultsError(f"{f}: not a Parquet file ({first_line(exc)})") from exc
             # A shard cut short inside a results folder: the others still make a report, and
             # `sodaray sweep run` sets it aside and computes it again.
-            log.warning("skipped %s: not a readable Parquet file (%s)", f, first_line(exc))
+            _unreadable(f, f in named, "not a Parquet file", exc)
             continue
         version = (schema.metadata or {}).get(VERSION_KEY)
         if version is None and b"sodaray.dataset.version" in (schema.metadata or {}):
@@ -367,9 +373,7 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
         except (OSError, pa.ArrowException) as exc:
             # A footer that reads and a page that does not (a corrupt, not truncated, file):
             # named, and in a folder passed over, so the good shards beside it still report.
-            if f in named:
-                raise ResultsError(f"{f}: not a readable Parquet file ({first_line(exc)})") from exc
-            log.warning("skipped %s: not a readable Parquet file (%s)", f, first_line(exc))
+            _unreadable(f, f in named, "not a readable Parquet file", exc)
             continue
         for field in RESULT_SCHEMA:  # older files: add the columns they lack as nulls
             if field.name not in table.column_names:
