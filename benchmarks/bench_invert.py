@@ -7,9 +7,9 @@
     python3 benchmarks/bench_invert.py --suite gpu --device cuda --out benchmarks/gpu-costs.yaml
 
 `--suite gpu` (issue 41) measures what a step costs, in one process, per case and precision
-(float32 and bfloat16 unless --precision names one): ms/step (a steady step: two runs of
-different lengths, the difference over the extra steps), kernels per step (torch.profiler with
-CUDA activity; the same difference), host-device copies per step, the GPU-busy share (the
+(float32, tf32 on CUDA, and bfloat16 unless --precision names one): ms/step (a steady step: two
+runs of different lengths, the difference over the extra steps), kernels per step (torch.profiler
+with CUDA activity; the same difference), host-device copies per step, the GPU-busy share (the
 union of the kernels' and copies' time over the wall of a profiled run), achieved TFLOP/s
 (the FLOPs `sodaray.cost` counts), and its share of the bf16 matrix peak measured in the same
 run (an 8192^3 bf16 product timed with CUDA events); with --authors-cmd, the authors' code on
@@ -81,6 +81,9 @@ SUITES = {
 }
 GPU_SUITE_ON_CPU = ["stories:3:1", "stories:3:8"]  # the gpu suite's reduced form (CI, no GPU)
 PRECISIONS = ("float32", "bfloat16")
+# On CUDA also tf32 (float32 state, tensor-core products): the H200 run of 2026-11-26 showed
+# float32's products on the SIMT cores (sm80_xmma ..._ffma kernels), and tf32 was not measured.
+CUDA_PRECISIONS = ("float32", "tf32", "bfloat16")
 PROFILED_STEPS = 10  # steps under the profiler (beyond a 2-step run subtracted)
 # Profiler CPU ops that move no data or only describe it (../shared/tools/opcount.py's list):
 # the ops left are the CPU form of "kernels per step".
@@ -393,7 +396,8 @@ def gpu_suite(args, device: str) -> None:
 
     cuda = device.startswith("cuda")
     cases = args.case or (SUITES["gpu"] if cuda else GPU_SUITE_ON_CPU)
-    precisions = [args.precision] if args.precision else list(PRECISIONS)
+    default = CUDA_PRECISIONS if cuda else PRECISIONS
+    precisions = [args.precision] if args.precision else list(default)
     if "float32" not in precisions:  # every costs table holds float32 (the fallback)
         precisions.insert(0, "float32")
     full = torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu"
@@ -533,7 +537,8 @@ def main() -> None:
     parser.add_argument(
         "--precision",
         choices=("float32", "tf32", "bfloat16"),
-        help="SODA gradient-pass precision (default float32; the gpu suite: float32 and bfloat16)",
+        help="SODA gradient-pass precision (default float32; the gpu suite: float32, tf32 on CUDA, "
+        "and bfloat16)",
     )
     parser.add_argument("--out", help="--suite gpu: write the fit costs here (YAML)")
     parser.add_argument("--threads", type=int, default=2)

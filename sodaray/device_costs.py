@@ -1,6 +1,7 @@
 """What a search step takes on a device, from measured costs: a floor per transformer pass and a
 rate for the batch's work. The H100 figures of issue 41 are the built-in defaults until a device
-is re-measured (`benchmarks/bench_invert.py --suite gpu --out FILE` writes a costs file).
+is re-measured (`benchmarks/bench_invert.py --suite gpu --out FILE` writes a costs file); an
+H200's, measured by that suite, are built in as `h200`.
 
     step seconds = passes x (pass_seconds + layers x layer_seconds)
                    + (sum of the step's sample FLOPs) / flops_per_second
@@ -287,7 +288,39 @@ H100 = DeviceCosts(
     },
     source="issue 41's figures, H100 80GB HBM3, 2026-11-25, not re-measured",
 )
-BUILT_IN: dict[str, DeviceCosts] = {"h100": H100}
+
+
+# ---- the H200 figures (benchmarks/RESULTS.md, "Issue 41 on an H200"): NVIDIA H200 141GB,
+# 2026-11-26, sodaray at 740535d, torch 2.11 + CUDA 13.0, `bench_invert.py --suite gpu` (its
+# models, 20 steps, one process; the first of its two runs). Qwen n=3 B=1000 was not reached
+# within the lease, so the float32 slope rests on neo's largest batch.
+def _h200(label: str, shape: ModelShape, n: int, b: int, precision: str, ms: float, held=False):
+    return MeasuredStep(label, shape, n, b, precision, ms, held_out=held)
+
+
+H200_STEPS: tuple[MeasuredStep, ...] = (
+    _h200("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),
+    _h200("neo n=10 B=64", _NEO, 10, 64, "float32", 16.8, held=True),
+    _h200("neo n=10 B=1000", _NEO, 10, 1000, "float32", 113.0),
+    _h200("qwen n=3 B=64", _QWEN, 3, 64, "float32", 117.8),
+    _h200("qwen n=3 B=256", _QWEN, 3, 256, "float32", 221.7, held=True),
+    _h200("neo n=10 B=1", _NEO, 10, 1, "bfloat16", 16.1),
+    _h200("neo n=10 B=64", _NEO, 10, 64, "bfloat16", 20.1, held=True),
+    _h200("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 68.7),
+    _h200("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 123.3),
+)
+
+# fit_costs over H200_STEPS' fit rows, to three figures (tests/test_device_costs.py refits).
+H200 = DeviceCosts(
+    device="h200",
+    kind="gpu",
+    precisions={
+        "float32": PrecisionCosts(0.0, 4.09e-3, 2.93e13),
+        "bfloat16": PrecisionCosts(0.0, 4.32e-3, 5.48e13),
+    },
+    source="bench_invert.py --suite gpu on an NVIDIA H200, 2026-11-26 (RESULTS.md)",
+)
+BUILT_IN: dict[str, DeviceCosts] = {"h100": H100, "h200": H200}
 
 
 # ---- costs files ------------------------------------------------------------------------------

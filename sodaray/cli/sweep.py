@@ -25,7 +25,7 @@ OVERRIDE_HELP = (
 COSTS_HELP = (
     "measured step costs: a costs file (YAML, as `benchmarks/bench_invert.py --suite gpu "
     "--out FILE` writes it; kind gpu prices the GPU jobs, kind cpu the CPU jobs) or a "
-    "built-in device (h100: issue 41's figures)"
+    "built-in device (h100: issue 41's figures; h200: measured on an H200)"
 )
 
 
