@@ -385,7 +385,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "plan-costs-missing",
         ["sweep", "plan", "{tmp}/s.yaml", "--costs", "{tmp}/none.yaml"],
-        "no such costs file, nor built-in costs (built in: h100)",
+        "no such costs file, nor built-in costs (built in: h100, h200)",
         sweep(),
     ),
     (
