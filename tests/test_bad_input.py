@@ -348,6 +348,26 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     ),
     # ---- sweep plan, train-inverter
     ("plan-missing-file", ["sweep", "plan", "{tmp}/none.yaml"], "no such sweep file", {}),
+    (  # issue 38: no preset, so the family's defaults, which need the model's config
+        "plan-family-config-unreadable",
+        ["sweep", "plan", "{tmp}/s.yaml", "--no-calibrate"],
+        "model m: cannot read the config of",
+        {
+            "models/m": "bad-config-model",
+            "s.yaml": SWEEP.replace('"{model}"', "models/m").format(
+                params="{}", objective="{kind: logits}", resources=""
+            ),
+        },
+    ),
+    (
+        "tune-family-config-too-large",
+        ["tune", "{tmp}/t.yaml", "--dry-run"],
+        "larger than 4 MB",
+        {
+            "models/m": "huge-config-model",
+            "t.yaml": tuning()["t.yaml"].replace('"{model}"', "models/m"),
+        },
+    ),
     (  # issue 39: the error names the rule for relative paths and where it looked
         "plan-relative-model-missing",
         ["sweep", "plan", "{tmp}/sub/s.yaml", "--no-calibrate"],
@@ -494,6 +514,10 @@ def _materialise(tmp: Path, files: dict[str, str]) -> None:
             indices = np.array([[3, 3, 5]]) if content == "duplicate-indices" else np.ones((1, 3))
             values = np.array([[3.0, 2.0, 1.0]], dtype=np.float32)
             save_file({"values": values, "indices": indices}, str(path))
+        elif content in ("bad-config-model", "huge-config-model"):
+            shutil.copytree(STORIES, path)
+            config = "{not json" if content == "bad-config-model" else " " * (5 << 20) + "{}"
+            (path / "config.json").write_text(config)
         elif content in ("truncated-model", "empty-model"):
             shutil.copytree(STORIES, path)
             weights = (STORIES / "model.safetensors").read_bytes()

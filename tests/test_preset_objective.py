@@ -73,7 +73,10 @@ def sweep_file(tmp_path: Path, models: str, objectives: str) -> Path:
 
 def test_a_sweep_applies_a_preset_objective_under_its_own_fields(tmp_path):
     p = preset(tmp_path, {"space": "centred"})
-    models = f'[{{id: "{STORIES}", name: tuned, preset_file: "{p}"}}, {{id: "{STORIES}"}}]'
+    # The second entry names the preset SODA's defaults equal (raw logits): with none, its
+    # family's defaults would apply (tests/test_families.py).
+    plain = f'{{id: "{STORIES}", preset: tinystories-33m}}'
+    models = f'[{{id: "{STORIES}", name: tuned, preset_file: "{p}"}}, {plain}]'
     objectives = "[{kind: logits}, {kind: logits, space: raw}, {kind: logits, loss: mse}]"
     sweep = load_sweep(sweep_file(tmp_path, models, objectives))
     spaces = {(j.model.label, j.objective.space, j.objective.loss) for j in sweep.jobs()}
@@ -133,9 +136,13 @@ def test_a_study_compares_as_its_preset_says_and_writes_how_it_compared(tmp_path
     assert load_preset_objective(written) == {"space": "centred"}
     assert load_preset_file(written)["learning_rate"] == 0.05
     # One in raw logits (the default) writes no objective: nothing to apply.
-    spec = load_tuning(tuning_file(tmp_path, {"id": str(STORIES)}))
+    spec = load_tuning(tuning_file(tmp_path, {"id": str(STORIES), "preset": "tinystories-33m"}))
     written = write_preset(spec, best, tmp_path / "raw.yaml")
     assert "objective" not in yaml.safe_load(written.read_text())
+    # One with no preset ran in its family's space (stories260K: Llama, centred): so is its own.
+    spec = load_tuning(tuning_file(tmp_path, {"id": str(STORIES)}))
+    written = write_preset(spec, best, tmp_path / "family.yaml")
+    assert load_preset_objective(written) == {"space": "centred"}
 
 
 def test_a_tuning_files_objective_that_clashes_with_its_preset_is_refused(tmp_path):
@@ -157,8 +164,10 @@ def test_invert_takes_a_preset_files_objective_unless_a_flag_says_otherwise(tmp_
     assert (row["space"], row["loss"]) == ("centred", "mse")
     row = invert_row(["--preset-file", str(p), "--space", "raw"], capsys)
     assert (row["space"], row["loss"]) == ("raw", "mse")
-    row = invert_row([], capsys)
+    row = invert_row(["--preset", "tinystories-33m"], capsys)
     assert (row["space"], row["loss"]) == ("raw", "huber")
+    row = invert_row([], capsys)  # no preset: stories260K is Llama, whose family compares centred
+    assert (row["space"], row["loss"], row["defaults"]["family"]) == ("centred", "huber", "llama")
 
 
 def test_entries_that_make_one_job_twice_make_it_once(tmp_path):

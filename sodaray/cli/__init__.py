@@ -169,19 +169,61 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_invert)
 
 
-def _algorithm_config(args: argparse.Namespace):
+def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
+    """The algorithm's config from the flags: the named preset, or with none the model's family
+    defaults (`defaults`, a `sodaray.families.Defaults`; None before the model is loaded, to
+    check the flags' own values), then --param, --max-steps, --max-batch-size and --seed."""
     from sodaray.api import make_config
     from sodaray.presets import preset_params
 
     if (args.preset or args.preset_file) and args.algorithm != "soda":
         raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
-    params = {**preset_params(args.algorithm, args.preset, args.preset_file), **dict(args.param)}
+    if defaults is not None:
+        base = defaults.params(args.algorithm)
+    else:
+        base = preset_params(args.algorithm, args.preset, args.preset_file)
+    params = {**base, **dict(args.param)}
     if args.max_steps is not None:
         params["max_steps"] = args.max_steps
     if args.max_batch_size is not None:
         params["max_batch_size"] = args.max_batch_size
     params["seed"] = args.seed
     return make_config(args.algorithm, params, source="parameters")
+
+
+def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults: Any = None):
+    """The objective from the flags over the preset file's comparison settings (`objective:
+    {space: centred}`), or with no preset the model's family's (`defaults`)."""
+    from sodaray.presets import load_preset_objective
+    from sodaray.validation import make_objective
+
+    settings = load_preset_objective(args.preset_file) if args.preset_file else {}
+    if defaults is not None:
+        settings = defaults.objective({"kind": kind, "top_k": top_k})
+    given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    return make_objective(
+        dict(
+            kind=kind,
+            top_k=args.top_k,
+            **settings,
+            output_tokens=args.output_tokens,
+            text_loss=args.text_loss,
+            fluency_form=args.fluency_form,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
+    )
+
+
+def _family_defaults(args: argparse.Namespace, model: Any) -> Any:
+    """The model's family defaults when no preset is named (None when one is), by its loaded
+    config's `model_type` (`sodaray.families`, the rule sweeps and tuning use too)."""
+    if args.preset or args.preset_file:
+        return None
+    from sodaray.families import defaults_for
+
+    return defaults_for(getattr(getattr(model.model, "config", None), "model_type", None))
 
 
 def cmd_invert(args: argparse.Namespace) -> int:
@@ -208,7 +250,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if args.top_k is not None and args.top_k < 1:
         raise CliError(f"--top-k must be at least 1, not {args.top_k}")
     config = _algorithm_config(args)  # validate before the (slow) model load
-    from sodaray.validation import check_context, check_device, check_output_file, make_objective
+    from sodaray.validation import check_context, check_device, check_output_file
 
     if args.device:
         check_device(args.device)
@@ -220,24 +262,13 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if args.logits_file:
         regular_file(args.logits_file, "logits file")  # a directory, /dev/zero: said so
     kind = args.objective or ("text" if args.output_text else "logits")
-    # The preset file's comparison settings (`objective: {space: centred}`), under any flag given.
-    from sodaray.presets import load_preset_objective
-
-    settings = load_preset_objective(args.preset_file) if args.preset_file else {}
-    given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
-    settings.update({k: v for k, v in given.items() if v is not None})
-    objective: Objective = make_objective(
-        dict(
-            kind=kind,
-            top_k=args.top_k,
-            **settings,
-            output_tokens=args.output_tokens,
-            text_loss=args.text_loss,
-            fluency_form=args.fluency_form,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
-    )
+    observed = None  # a logits file, read before the load: its top-k decides the objective too
+    top_k = args.top_k
+    if args.logits_file:
+        observed = read_logits_file(args.logits_file)
+        if observed[1] is not None:
+            top_k = int(observed[1].shape[-1])
+    objective: Objective = _objective(args, kind, top_k)
     logging.info("loading %s", args.model)
     model = load_model(
         args.model,
@@ -247,6 +278,10 @@ def cmd_invert(args: argparse.Namespace) -> int:
         bos=args.bos,
         trust_remote_code=args.trust_remote_code,
     )
+    defaults = _family_defaults(args, model)
+    if defaults is not None:
+        config = _algorithm_config(args, defaults)
+        objective = _objective(args, kind, top_k, defaults)
     length = args.length
     if args.prompt or args.tokens:
         texts_tokens = [model.encode(p) for p in args.prompt] + list(args.tokens)
@@ -259,7 +294,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         targets = targets_from_text(model, args.output_text, objective=objective)
         length = length or "auto"
     else:
-        values, indices = read_logits_file(args.logits_file)
+        values, indices = observed
         targets = targets_from_logits(model, values, indices, objective=objective)
         length = length or "auto"
 
@@ -279,13 +314,14 @@ def cmd_invert(args: argparse.Namespace) -> int:
         per_target = most_sample_steps(1, config, length, args.max_length)
         bar = InvertProgress(len(targets), per_target, config.stepwise)
     done: dict[int, Any] = {}  # sample id -> its result row (a one-row table)
+    chosen = None if defaults is None else defaults.to_dict()
 
     def show(res) -> None:
         """Print a target's result as soon as it finishes: a run cut short (Ctrl-C, a time
         limit) keeps every result found before."""
         table = result_rows([res], context)
         done[res.sample_id] = table
-        line = _result_line(res, table.to_pylist()[0], args.json)
+        line = _result_line(res, table.to_pylist()[0], args.json, chosen)
         if bar is not None:
             bar.write(line)
             bar.result(res)
@@ -309,6 +345,16 @@ def cmd_invert(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.step(active)
 
+    if defaults is not None:
+        # Which defaults and why: a line on stdout before the results (stderr is for errors,
+        # one line each), in each JSON row's `defaults` with --json, and in the log.
+        family = defaults.family
+        note = defaults.why()
+        if family is not None and family.bos_advice and not model.prefix_ids:
+            note += f"; no BOS before the input: {family.bos_advice}"
+        logging.info("defaults: %s", note)
+        if not args.json:
+            print(f"defaults: {note}", flush=True)
     main_thread = threading.current_thread() is threading.main_thread()  # signals: main only
     previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
     interrupted = False
@@ -348,10 +394,14 @@ def cmd_invert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _result_line(res: Any, row: dict[str, Any], as_json: bool) -> str:
+def _result_line(
+    res: Any, row: dict[str, Any], as_json: bool, defaults: dict[str, Any] | None = None
+) -> str:
     """One result as `invert` prints it: the result schema's row as JSON (its JSON columns
-    decoded), or a line for people."""
+    decoded; `defaults`: the family defaults used, null when a preset was named), or a line
+    for people."""
     if as_json:
+        row["defaults"] = defaults
         row["params"] = json.loads(row["params"])
         row["versions"] = json.loads(row["versions"])
         row["finished_at"] = row["finished_at"].isoformat()  # as JSON, with its UTC offset

@@ -134,6 +134,12 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    # Each model entry without a preset: its family defaults and why (their job files say so,
+    # and --json's `defaults`); on stdout, where stderr keeps an error to one line.
+    defaults = model_defaults(sweep.jobs(limit=args.limit, model=args.model))
+    if not args.json:
+        for label, chosen in defaults.items():
+            print(f"model {label}: {chosen['why']}", flush=True)
     track = None
     if args.mlflow:
         from sodaray.cli.tracking import sweep_logger
@@ -204,7 +210,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 
         check = check_run(planned, run)
     if args.json:
-        print(json.dumps({**run_summary(sweep.name, run, jobs), "plan": check}))
+        summary = {**run_summary(sweep.name, run, jobs), "plan": check, "defaults": defaults}
+        print(json.dumps(summary))
         return incomplete
     _print_status(jobs)
     occupancy = run.occupancy
@@ -244,6 +251,11 @@ def _costs(source: str):
     from sodaray.device_costs import load_costs
 
     return load_costs(source)
+
+
+def model_defaults(jobs) -> dict[str, dict]:
+    """The family defaults each model entry without a preset got (`Job.defaults`), by label."""
+    return {j.model.label: j.defaults.to_dict() for j in jobs if j.defaults is not None}
 
 
 def run_summary(name: str, run, jobs) -> dict:
@@ -294,6 +306,10 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
     )
     jobs = sweep.jobs(limit=args.limit, model=args.model)
     check_jobs_fit(jobs, sweep.path)  # inputs beyond a model's context: refused, as `run` does
+    defaults = model_defaults(jobs)
+    if not args.json:
+        for label, chosen in defaults.items():
+            print(f"model {label}: {chosen['why']}")
     plan = plan_sweep(
         jobs,
         rate=args.rate,
@@ -302,7 +318,7 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
     )
     if args.json:
-        print(json.dumps({"sweep": sweep.name, **plan}))
+        print(json.dumps({"sweep": sweep.name, **plan, "defaults": defaults}))
         return 0
     rows, width = plan["jobs"], max(len(r["job"]) for r in plan["jobs"])
     print(f"sweep {sweep.name}: {len(rows)} jobs")

@@ -101,6 +101,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for line in dry_run_lines(study["estimate"]):
             print(line, file=sys.stderr)
         return 0
+    from sodaray.experiment.spec import model_defaults
+
+    model = spec.on_model(args.model).model
+    defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
+    if defaults is not None and not args.json:  # with --json: its `defaults`
+        print(f"model {model.label}: {defaults.why()}", flush=True)
     callbacks = []
     tracker = None
     if args.mlflow:  # the URI is checked before anything runs
@@ -142,7 +148,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if tracker is not None:
         tracker.finish(run, board)
     if args.json:
-        print(json.dumps(board))
+        print(json.dumps({**board, "defaults": None if defaults is None else defaults.to_dict()}))
     else:
         print_leaderboard(run, board)
     failure = no_trial_completed(run)
@@ -158,16 +164,20 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     the estimate of `sodaray.tuner.plan`, priced by `costs` as `sweep plan` prices."""
     import dataclasses
 
+    from sodaray.experiment.spec import model_defaults
     from sodaray.paths import inside
     from sodaray.tuner.plan import plan_study
 
     if args.model is not None:  # as `run_tuning` runs it
         spec = dataclasses.replace(spec, model=spec.model.with_id(args.model))
     trials = spec.trials if args.trials is None else args.trials
+    defaults = model_defaults(spec.model)
     return {
         "study": spec.name,
         "folder": str(inside(args.out, spec.name)),
         "model": spec.model.id,
+        # The family defaults of a model that names no preset (null: it names one).
+        "defaults": None if defaults is None else defaults.to_dict(),
         "algorithm": spec.algorithm,
         "trials": trials,
         "sampler": spec.sampler,

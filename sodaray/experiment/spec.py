@@ -1,8 +1,9 @@
 """Entries shared by sweep and tuning files, parsed once into dataclasses.
 
 A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and the two
-places a model's preset meets an algorithm entry's parameters (`algorithm_config`) and an
-objective entry's fields (`objective_config`). Every check raises through a `fail(where,
+places a model's preset, or its family's defaults when it names none (`model_defaults`), meets
+an algorithm entry's parameters (`algorithm_config`) and an objective entry's fields
+(`objective_config`). Every check raises through a `fail(where,
 message)` the caller makes with `failer`, so an error is one line naming the file and the field,
 whichever file kind it came from.
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import make_config
+from sodaray.errors import first_line
+from sodaray.families import Defaults, defaults_for, model_type_of
 from sodaray.fields import (
     Fail,
     check_grid,
@@ -98,7 +101,8 @@ class ModelSpec:
         return in_file(self.preset_file, self.base) if self.preset_file else None
 
     def with_id(self, model: str) -> ModelSpec:
-        """Another model (`--model`) on this entry's resources and dtype; presets dropped."""
+        """Another model (`--model`) on this entry's resources and dtype; presets dropped, so
+        it gets its own family's defaults (`model_defaults`)."""
         return ModelSpec(
             id=model,
             num_gpus=self.num_gpus,
@@ -214,21 +218,51 @@ def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]
     return out
 
 
+def model_defaults(model: ModelSpec) -> Defaults | None:
+    """The defaults of a model entry that names no preset: its family's, by the `model_type`
+    its config gives, read on the driver from the model's files (`sodaray.families`; weights
+    never loaded). None when the entry names a preset, which is then used alone."""
+    if model.preset is not None or model.preset_file is not None:
+        return None
+    try:
+        return defaults_for(model_type_of(model.location, model.gguf_file))
+    except ValueError as exc:
+        raise ValueError(f"model {model.label}: {first_line(exc)}") from exc
+
+
 def algorithm_config(
-    algorithm: str, params: dict[str, Any], model: ModelSpec, *, seed: int, steps: int
+    algorithm: str,
+    params: dict[str, Any],
+    model: ModelSpec,
+    *,
+    seed: int,
+    steps: int,
+    defaults: bool = True,
 ) -> SearchConfig:
-    """The one place presets are applied: the model entry's preset (SODA's knobs), then the
-    entry's own parameters, then the file's step budget and seed; validated."""
-    merged = {**preset_params(algorithm, model.preset, model.preset_location), **params}
-    return make_config(algorithm, {**merged, "max_steps": steps, "seed": seed})
+    """The one place presets are applied: the model entry's preset (SODA's knobs), or with
+    none its family's (`model_defaults`), then the entry's own parameters, then the file's
+    step budget and seed; validated. `defaults=False` leaves the family out: a file's own
+    values are checked when it is read, before any model file is (every family's values are
+    valid, `tests/test_families.py`)."""
+    family = model_defaults(model) if defaults else None
+    if family is not None:
+        base = family.params(algorithm)
+    else:
+        base = preset_params(algorithm, model.preset, model.preset_location)
+    return make_config(algorithm, {**base, **params, "max_steps": steps, "seed": seed})
 
 
-def objective_config(entry: dict[str, Any], model: ModelSpec) -> Objective:
+def objective_config(
+    entry: dict[str, Any], model: ModelSpec, *, defaults: bool = True
+) -> Objective:
     """The one place a preset's objective settings are applied: the model entry's preset file's
-    `objective:` (e.g. `space: centred`), then the objective entry's own fields, which win;
-    validated."""
+    `objective:` (e.g. `space: centred`), or with no preset its family's space (`defaults`, as
+    in `algorithm_config`), then the objective entry's own fields, which win; validated."""
     preset_file = model.preset_location
     preset = load_preset_objective(preset_file) if preset_file else {}
+    family = model_defaults(model) if defaults else None
+    if family is not None:
+        preset = family.objective(entry)
     return make_objective({**preset, **entry})
 
 

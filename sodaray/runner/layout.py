@@ -377,6 +377,8 @@ def plan_jobs(
             "shard_size": job.shard_size,
             "config": job.config(),
             "overrides": list(overrides or []),
+            # The family defaults a model entry without a preset got, and why (not hashed).
+            "defaults": None if job.defaults is None else job.defaults.to_dict(),
         }
         if lock and (owner := acquire_lock(meta)) is not None:
             log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))

@@ -26,11 +26,13 @@ from sodaray.experiment.spec import (
     algorithm_config,
     check_top,
     expand_objective,
+    model_defaults,
     objective_config,
     parse_dataset,
     parse_model,
     parse_objective,
 )
+from sodaray.families import Defaults
 from sodaray.fields import (
     Fail,
     check_grid,
@@ -68,6 +70,10 @@ class Job:
     # A dataset file's `sodaray.dataset.hash`, set when planning: its rows decide results, not
     # its path (a file rebuilt in place with other rows makes a new job).
     dataset_hash: str | None = None
+    # The family defaults the model entry got for naming no preset (None: it named one): what
+    # its job file reports and why. Not hashed: their effect is in `search` and `objective`,
+    # so a job equal to one that named the same preset hashes as that job.
+    defaults: Defaults | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """Everything that decides this job's results (hashed into its folder name)."""
@@ -194,6 +200,7 @@ class Sweep:
                     self.samples_per_length,
                     limit,
                     self.shard_size,
+                    defaults=model_defaults(m),
                 )
             )
         # Entries can make one job twice (a preset's `space: centred` under an objective entry
@@ -307,18 +314,21 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         raise fail(
             "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
         )
-    # Expand once so every algorithm parameter is checked now, with each model's preset.
+    # Expand once so every algorithm parameter is checked now, with each model's preset; a
+    # family's defaults wait for `jobs()`, which reads each model's config.
     for i, entry in enumerate(algorithms):
         steps = entry.max_steps or sweep.max_steps
         for (_, params), m in itertools.product(entry.variants(), models):
             try:
-                algorithm_config(entry.name, params, m, seed=sweep.seeds[0], steps=steps)
+                algorithm_config(
+                    entry.name, params, m, seed=sweep.seeds[0], steps=steps, defaults=False
+                )
             except (TypeError, ValueError) as exc:
                 message = str(exc).removeprefix("config: ")
                 raise fail(f"algorithms[{i}]", message) from exc
     for (i, m), obj in itertools.product(enumerate(models), objectives):
         try:  # a preset's settings with each objective entry: `space: centred` and top_k 1 clash
-            objective_config(obj, m)
+            objective_config(obj, m, defaults=False)
         except (TypeError, ValueError) as exc:
             raise fail(f"models[{i}].preset_file", f"{exc} (with objective {obj})") from exc
     return sweep

@@ -4,6 +4,7 @@ search space, and how Optuna searches it. Validated on load: a bad field is a on
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from sodaray.experiment.spec import (
     TuningError,
     algorithm_config,
     check_top,
+    model_defaults,
     objective_config,
     parse_dataset,
     parse_model,
@@ -103,23 +105,52 @@ class TuningSpec:
     # A preset (name or YAML file) whose values open a new study as its first trial.
     start_from: str | None = None
 
-    def config(self, params: dict[str, Any]) -> SearchConfig:
+    def config(self, params: dict[str, Any], *, defaults: bool = True) -> SearchConfig:
         """The algorithm's full config for a trial's sampled `params` (objective ones aside):
-        the model's preset, then `fixed`, then the sampled values."""
+        the model's preset (or its family's defaults: `algorithm_config`), then `fixed`, then
+        the sampled values."""
         algo = {k: v for k, v in params.items() if not k.startswith(OBJECTIVE_PREFIX)}
         return algorithm_config(
-            self.algorithm, {**self.fixed, **algo}, self.model, seed=self.seed, steps=self.max_steps
+            self.algorithm,
+            {**self.fixed, **algo},
+            self.model,
+            seed=self.seed,
+            steps=self.max_steps,
+            defaults=defaults,
         )
 
-    def objective_for(self, params: dict[str, Any]) -> Objective:
-        """The objective with the model's preset settings, then the file's `objective`, then a
-        trial's `objective.*` parameters applied."""
+    def objective_for(self, params: dict[str, Any], *, defaults: bool = True) -> Objective:
+        """The objective with the model's preset settings (or its family's), then the file's
+        `objective`, then a trial's `objective.*` parameters applied."""
         over = {
             k.removeprefix(OBJECTIVE_PREFIX): v
             for k, v in params.items()
             if k.startswith(OBJECTIVE_PREFIX)
         }
-        return objective_config({**self.objective, **over}, self.model)
+        return objective_config({**self.objective, **over}, self.model, defaults=defaults)
+
+    def defaults_effect(self) -> dict[str, Any]:
+        """What the model's family defaults change in this study's trials: the knobs they set
+        that neither `fixed` nor the space sets, and the objective settings the file leaves
+        unset, each where it differs from the built-in default ({}: none, or a preset named).
+        The study's hash takes it (`tuner.study.spec_hash`), so a default that changes no
+        trial keeps a study's hash."""
+        family = model_defaults(self.model)
+        if family is None:
+            return {}
+        searched = {p.name for p in self.space} | set(self.fixed)
+        builtin = self.config({}, defaults=False).to_dict()
+        knobs = {
+            k: v
+            for k, v in family.params(self.algorithm).items()
+            if k not in searched and builtin.get(k) != v
+        }
+        plain = dataclasses.asdict(self.objective_for({}, defaults=False))
+        settings = {
+            k: v for k, v in family.objective(self.objective).items() if plain.get(k) != v
+        }
+        effect = {"params": knobs, "objective": settings}
+        return {k: v for k, v in effect.items() if v}
 
     def on_model(self, model: str | None) -> TuningSpec:
         """This study on another model (`--model`: its id, on the file's model entry's resources;
@@ -265,22 +296,24 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
                 )
             for value in samples:
                 try:
-                    spec.objective_for({p.name: value})
+                    spec.objective_for({p.name: value}, defaults=False)
                 except (TypeError, ValueError) as exc:
                     raise fail(f"space.{p.name}", str(exc)) from exc
             continue
         for value in samples:
             try:
-                spec.config({p.name: value})
+                spec.config({p.name: value}, defaults=False)
             except (TypeError, ValueError) as exc:
                 message = str(exc).removeprefix("config: ")
                 raise fail(f"space.{p.name}", message) from exc
+    # A family's defaults wait for the study's run (or `--dry-run`), which read the model's
+    # config; every family's values are valid.
     try:
-        spec.config({})
+        spec.config({}, defaults=False)
     except (TypeError, ValueError) as exc:
         raise fail("fixed", str(exc).removeprefix("config: ")) from exc
     try:  # the model's preset settings under the file's objective: a clash is the preset's
-        spec.objective_for({})
+        spec.objective_for({}, defaults=False)
     except (TypeError, ValueError) as exc:
         raise fail("model.preset_file", str(exc)) from exc
     return spec

@@ -87,10 +87,14 @@ def spec_hash(spec: TuningSpec) -> str:
     from sodaray.results import config_hash
 
     preset = {"preset": [spec.model.preset, spec.model.preset_file]}
+    # With no preset, what the model's family defaults change in the trials, only where they
+    # change something: a study they leave as it was keeps its hash.
+    effect = spec.defaults_effect()
     return config_hash(
         {
             # Named only when given, so files without a preset keep their studies' hashes.
             **(preset if spec.model.preset or spec.model.preset_file else {}),
+            **({"defaults": effect} if effect else {}),
             "model": spec.model.identity(),
             "data": spec.data.identity(),
             "algorithm": spec.algorithm,
