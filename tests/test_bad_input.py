@@ -149,6 +149,12 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     ),
     # ---- report
     ("report-format-comma", ["report", "{tmp}/r.parquet", "--format", ","], "names no format", {}),
+    (
+        "report-extrapolate-zero",
+        ["report", "{tmp}/r.parquet", "--extrapolate", "0"],
+        "--extrapolate takes a number of steps",
+        {},
+    ),
     ("report-format-unknown", ["report", "{tmp}", "--format", "pdf"], "pdf", {}),
     (
         "report-out-is-file",

@@ -430,6 +430,14 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "the local Hugging Face cache, skipped when absent)",
     )
     p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument(
+        "--extrapolate",
+        type=int,
+        metavar="STEPS",
+        help="also the budget tables and figure: exact against the step budget per model and "
+        "length (Wilson intervals), extrapolated to STEPS (e.g. 100000, the paper's) by four "
+        "fits with bootstrap intervals (seconds per group)",
+    )
     p.add_argument("--json", action="store_true", help="what was written, as one JSON object")
     p.set_defaults(func=cmd_report)
 
@@ -457,6 +465,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         formats=formats,
         embedding_model=args.embedding_model,
         figures=not args.no_figures,
+        extrapolate=args.extrapolate,
     )
     if args.json:
         summary = {

@@ -85,9 +85,15 @@ def build_report(
     formats: Iterable[str] = FORMATS,
     embedding_model: str | None = None,
     figures: bool = True,
+    extrapolate: int | None = None,
 ) -> Report:
-    """Regenerate every table and figure the rows under `paths` have data for, into `out`."""
+    """Regenerate every table and figure the rows under `paths` have data for, into `out`;
+    with `extrapolate` (steps), the budget tables and figure too (`sodaray.report.budget`)."""
     formats = list(formats)
+    if extrapolate is not None:  # checked before the rows are read
+        from sodaray.report.budget import check_target
+
+        check_target(extrapolate)
     bad = [f for f in formats if f not in RENDERERS]
     if bad:
         raise ValueError(f"unknown report format {bad[0]!r}; choose from {', '.join(FORMATS)}")
@@ -110,6 +116,15 @@ def build_report(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report.tables, report.skipped = build_tables(df)
+    found = []
+    if extrapolate is not None:
+        from sodaray.report.budget import budget_tables, groups
+
+        found = groups(df, extrapolate)
+        made = budget_tables(found, extrapolate)
+        report.tables += made
+        if not made:
+            report.skipped.append(Skipped("budget", "needs SODA rows with known inputs"))
     for table in report.tables:
         for fmt in formats:
             render, ext = RENDERERS[fmt]
@@ -123,6 +138,17 @@ def build_report(
         report.files += made
         report.captions.update(captions)
         report.skipped += skipped
+        if found:
+            from sodaray.report.budget import budget_figure
+            from sodaray.report.figures import _save
+
+            plot = budget_figure(found, extrapolate)
+            if plot is None:
+                report.skipped.append(Skipped("budget figure", "no group has an exact find"))
+            else:
+                path = _save(plot.figure, out / "budget.png")
+                report.files.append(path)
+                report.captions[path.name] = plot.caption
     index = out / "README.md"
     index.write_text(_index(report), encoding="utf-8")
     report.files.append(index)

@@ -1,0 +1,240 @@
+"""The budget tables and figure (`sodaray report --extrapolate STEPS`): exact against the step
+budget per model, configuration and input length, measured with Wilson intervals, and
+extrapolated to STEPS with bootstrap intervals (`sodaray.budget` holds the statistics and says
+what each extrapolation assumes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sodaray import budget as bud
+from sodaray.report.figures import (
+    BAND_ALPHA,
+    EDGE_ALPHA,
+    Plot,
+    _legend_outside,
+    _percent_axis,
+    _pyplot,
+    _rgba,
+    _source,
+    _title,
+    series_style,
+)
+from sodaray.report.tables import Cell, Table, by_setting, named, standard_rows, tuning_rows
+
+LABELS = {
+    "weibull": "Weibull",
+    "loglogistic": "log-logistic",
+    "weibull_cure": "Weibull with a never-found share",
+    "loglinear": "log-linear in steps",
+}
+CURVE_POINTS = 40  # steps between 1 and the target at which the fitted curves are drawn
+
+
+@dataclass
+class Group:
+    """One curve: a model, its configuration, an input length, and the fit of its rows."""
+
+    model: str
+    setting: str
+    length: int
+    rows: pd.DataFrame
+    fit: bud.BudgetFit
+
+    @property
+    def label(self) -> str:
+        return f"{named(self.model, self.setting)} / length {self.length}"
+
+
+def groups(
+    df: pd.DataFrame, target: int, *, boot: int = bud.BOOTSTRAP, seed: int = 0
+) -> list[Group]:
+    """SODA's rows (the paper tables' rows: main dataset, fixed lengths, no tuning trials, true
+    inputs known) by model, configuration and input length, each measured and extrapolated to
+    `target` steps. Rows of one group share a step budget (`max_steps` is part of their
+    configuration: `by_setting` splits by it)."""
+    base = df[(df["algorithm"] == "soda") & ~tuning_rows(df)]
+    base = standard_rows(base)
+    base = base[base["length"].notna() & base["exact"].notna()]
+    out = []
+    for model, rows in sorted(base.groupby("model_name"), key=lambda kv: str(kv[0])):
+        for setting, part in by_setting(rows):
+            for length, sel in sorted(part.groupby(part["length"].astype(int))):
+                budget = int(sel["max_steps"].astype(int).max())
+                samples = bud.Samples.from_rows(
+                    sel["steps"], sel["found"].astype(bool), sel["exact"].astype(bool), budget
+                )
+                # One fit per group, evaluated where the table and the figure need it.
+                steps = sorted(set(_targets(target)) | set(_curve_steps(budget, target)))
+                fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
+                out.append(Group(str(model), setting, int(length), sel, fit))
+    return out
+
+
+def _targets(target: int) -> list[int]:
+    """The steps the table shows: the usual ones up to `target`, and `target` itself."""
+    return sorted({t for t in bud.TARGETS if t < target} | {int(target)})
+
+
+def _curve_steps(budget: int, target: int) -> list[int]:
+    """Where the fitted curves are drawn: log-spaced from 1 to `target`, with the budget."""
+    grid = np.unique(np.geomspace(1, max(target, budget), CURVE_POINTS).astype(int))
+    return sorted({int(x) for x in grid} | {budget, target})
+
+
+def _estimate(e: bud.Estimate) -> Cell:
+    text = f"{100 * e.value:.1f} ({100 * e.low:.1f}–{100 * e.high:.1f})"
+    return Cell(text, e.value, e.low, e.high)
+
+
+def budget_tables(found: list[Group], target: int) -> list[Table]:
+    """`budget`: the measured share exact within each fraction of the budget (Wilson 95%), and
+    `budget_extrapolated`: each fit's share at the budget and beyond, to `target` (bootstrap
+    95%), with the fit's parameters."""
+    if not found:
+        return []
+    fractions = ("1/8", "1/4", "1/2", "1")
+    measured = Table(
+        "budget",
+        "Exact by step budget, measured",
+        "Exact (%) within a share of each group's step budget (the searches' own steps: a "
+        "search's first s steps do not depend on its budget), Wilson 95% interval; n: samples. "
+        "At any larger budget the share can only grow: the last column is a lower bound there.",
+        ["Model / length", "budget", "n", *(f"{f} of it" for f in fractions)],
+    )
+    for g in found:
+        samples = g.fit.samples
+        cells = [Cell(f"{samples.budget:,}", float(samples.budget))]
+        cells.append(Cell(str(samples.n), float(samples.n), n=samples.n))
+        for part in (8, 4, 2, 1):
+            steps = max(1, samples.budget // part)
+            cells.append(Cell.rate(bud.measured(samples, [steps])[steps]))
+        measured.rows.append((g.label, cells))
+    targets = _targets(target)
+    extrapolated = Table(
+        "budget_extrapolated",
+        f"Exact extrapolated to {target:,} steps",
+        "Exact (%) each fit gives at the group's budget and beyond (the fit on the samples; "
+        f"2.5th–97.5th percentiles over {bud.BOOTSTRAP:,} bootstrap resamples of the samples), "
+        "and its parameters. Weibull and log-logistic assume every input is found eventually at "
+        "a rate the budget's finds set; the cure model lets a share never be found; log-linear "
+        "continues the measured share's line against log(steps). Each interval is sampling "
+        "uncertainty under its own assumption: where the fits disagree, the rows do not decide. "
+        "Searches that stopped at another input with the same outputs are never exact and scale "
+        "every fit down. `sodaray.budget` says more.",
+        ["Model / length / fit", "at the budget", *(f"{t:,}" for t in targets), "parameters"],
+    )
+    for g in found:
+        fit = g.fit
+        if not fit.extrapolated:
+            extrapolated.rows.append(
+                (g.label, [Cell("no exact find: no fit")] + [Cell("")] * (len(targets) + 1))
+            )
+            continue
+        for model in bud.MODELS:
+            by_target = fit.extrapolated[model]
+            at_budget = fit.fitted_at_budget.get(model)
+            cells = [Cell("–" if at_budget is None else f"{100 * at_budget:.1f}", at_budget)]
+            cells += [_estimate(by_target[t]) for t in targets]
+            cells.append(Cell(_parameters(fit, model)))
+            extrapolated.rows.append((f"{g.label} / {LABELS[model]}", cells))
+    return [measured, extrapolated]
+
+
+def _parameters(fit: bud.BudgetFit, model: str) -> str:
+    if model not in fit.params:
+        return "–"
+    scale, shape = fit.params[model]
+    text = f"scale {scale:,.0f} steps, shape {shape:.2f}"
+    if model == "weibull_cure" and fit.cure_share is not None:
+        text += f", found share {100 * fit.cure_share:.0f}%"
+    if fit.at_edge.get(model):
+        text += " (scale at the fit's edge: too few finds to place it)"
+    return text
+
+
+def budget_figure(found: list[Group], target: int) -> Plot | None:
+    """A panel per model, configuration and length: the measured share exact by step (a step
+    function to the budget, its Wilson band hatched), and each fit's curve from step 1 to
+    `target` with its bootstrap band (hatched, one hatching per fit), on a log step axis."""
+    drawn = [g for g in found if g.fit.extrapolated]
+    if not drawn:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(
+        len(drawn), 1, figsize=(8.5, 3.2 * len(drawn)), squeeze=False, sharex=True
+    )
+    counts = []
+    for ax, g in zip((a for (a,) in axes), drawn, strict=True):
+        samples = g.fit.samples
+        steps = _curve_steps(samples.budget, target)
+        handles, labels = [], []
+        for j, model in enumerate(bud.MODELS):
+            style = series_style(j + 1)
+            est = g.fit.extrapolated[model]
+            values = [100 * est[s].value for s in steps]
+            (line,) = ax.plot(steps, values, color=style.color, linestyle=style.dash, zorder=3)
+            band = ax.fill_between(
+                steps,
+                [100 * est[s].low for s in steps],
+                [100 * est[s].high for s in steps],
+                facecolor=_rgba(style.color, BAND_ALPHA),
+                edgecolor=_rgba(style.color, EDGE_ALPHA),
+                hatch=style.hatch,
+                linewidth=0.5,
+                zorder=1,
+            )
+            handles.append((band, line))
+            labels.append(f"{LABELS[model]}, 95% bootstrap")
+        measured = bud.measured(samples, list(range(1, samples.budget + 1)))
+        xs = list(measured)
+        ys = [100 * p.value for p in measured.values()]
+        black = series_style(0)
+        (line,) = ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=1.6, zorder=4)
+        band = ax.fill_between(
+            xs,
+            [100 * p.low for p in measured.values()],
+            [100 * p.high for p in measured.values()],
+            step="post",
+            facecolor=_rgba("black", BAND_ALPHA),
+            edgecolor=_rgba("black", EDGE_ALPHA),
+            hatch=black.hatch,
+            linewidth=0.5,
+            zorder=2,
+        )
+        handles.insert(0, (band, line))
+        labels.insert(0, f"measured (n={samples.n}), 95% Wilson")
+        ax.axvline(samples.budget, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlim(1, max(target, samples.budget) * 1.05)
+        _percent_axis(ax)
+        ax.set_ylabel("exact (%)")
+        ax.set_title(f"{g.label} (n={samples.n})", fontsize="small")
+        _legend_outside(ax, handles, labels, f"dotted: budget {samples.budget:,}")
+        counts.append(samples.n)
+    axes[-1][0].set_xlabel("steps (log scale)")
+    rows = pd.concat([g.rows for g in drawn])
+    fig.suptitle(_title(rows, f"Exact vs step budget, extrapolated to {target:,}", counts))
+    caption = (
+        f"Exact inversion against the step budget ({_source(rows)}), a panel per model, "
+        "configuration and input length: the measured share exact within s steps (black step "
+        "function to the dotted budget line; hatched: 95% Wilson interval), and four fits of "
+        f"the per-sample steps to an exact find continued to {target:,} steps, each with its "
+        f"95% bootstrap band ({bud.BOOTSTRAP:,} resamples of the samples): Weibull, "
+        "log-logistic, Weibull with a never-found share, and a line in log(steps). Past the "
+        "budget nothing is measured: the bands are each fit's sampling uncertainty under its "
+        "own assumption (see the budget_extrapolated table). n: samples, per panel: "
+        + "; ".join(f"{g.label}: n={g.fit.samples.n}" for g in drawn)
+        + "."
+    )
+    return Plot(fig, caption)
+
+
+def check_target(target: int) -> int:
+    """`--extrapolate`'s steps: a whole number from 1 to 10^9."""
+    if isinstance(target, bool) or not isinstance(target, int) or not 1 <= target <= 10**9:
+        raise ValueError(f"--extrapolate takes a number of steps from 1 to 10^9, not {target!r}")
+    return target
