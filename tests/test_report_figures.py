@@ -241,3 +241,25 @@ def test_plots_a_study_cannot_make_are_named_with_the_reason(tmp_path, caplog):
     made, skipped = save_plots(study_with([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]), tmp_path)
     assert {p.name for p in made} == {"history.png", "importances.png", "parallel_coordinate.png"}
     assert skipped == []
+
+
+def test_a_tall_figures_suptitle_clears_its_first_panel(tmp_path):
+    """Six stacked panels with two-line titles (the budget figure's shape): after saving, the
+    suptitle's lowest line is above every panel's title and legend."""
+    import matplotlib.pyplot as plt
+
+    from sodaray.report.figures import _save
+
+    fig, axes = plt.subplots(6, 1, figsize=(8.5, 3.2 * 6), squeeze=False)
+    for (ax,) in axes:
+        ax.plot([1, 2], [1, 2], label="a line")
+        ax.set_title("a panel (n=16)", fontsize="small")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    title = fig.suptitle("Exact vs step budget, extrapolated to 100,000\nstories260K · 6 panels")
+    _save(fig, tmp_path / "tall.png")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # _save closed the figure's own canvas
+    bottom = title.get_window_extent(renderer).y0
+    assert max(ax.get_tightbbox(renderer).y1 for (ax,) in axes) <= bottom
+    assert (tmp_path / "tall.png").stat().st_size > 0

@@ -128,4 +128,5 @@ def test_plan_json_parses_and_prices_gpu_jobs_by_the_stated_costs(capsys, tmp_pa
         assert fast_job["floor_seconds"] == pytest.approx(slow_job["floor_seconds"])
         assert fast_job["work_seconds"] == pytest.approx(slow_job["work_seconds"] / 2)
     assert main(["sweep", "plan", str(SWEEPS / "models.yaml"), "--costs", "tpu"]) == 2
-    assert "no such costs file, nor built-in costs (built in: h100, h200)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no such costs file, nor built-in costs (built in: h100, h200)" in err

@@ -217,7 +217,9 @@ def budget_figure(found: list[Group], target: int) -> Plot | None:
         counts.append(samples.n)
     axes[-1][0].set_xlabel("steps (log scale)")
     rows = pd.concat([g.rows for g in drawn])
-    fig.suptitle(_title(rows, f"Exact vs step budget, extrapolated to {target:,}", counts))
+    fig.suptitle(
+        _title(rows, f"Exact vs step budget, extrapolated to {target:,}", counts), fontsize="medium"
+    )
     caption = (
         f"Exact inversion against the step budget ({_source(rows)}), a panel per model, "
         "configuration and input length: the measured share exact within s steps (black step "

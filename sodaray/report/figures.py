@@ -40,10 +40,29 @@ def _pyplot():
     return plt
 
 
+def _clear_suptitle(fig) -> None:
+    """In a tall figure tight_layout can leave the suptitle over the first panel's title: the
+    panels then give up the band down to the suptitle's lowest line."""
+    from matplotlib.text import Text
+
+    get_suptitle = getattr(fig, "get_suptitle", None)  # matplotlib >= 3.8
+    text = get_suptitle() if get_suptitle else ""
+    found = [c for c in fig.get_children() if isinstance(c, Text) and c.get_text() == text]
+    if not text or not found:
+        return
+    title = found[0]
+    renderer = fig.canvas.get_renderer()
+    bottom = title.get_window_extent(renderer).y0
+    tops = [ax.get_tightbbox(renderer).y1 for ax in fig.axes]
+    if tops and max(tops) > bottom:
+        fig.tight_layout(rect=(0, 0, 1, bottom / fig.bbox.height))
+
+
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()  # the legends beside the axes are part of each axes' tight box
+    _clear_suptitle(fig)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
