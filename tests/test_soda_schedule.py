@@ -34,8 +34,10 @@ def test_off_by_default_and_out_of_the_hash():
 def test_existing_jobs_keep_their_folders():
     """The option's arrival changes no job's hash: results folders written before it resume.
     (Issue 39 wrote the quickstart's model path from the sweep's folder; its old spelling, read
-    from the repository root, still names the old folders.)"""
-    old = ["models.0.id=../shared/models/stories260K"]
+    from the repository root, still names the old folders. Issue 38 gave a model without a
+    preset its family's defaults, which changes the quickstart's jobs; naming the preset SODA's
+    own defaults equal gives back the jobs of before.)"""
+    old = ["models.0.id=../shared/models/stories260K", "models.0.preset=tinystories-33m"]
     names = [j.name for j in load_sweep("sweeps/quickstart.yaml", overrides=old).jobs()]
     assert [n.rsplit("-", 1)[1] for n in names] == ["5b9ce690", "7ca78dd6"]
 
