@@ -256,26 +256,27 @@ _NEO = KNOWN_SHAPES["roneneldan/TinyStories-33M"]
 _QWEN = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"]
 
 
-def _h100(label: str, shape: ModelShape, n: int, b: int, precision: str, ms: float, held=False):
+def _row(label: str, shape: ModelShape, n: int, b: int, precision: str, ms: float, held=False):
+    """A measured row of a device's table (one length per batch, one output, no BOS)."""
     return MeasuredStep(label, shape, n, b, precision, ms, held_out=held)
 
 
 H100_STEPS: tuple[MeasuredStep, ...] = (
-    _h100("neo n=10 B=1", _NEO, 10, 1, "float32", 16.1),
-    _h100("neo n=10 B=8", _NEO, 10, 8, "float32", 15.1),
-    _h100("neo n=3 B=64", _NEO, 3, 64, "float32", 16.7, held=True),
-    _h100("neo n=10 B=64", _NEO, 10, 64, "float32", 23.1, held=True),
-    _h100("neo n=10 B=256", _NEO, 10, 256, "float32", 41.4, held=True),
-    _h100("neo n=10 B=1000", _NEO, 10, 1000, "float32", 127.3),
-    _h100("qwen n=3 B=64", _QWEN, 3, 64, "float32", 91.0),
-    _h100("qwen n=3 B=256", _QWEN, 3, 256, "float32", 139.0, held=True),
-    _h100("qwen n=3 B=1000", _QWEN, 3, 1000, "float32", 288.0),
-    _h100("qwen n=10 B=64", _QWEN, 10, 64, "float32", 134.0, held=True),
-    _h100("neo n=10 B=256", _NEO, 10, 256, "bfloat16", 34.6),
-    _h100("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 82.0),
-    _h100("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 127.0),
-    _h100("qwen n=3 B=256", _QWEN, 3, 256, "bfloat16", 149.0, held=True),
-    _h100("qwen n=3 B=1000", _QWEN, 3, 1000, "bfloat16", 195.0),
+    _row("neo n=10 B=1", _NEO, 10, 1, "float32", 16.1),
+    _row("neo n=10 B=8", _NEO, 10, 8, "float32", 15.1),
+    _row("neo n=3 B=64", _NEO, 3, 64, "float32", 16.7, held=True),
+    _row("neo n=10 B=64", _NEO, 10, 64, "float32", 23.1, held=True),
+    _row("neo n=10 B=256", _NEO, 10, 256, "float32", 41.4, held=True),
+    _row("neo n=10 B=1000", _NEO, 10, 1000, "float32", 127.3),
+    _row("qwen n=3 B=64", _QWEN, 3, 64, "float32", 91.0),
+    _row("qwen n=3 B=256", _QWEN, 3, 256, "float32", 139.0, held=True),
+    _row("qwen n=3 B=1000", _QWEN, 3, 1000, "float32", 288.0),
+    _row("qwen n=10 B=64", _QWEN, 10, 64, "float32", 134.0, held=True),
+    _row("neo n=10 B=256", _NEO, 10, 256, "bfloat16", 34.6),
+    _row("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 82.0),
+    _row("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 127.0),
+    _row("qwen n=3 B=256", _QWEN, 3, 256, "bfloat16", 149.0, held=True),
+    _row("qwen n=3 B=1000", _QWEN, 3, 1000, "bfloat16", 195.0),
 )
 
 # fit_costs over H100_STEPS' fit rows, to three figures (tests/test_device_costs.py refits).
@@ -294,20 +295,17 @@ H100 = DeviceCosts(
 # 2026-11-26, sodaray at 740535d, torch 2.11 + CUDA 13.0, `bench_invert.py --suite gpu` (its
 # models, 20 steps, one process; the first of its two runs). Qwen n=3 B=1000 was not reached
 # within the lease, so the float32 slope rests on neo's largest batch.
-def _h200(label: str, shape: ModelShape, n: int, b: int, precision: str, ms: float, held=False):
-    return MeasuredStep(label, shape, n, b, precision, ms, held_out=held)
-
 
 H200_STEPS: tuple[MeasuredStep, ...] = (
-    _h200("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),
-    _h200("neo n=10 B=64", _NEO, 10, 64, "float32", 16.8, held=True),
-    _h200("neo n=10 B=1000", _NEO, 10, 1000, "float32", 113.0),
-    _h200("qwen n=3 B=64", _QWEN, 3, 64, "float32", 117.8),
-    _h200("qwen n=3 B=256", _QWEN, 3, 256, "float32", 221.7, held=True),
-    _h200("neo n=10 B=1", _NEO, 10, 1, "bfloat16", 16.1),
-    _h200("neo n=10 B=64", _NEO, 10, 64, "bfloat16", 20.1, held=True),
-    _h200("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 68.7),
-    _h200("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 123.3),
+    _row("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),
+    _row("neo n=10 B=64", _NEO, 10, 64, "float32", 16.8, held=True),
+    _row("neo n=10 B=1000", _NEO, 10, 1000, "float32", 113.0),
+    _row("qwen n=3 B=64", _QWEN, 3, 64, "float32", 117.8),
+    _row("qwen n=3 B=256", _QWEN, 3, 256, "float32", 221.7, held=True),
+    _row("neo n=10 B=1", _NEO, 10, 1, "bfloat16", 16.1),
+    _row("neo n=10 B=64", _NEO, 10, 64, "bfloat16", 20.1, held=True),
+    _row("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 68.7),
+    _row("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 123.3),
 )
 
 # fit_costs over H200_STEPS' fit rows, to three figures (tests/test_device_costs.py refits).

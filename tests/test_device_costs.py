@@ -50,12 +50,19 @@ QWEN = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"]
 TOLERANCE = {"float32": (0.08, 0.10), "bfloat16": (0.14, 0.08)}
 
 
-def test_the_h100_constants_are_the_fit_of_issue_41s_rows():
-    fitted = fit_costs([s for s in H100_STEPS if not s.held_out])
-    assert set(fitted) == set(H100.precisions) == {"float32", "bfloat16"}
-    for name, built_in in H100.precisions.items():  # written to three figures
+def assert_the_fit_of(costs: DeviceCosts, steps) -> None:
+    """`costs` are `fit_costs` over the rows of `steps` not held out, written to three figures."""
+    fitted = fit_costs([s for s in steps if not s.held_out])
+    assert set(fitted) == set(costs.precisions) == {"float32", "bfloat16"}
+    for name, built_in in costs.precisions.items():
         for key in ("pass_seconds", "layer_seconds", "flops_per_second"):
-            assert getattr(built_in, key) == pytest.approx(getattr(fitted[name], key), rel=2e-3)
+            assert getattr(built_in, key) == pytest.approx(
+                getattr(fitted[name], key), rel=2e-3, abs=1e-9
+            )
+
+
+def test_the_h100_constants_are_the_fit_of_issue_41s_rows():
+    assert_the_fit_of(H100, H100_STEPS)
 
 
 @pytest.mark.parametrize("step", H100_STEPS, ids=lambda s: f"{s.label} {s.precision}")
@@ -84,13 +91,7 @@ H200_TOLERANCE = {"float32": (0.05, 0.35), "bfloat16": (0.10, 0.03)}
 
 
 def test_the_h200_constants_are_the_fit_of_its_measured_rows():
-    fitted = fit_costs([s for s in H200_STEPS if not s.held_out])
-    assert set(fitted) == set(H200.precisions) == {"float32", "bfloat16"}
-    for name, built_in in H200.precisions.items():  # written to three figures
-        for key in ("pass_seconds", "layer_seconds", "flops_per_second"):
-            assert getattr(built_in, key) == pytest.approx(
-                getattr(fitted[name], key), rel=2e-3, abs=1e-9
-            )
+    assert_the_fit_of(H200, H200_STEPS)
     assert load_costs("h200") is H200
     # A pass's floor there: about 16 ms for 4 layers and 98 ms for 24 (all of it per layer).
     assert 1000 * H200.at("float32").floor(NEO.layers) == pytest.approx(16.4, abs=0.1)
