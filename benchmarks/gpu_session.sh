@@ -7,8 +7,9 @@
 #
 #   source .device/setup.sh && bash benchmarks/gpu_session.sh
 #
-# Stage limits in seconds (SUITE_S, GRAPH_S, PLAN_S; 360 + 100 + 110 by default) fit a
-# 600-second call with its set-up. What the H200 lease of 2026-11-26 taught (RESULTS.md):
+# Stage limits in seconds (SUITE_S, GRAPH_S, PLAN_S; 360 + 100 + 110 by default) leave about
+# 30 s of a 600-second call for the set-up; the suite takes 12 steps a case (20 in the H200
+# figures of 2026-11-26) to fit three precisions. What the H200 lease of 2026-11-26 taught (RESULTS.md):
 # - Qwen n=3 B=1000 comes first: recording its 1,000 targets alone takes about 30 s of 24-layer
 #   forwards before its steps (issue 37's canonical shape), and last it was never reached;
 # - tf32 (float32 state, tensor-core products) was never measured: the suite now runs it;
@@ -28,7 +29,8 @@ if [ -d .device/authors/src/inversion_optimisation ]; then
     authors=(--authors-cmd "cd $here/.device/authors && PYTHONPATH=$here/.device/authors/stubs:/tmp/site:$here/.device/authors/src python3 run_authors.py {n} {B} {steps} cuda")
 fi
 timeout "${SUITE_S:-360}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
-    --case qwen:3:1000 --case qwen:3:64 --case neo:10:1000 --case neo:10:64 "${authors[@]}" \
+    --case qwen:3:1000 --case qwen:3:64 --case neo:10:1000 --case neo:10:64 \
+    ${authors[@]+"${authors[@]}"} \
     --out "$OUT/costs.yaml" --json "$OUT/suite.jsonl" 2>&1 | tee "$OUT/suite.log"
 
 timeout "${GRAPH_S:-100}" python3 benchmarks/graph_step.py --device cuda --steps 20 \

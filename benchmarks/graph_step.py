@@ -110,7 +110,7 @@ def timed(fn, steps: int, cuda: bool) -> float:
 def graph_case(model, spec: str, precision: str, steps: int, device: str) -> str:
     import torch
 
-    name, n, batch = spec.split(":")
+    _, n, batch = spec.split(":")
     n, batch = int(n), int(batch)
     cuda = device.startswith("cuda")
     hf = model.model
@@ -176,17 +176,28 @@ def profile_case(model, spec: str, precision: str, steps: int, device: str) -> s
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         run(steps)
-    key = "device_time_total" if cuda else "self_cpu_time_total"
-    rows = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
-    if cuda:
-        rows = [e for e in rows if not e.key.startswith(("aten::", "autograd::", "cudaGraph"))]
-    rows.sort(key=lambda e: getattr(e, key), reverse=True)
-    total = sum(getattr(e, key) for e in rows)
-    out = [f"# top kernels {spec} {precision}: {total / steps / 1000:.1f} ms of kernels per step"]
-    for e in rows[:12]:
+    if cuda:  # the kernels themselves: CPU-side spans would count their kernels again
+        from collections import defaultdict
+
+        from torch.autograd import DeviceType
+
+        times: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        for e in prof.events():
+            if e.device_type == DeviceType.CUDA:
+                times[e.name] += e.time_range.elapsed_us()
+                counts[e.name] += 1
+        rows = [(name, t, counts[name]) for name, t in times.items()]
+    else:
+        rows = [(e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()]
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: r[1], reverse=True)
+    total = sum(t for _, t, _ in rows)
+    unit = "kernels" if cuda else "CPU ops"
+    out = [f"# top {unit} {spec} {precision}: {total / steps / 1000:.1f} ms of {unit} per step"]
+    for name, t, count in rows[:12]:
         out.append(
-            f"#   {getattr(e, key) / steps / 1000:7.2f} ms/step {e.count / steps:6.1f}x  "
-            f"{100 * getattr(e, key) / total:5.1f}%  {e.key[:110]}"
+            f"#   {t / steps / 1000:7.2f} ms/step {count / steps:6.1f}x  "
+            f"{100 * t / total:5.1f}%  {name[:110]}"
         )
     return "\n".join(out)
 
@@ -210,11 +221,15 @@ def main() -> None:
     for spec in cases:
         name = spec.split(":")[0]
         if current is None or current[0] != name:
-            current = None
+            current = None  # the last model goes before the next one is built
             _COPIES.clear()
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            current = (name, build_model(name, args.device, "float32"))
+            try:
+                current = (name, build_model(name, args.device, "float32"))
+            except (Exception, SystemExit) as exc:  # one case lost, not the rest
+                print(f"{spec:>14} model FAILED: {type(exc).__name__}: {exc}"[:300], flush=True)
+                continue
         for precision in precisions:
             try:
                 print(graph_case(current[1], spec, precision, args.steps, args.device), flush=True)

@@ -294,7 +294,7 @@ H100 = DeviceCosts(
 # ---- the H200 figures (benchmarks/RESULTS.md, "Issue 41 on an H200"): NVIDIA H200 141GB,
 # 2026-11-26, sodaray at 740535d, torch 2.11 + CUDA 13.0, `bench_invert.py --suite gpu` (its
 # models, 20 steps, one process; the first of its two runs). Qwen n=3 B=1000 was not reached
-# within the lease, so the float32 slope rests on neo's largest batch.
+# within the lease, so both precisions' slopes rest on neo's largest batch.
 
 H200_STEPS: tuple[MeasuredStep, ...] = (
     _row("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),
