@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
-from sodaray.presets import preset_params
+from sodaray.presets import load_preset_objective, preset_params
 
 # The preset SODA's own defaults equal: `--preset tinystories-33m` keeps what a model without a
 # preset got before family defaults (SODA's defaults, raw logits).
@@ -200,6 +200,27 @@ class Defaults:
             "space": "raw" if family is None else family.space,
             "why": self.why(),
         }
+
+
+def starting_params(
+    algorithm: str, family: Defaults | None, preset: str | None, preset_file: str | Path | None
+) -> dict[str, Any]:
+    """The knobs a config starts from, before its own parameters: the family's where the
+    model names no preset (`family`), else the named preset's (or none). The one place that
+    rule is applied: `sodaray invert`, sweeps and tuning files all call it."""
+    if family is not None:
+        return family.params(algorithm)
+    return preset_params(algorithm, preset, preset_file)
+
+
+def starting_objective(
+    entry: dict[str, Any], family: Defaults | None, preset_file: str | Path | None
+) -> dict[str, Any]:
+    """The objective settings an objective `entry` starts from, its own fields to go over them:
+    the family's space where the model names no preset, else the preset file's `objective:`."""
+    if family is not None:
+        return family.objective(entry)
+    return load_preset_objective(preset_file) if preset_file else {}
 
 
 def defaults_for(model_type: str | None) -> Defaults:

@@ -174,14 +174,11 @@ def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
     defaults (`defaults`, a `sodaray.families.Defaults`; None before the model is loaded, to
     check the flags' own values), then --param, --max-steps, --max-batch-size and --seed."""
     from sodaray.api import make_config
-    from sodaray.presets import preset_params
+    from sodaray.families import starting_params
 
     if (args.preset or args.preset_file) and args.algorithm != "soda":
         raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
-    if defaults is not None:
-        base = defaults.params(args.algorithm)
-    else:
-        base = preset_params(args.algorithm, args.preset, args.preset_file)
+    base = starting_params(args.algorithm, defaults, args.preset, args.preset_file)
     params = {**base, **dict(args.param)}
     if args.max_steps is not None:
         params["max_steps"] = args.max_steps
@@ -194,12 +191,10 @@ def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
 def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults: Any = None):
     """The objective from the flags over the preset file's comparison settings (`objective:
     {space: centred}`), or with no preset the model's family's (`defaults`)."""
-    from sodaray.presets import load_preset_objective
+    from sodaray.families import starting_objective
     from sodaray.validation import make_objective
 
-    settings = load_preset_objective(args.preset_file) if args.preset_file else {}
-    if defaults is not None:
-        settings = defaults.objective({"kind": kind, "top_k": top_k})
+    settings = starting_objective({"kind": kind, "top_k": top_k}, defaults, args.preset_file)
     given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
     settings.update({k: v for k, v in given.items() if v is not None})
     return make_objective(

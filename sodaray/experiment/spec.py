@@ -18,7 +18,13 @@ from typing import Any, Literal
 
 from sodaray.api import make_config
 from sodaray.errors import first_line
-from sodaray.families import Defaults, defaults_for, model_type_of
+from sodaray.families import (
+    Defaults,
+    defaults_for,
+    model_type_of,
+    starting_objective,
+    starting_params,
+)
 from sodaray.fields import (
     Fail,
     check_grid,
@@ -31,7 +37,7 @@ from sodaray.fields import (
 from sodaray.files import check_model_files, regular_file
 from sodaray.objectives import Objective
 from sodaray.paths import brief, expand_path, in_file, local_path, looked_for
-from sodaray.presets import PRESETS, load_preset_file, load_preset_objective, preset_params
+from sodaray.presets import PRESETS, load_preset_file, load_preset_objective
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
 
@@ -245,10 +251,7 @@ def algorithm_config(
     values are checked when it is read, before any model file is (every family's values are
     valid, `tests/test_families.py`)."""
     family = model_defaults(model) if defaults else None
-    if family is not None:
-        base = family.params(algorithm)
-    else:
-        base = preset_params(algorithm, model.preset, model.preset_location)
+    base = starting_params(algorithm, family, model.preset, model.preset_location)
     return make_config(algorithm, {**base, **params, "max_steps": steps, "seed": seed})
 
 
@@ -258,12 +261,8 @@ def objective_config(
     """The one place a preset's objective settings are applied: the model entry's preset file's
     `objective:` (e.g. `space: centred`), or with no preset its family's space (`defaults`, as
     in `algorithm_config`), then the objective entry's own fields, which win; validated."""
-    preset_file = model.preset_location
-    preset = load_preset_objective(preset_file) if preset_file else {}
     family = model_defaults(model) if defaults else None
-    if family is not None:
-        preset = family.objective(entry)
-    return make_objective({**preset, **entry})
+    return make_objective({**starting_objective(entry, family, model.preset_location), **entry})
 
 
 def parse_model(
