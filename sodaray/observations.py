@@ -40,6 +40,9 @@ def screen_slack(model: LoadedModel) -> float:
 class BatchTargets:
     """The observed rows of the targets that sit in a search batch, on the model's device.
 
+    `observed_shift` (B, m) is what was taken from each position's raw logits to put them in
+    the objective's space (NaN: not known; None for text), so observed + shift are the raw
+    logits a confirm in both spaces holds a match to (`Objective.confirm`).
     `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
     the hard check's cheap first test (see `LogitsObservation.match`); `probe_allowed` how far
     a candidate's may be from them and still pass it, computed once when the rows enter.
@@ -48,6 +51,7 @@ class BatchTargets:
     continuation: Tensor  # (B, m)
     observed_values: Tensor | None  # (B, m, k)
     observed_indices: Tensor | None  # (B, m, k)
+    observed_shift: Tensor | None = None  # (B, m)
     probe_indices: Tensor | None = None  # (B, m, P) vocabulary ids
     probe_values: Tensor | None = None  # (B, m, P)
     probe_allowed: Tensor | None = None  # (B, m, P)
@@ -56,6 +60,7 @@ class BatchTargets:
         "continuation",
         "observed_values",
         "observed_indices",
+        "observed_shift",
         "probe_indices",
         "probe_values",
         "probe_allowed",
@@ -83,7 +88,10 @@ class BatchTargets:
             atol, rtol = float(targets.atol), float(targets.rtol)
             allowed = 2 * atol + 1e-5 + 2 * rtol * probe_val.abs() + 2 * slack * scale
         cont = take(targets.continuation)
-        return cls(cont, values, indices, probe_idx, probe_val, allowed)
+        shift = take(getattr(targets, "observed_shift", None))
+        if shift is None and values is not None:  # logits whose raw values are not known
+            shift = torch.full(cont.shape, torch.nan, device=device)
+        return cls(cont, values, indices, shift, probe_idx, probe_val, allowed)
 
     def fields(self) -> dict[str, Tensor]:
         """The tensors that are present, by name."""
@@ -108,6 +116,17 @@ def observed_in_space(values: Tensor, space: str, *, top_k: bool) -> Tensor:
     if space == "centred":
         return values - values.mean(-1, keepdim=True)
     return values if top_k else values.log_softmax(-1)
+
+
+def raw_shift(values: Tensor, space: str, *, top_k: bool) -> Tensor | None:
+    """(..., ) what `observed_in_space` takes from each position of raw `values` (..., V or k):
+    the mean for `centred`, the log-normaliser for full `logprobs`; None where the raw values
+    cannot be recovered (raw needs none; top-k log-probabilities are taken as given)."""
+    if space == "centred":
+        return values.mean(-1)
+    if space == "logprobs" and not top_k:
+        return values.logsumexp(-1)
+    return None
 
 
 def predicted_in_space(
@@ -252,6 +271,22 @@ class LogitsObservation(Observation):
         return result
 
     def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
+        found = self._compare_in_space(objective, logits, batch, rows, atol, rtol, slack)
+        if slack or not objective.confirms_raw or batch.observed_shift is None:
+            return found
+        # The confirm in both spaces: where the raw logits are known, the candidate's raw
+        # logits must meet them too (a row whose shift is NaN is decided by its space alone).
+        shift = batch.observed_shift[rows]
+        raw = batch.observed_values[rows] + shift[..., None]
+        at_obs = (
+            logits
+            if batch.observed_indices is None
+            else logits.gather(-1, batch.observed_indices[rows])
+        )
+        close = _close(at_obs, raw, atol, rtol, 0.0).all(1)
+        return found & (close | shift.isnan().any(1))
+
+    def _compare_in_space(self, objective, logits, batch, rows, atol, rtol, slack) -> Tensor:
         space = objective.space
         values = batch.observed_values[rows]
         if space == "centred" and batch.observed_indices is None:

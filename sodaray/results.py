@@ -22,6 +22,8 @@ Schema version 3 (`SCHEMA_VERSION`, also stored in each file's metadata). Column
 | objective | string | `logits` or `text` |
 | top_k | int32 | observed top-k logits (null: all) |
 | space | string | where logits were compared: `raw`, `centred`, `logprobs` (null in v1 files) |
+| confirm | string | `both`: a centred or logprobs match held to the raw logits too; `space`: not |
+|  |  | (null: raw logits, text, or files from before it) |
 | output_tokens | int32 | observed output positions |
 | loss | string | `huber` or `mse` |
 | fluency_weight | float64 | fluency penalty weight (0: off) |
@@ -112,6 +114,7 @@ RESULT_SCHEMA = pa.schema(
         ("objective", pa.string()),
         ("top_k", pa.int32()),
         ("space", pa.string()),
+        ("confirm", pa.string()),
         ("output_tokens", pa.int32()),
         ("loss", pa.string()),
         ("fluency_weight", pa.float64()),
@@ -252,6 +255,7 @@ def result_rows(
                 "objective": obj.kind,
                 "top_k": obj.top_k,
                 "space": obj.space,
+                "confirm": obj.confirm if obj.kind == "logits" and obj.space != "raw" else None,
                 "output_tokens": obj.output_tokens,
                 "loss": obj.loss,
                 "fluency_weight": float(obj.fluency_weight),

@@ -17,7 +17,7 @@ from torch import Tensor
 from sodaray.errors import first_line
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
-from sodaray.observations import observation, observed_in_space
+from sodaray.observations import observation, observed_in_space, raw_shift
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,18 @@ class TargetSet:
 
     `continuation` (N, m) is the target's greedy continuation: fixed context after the input
     for the logits objective, and the observed text for the text objective. `observed_values`
-    (N, m, k) and `observed_indices` (N, m, k) hold the observed logits (indices None = all V).
+    (N, m, k) and `observed_indices` (N, m, k) hold the observed logits (indices None = all V),
+    in the objective's space; `observed_shift` (N, m) what that space took from each position's
+    raw logits, for the confirm in both spaces (`Objective.confirm`). None for raw logits and
+    text, and for a file of logits: its values may carry an offset (an API's per-request shift,
+    which the centred and logprobs spaces forgive), so its raw logits are not known.
     """
 
     objective: Objective
     continuation: Tensor
     observed_values: Tensor | None = None
     observed_indices: Tensor | None = None
+    observed_shift: Tensor | None = None
     true_tokens: list[list[int]] | None = None
     atol: float = 1e-4
     rtol: float = 1e-4
@@ -54,6 +59,7 @@ class TargetSet:
             continuation=self.continuation[idx],
             observed_values=None if self.observed_values is None else self.observed_values[idx],
             observed_indices=None if self.observed_indices is None else self.observed_indices[idx],
+            observed_shift=None if self.observed_shift is None else self.observed_shift[idx],
             true_tokens=None if self.true_tokens is None else [self.true_tokens[i] for i in rows],
             sample_ids=[self.sample_ids[i] for i in rows],
         )
@@ -146,7 +152,7 @@ def make_targets(
     atol, rtol = _resolve_tolerance(model, objective)
     kind = observation(objective.kind)
     m = objective.output_tokens
-    conts, values, indices = [], [], []
+    conts, values, indices, shifts = [], [], [], []
     order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]))
     # Group equal lengths so each forward is one batch.
     by_row: dict[int, tuple[Tensor, Tensor]] = {}
@@ -170,15 +176,26 @@ def make_targets(
             values.append(vals)
         if idx is not None:
             indices.append(idx)
+        if objective.kind == "logits":
+            shifts.append(recorded_shift(objective, logits))
     return TargetSet(
         objective=objective,
         continuation=torch.stack(conts),
         observed_values=torch.stack(values) if values else None,
         observed_indices=torch.stack(indices) if indices else None,
+        observed_shift=None if not shifts or shifts[0] is None else torch.stack(shifts),
         true_tokens=tokens,
         atol=atol,
         rtol=rtol,
     )
+
+
+def recorded_shift(objective: Objective, logits: Tensor) -> Tensor | None:
+    """(m,) what the objective's space takes from each position of the raw `logits` (m, V)
+    the model emitted (None: nothing to take, or not recoverable)."""
+    if objective.top_k is None or objective.space != "centred":
+        return raw_shift(logits, objective.space, top_k=objective.top_k is not None)
+    return raw_shift(logits.topk(objective.top_k, dim=-1).values, "centred", top_k=True)
 
 
 def targets_from_text(

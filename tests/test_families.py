@@ -182,6 +182,10 @@ CHANGED = {
     ("tuning", "smollm2-135m"): "SmolLM2 (Llama), space unset: centred",
     ("tuning", "smollm2-135m-bos"): "SmolLM2 (Llama), space unset: centred",
     ("tuning", "stories260k"): "stories260K, space unset: centred",
+    # The confirm in both spaces: their centred jobs now hold a match to the raw logits too.
+    ("sweeps", "both-spaces"): "centred jobs confirm raw (raw jobs keep their hashes)",
+    ("sweeps", "smollm2-space"): "centred jobs confirm raw (raw jobs keep their hashes)",
+    ("tuning", "smollm2-135m-bos-centred"): "space: centred, now confirmed raw too",
 }
 
 
@@ -213,20 +217,23 @@ def test_shipped_hashes_change_only_where_the_job_changes(tmp_path, monkeypatch)
         }
     for path in sorted((ROOT / "tuning").glob("*.yaml")):
         now["tuning"][path.stem] = spec_hash(load_tuning(path))
-    assert set(now["sweeps"]) == set(before["sweeps"]) and now["tuning"].keys() == before[
-        "tuning"
-    ].keys()
+    assert (
+        set(now["sweeps"]) == set(before["sweeps"])
+        and now["tuning"].keys() == before["tuning"].keys()
+    )
     changed = {("tuning", k) for k, v in now["tuning"].items() if before["tuning"][k] != v}
     changed |= {("sweeps", k) for k, v in now["sweeps"].items() if before["sweeps"][k] != v}
     assert changed == set(CHANGED)
+    # Where only the confirm changed a sweep, exactly its centred jobs changed.
+    for name in ("both-spaces", "smollm2-space"):
+        moved = {j for j, h in now["sweeps"][name].items() if before["sweeps"][name][j] != h}
+        assert moved == {j for j in now["sweeps"][name] if "centred" in j}, name
     # The quickstart's jobs changed in what the family sets and nothing else: naming the preset
     # SODA's defaults equal gives back the old jobs, hashes and all.
     kept = load_sweep(
         ROOT / "sweeps" / "quickstart.yaml", overrides=["models.0.preset=tinystories-33m"]
     ).jobs()
-    assert {j.name.rsplit("-", 1)[0]: j.config_hash for j in kept} == before["sweeps"][
-        "quickstart"
-    ]
+    assert {j.name.rsplit("-", 1)[0]: j.config_hash for j in kept} == before["sweeps"]["quickstart"]
 
 
 def test_model_type_is_read_from_folders_gguf_files_and_the_hub_cache(folders, monkeypatch):

@@ -107,6 +107,14 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         help="where logits are compared (loss and match check): raw, centred (minus each "
         "position's mean) or logprobs; a --logits-file holds values of this space",
     )
+    obj.add_argument(
+        "--confirm",
+        choices=["space", "both"],
+        default="both",
+        help="a match in centred or logprobs space: also held to the raw logits where they are "
+        "known, as with --prompt/--tokens (both, default: turns down one space's near-collisions), "
+        "or in the space alone; a --logits-file is always checked in its space",
+    )
     obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
     # None: the preset file's setting, else the objective's default (huber, 0).
     obj.add_argument("--loss", choices=["huber", "mse"], default=None, help="default: huber")
@@ -205,6 +213,7 @@ def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults:
             output_tokens=args.output_tokens,
             text_loss=args.text_loss,
             fluency_form=args.fluency_form,
+            confirm=args.confirm,
             atol=args.atol,
             rtol=args.rtol,
         )

@@ -107,6 +107,7 @@ OBJECTIVE_SETTINGS = (
     "fluency_weight",
     "text_loss",
     "fluency_form",
+    "confirm",
 )
 # What a table shows in its own columns or rows: never a reason to split it.
 OBSERVATION = ("objective", "top_k", "output_tokens")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class Job:
             else {"name": self.dataset.name, "hash": self.dataset_hash},
             "algorithm": self.algorithm,
             "params": self.search.to_dict(),
-            "objective": asdict(self.objective),
+            "objective": self.objective.identity(),
             "length": self.length,
             "max_length": self.max_length,
             "samples_per_length": self.samples_per_length,

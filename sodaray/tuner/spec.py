@@ -129,6 +129,14 @@ class TuningSpec:
         }
         return objective_config({**self.objective, **over}, self.model, defaults=defaults)
 
+    def confirms_raw(self) -> bool:
+        """Whether any trial holds a match to the raw logits as well as its space (see
+        `Objective.confirm`): its hash says so, since it changes what counts as found."""
+        base = self.objective_for({})
+        searched = {p.name for p in self.space} | set(self.fixed)
+        spaces = OBJECTIVE_PREFIX + "space" in searched
+        return base.confirm == "both" and base.kind == "logits" and (base.confirms_raw or spaces)
+
     def defaults_effect(self) -> dict[str, Any]:
         """What the model's family defaults change in this study's trials: the knobs they set
         that neither `fixed` nor the space sets, and the objective settings the file leaves
@@ -146,9 +154,7 @@ class TuningSpec:
             if k not in searched and builtin.get(k) != v
         }
         plain = dataclasses.asdict(self.objective_for({}, defaults=False))
-        settings = {
-            k: v for k, v in family.objective(self.objective).items() if plain.get(k) != v
-        }
+        settings = {k: v for k, v in family.objective(self.objective).items() if plain.get(k) != v}
         effect = {"params": knobs, "objective": settings}
         return {k: v for k, v in effect.items() if v}
 

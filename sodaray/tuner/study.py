@@ -95,6 +95,8 @@ def spec_hash(spec: TuningSpec) -> str:
             # Named only when given, so files without a preset keep their studies' hashes.
             **(preset if spec.model.preset or spec.model.preset_file else {}),
             **({"defaults": effect} if effect else {}),
+            # Only where a trial's check changed with it, so other studies keep their hashes.
+            **({"confirm": "both"} if spec.confirms_raw() else {}),
             "model": spec.model.identity(),
             "data": spec.data.identity(),
             "algorithm": spec.algorithm,
