@@ -7,8 +7,8 @@
 #
 #   source .device/setup.sh && bash benchmarks/gpu_session.sh
 #
-# Stage limits in seconds (SUITE_S, GRAPH_S, PLAN_S; 360 + 100 + 110 by default) leave about
-# 30 s of a 600-second call for the set-up; the suite takes 12 steps a case (20 in the H200
+# Stage limits in seconds (SUITE_S, GRAPH_S, PLAN_S, SCAN_S; 350 + 90 + 100 + 40 by default)
+# leave about 20 s of a 600-second call for the set-up; the suite takes 12 steps a case (20 in the H200
 # figures of 2026-11-26) to fit three precisions. What the H200 lease of 2026-11-26 taught (RESULTS.md):
 # - Qwen n=3 B=1000 comes first: recording its 1,000 targets alone takes about 30 s of 24-layer
 #   forwards before its steps (issue 37's canonical shape), and last it was never reached;
@@ -28,15 +28,20 @@ if [ -d .device/authors/src/inversion_optimisation ]; then
     here=$PWD
     authors=(--authors-cmd "cd $here/.device/authors && PYTHONPATH=$here/.device/authors/stubs:/tmp/site:$here/.device/authors/src python3 run_authors.py {n} {B} {steps} cuda")
 fi
-timeout "${SUITE_S:-360}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
+timeout "${SUITE_S:-350}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
     --case qwen:3:1000 --case qwen:3:64 --case neo:10:1000 --case neo:10:64 \
     ${authors[@]+"${authors[@]}"} \
     --out "$OUT/costs.yaml" --json "$OUT/suite.jsonl" 2>&1 | tee "$OUT/suite.log"
 
-timeout "${GRAPH_S:-100}" python3 benchmarks/graph_step.py --device cuda --steps 20 \
+timeout "${GRAPH_S:-90}" python3 benchmarks/graph_step.py --device cuda --steps 20 \
     --case qwen:3:64 --case qwen:3:1000 2>&1 | tee "$OUT/graph.log"
 
 costs=$OUT/costs.yaml
 [ -f "$costs" ] || costs=h200
-timeout "${PLAN_S:-110}" python3 benchmarks/plan_vs_wall.py --device cuda --costs "$costs" 2>&1 \
+timeout "${PLAN_S:-100}" python3 benchmarks/plan_vs_wall.py --device cuda --costs "$costs" 2>&1 \
     | tee "$OUT/planwall.log"
+
+# Issue 38's position scan: what one position's scan of Qwen's 151,936 tokens costs on the GPU,
+# in SODA sample-steps (on this 2-core CPU: about 5,000 at neo's 50,257, 6,600 at SmolLM2's).
+timeout "${SCAN_S:-40}" python3 benchmarks/position_scan.py --cost-shape qwen --device cuda \
+    2>&1 | tee "$OUT/scan.log"

@@ -6,6 +6,8 @@ H200's, measured by that suite, are built in as `h200`.
     step seconds = passes x (pass_seconds + layers x layer_seconds)
                    + (sum of the step's sample FLOPs) / flops_per_second
 
+and a sweep's wall adds `startup_seconds` once per model (Ray, its replicas, its load).
+
 - A pass costs a floor however few samples it holds: kernel launches, Python dispatch and host
   synchronisation, per layer (each layer launches its own kernels) and besides. On the H100 it is
   about 15 ms for 4 layers and 74 ms for 24 (the issue read 75-90 off its small batches): small
@@ -62,6 +64,10 @@ class DeviceCosts:
     kind: str  # one of KINDS
     precisions: Mapping[str, PrecisionCosts]  # FALLBACK always among them
     source: str  # where the numbers come from
+    # A sweep's wall before a model's first step: Ray, the model's replicas (they start side by
+    # side), its load and its targets, as measured for a model of the measured size; a plan
+    # counts it once per model (0: not measured, not counted).
+    startup_seconds: float = 0.0
 
     def at(self, precision: str) -> PrecisionCosts:
         return self.precisions.get(precision) or self.precisions[FALLBACK]
@@ -288,6 +294,8 @@ H100 = DeviceCosts(
         "bfloat16": PrecisionCosts(7.41e-3, 4.32e-3, 6.14e13),
     },
     source="issue 41's figures, H100 80GB HBM3, 2026-11-25, not re-measured",
+    # Issue 41's Ray sweep (neo shape, 1,000 inputs, one replica): about 35 s of its 70 s wall.
+    startup_seconds=35.0,
 )
 
 
@@ -317,12 +325,15 @@ H200 = DeviceCosts(
         "bfloat16": PrecisionCosts(0.0, 4.32e-3, 5.48e13),
     },
     source="bench_invert.py --suite gpu on an NVIDIA H200, 2026-11-26 (RESULTS.md)",
+    # plan_vs_wall.py there: 58.1 s wall, 34.9 s of it searching (one run).
+    startup_seconds=23.2,
 )
 BUILT_IN: dict[str, DeviceCosts] = {"h100": H100, "h200": H200}
 
 
 # ---- costs files ------------------------------------------------------------------------------
-FILE_KEYS = ("device", "kind", "source", "precisions", "measured")  # `measured`: not read back
+# `measured`: not read back; `startup_seconds`: optional (see `DeviceCosts`).
+FILE_KEYS = ("device", "kind", "source", "precisions", "startup_seconds", "measured")
 CONSTANTS = ("pass_seconds", "layer_seconds", "flops_per_second")
 
 
@@ -377,8 +388,15 @@ def costs_from_data(data: Any, where: str) -> DeviceCosts:
         if values["pass_seconds"] + values["layer_seconds"] > MAX_STEP_SECONDS:
             raise ValueError(f"{where}: precisions.{name}: a pass's floor above an hour")
         table[name] = PrecisionCosts(*(float(values[k]) for k in CONSTANTS))
+    startup = data.get("startup_seconds", 0.0)
+    ok = isinstance(startup, (int, float)) and not isinstance(startup, bool)
+    if not ok or not math.isfinite(startup) or not 0 <= startup <= MAX_STEP_SECONDS:
+        raise ValueError(
+            f"{where}: startup_seconds must be a number of seconds from 0 to "
+            f"{MAX_STEP_SECONDS:g}, not {startup!r}"
+        )
     source = data.get("source", where)
-    return DeviceCosts(device.strip(), kind, table, str(source)[:300])
+    return DeviceCosts(device.strip(), kind, table, str(source)[:300], float(startup))
 
 
 def costs_to_data(costs: DeviceCosts, measured: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -391,6 +409,8 @@ def costs_to_data(costs: DeviceCosts, measured: dict[str, Any] | None = None) ->
             for name, c in costs.precisions.items()
         },
     }
+    if costs.startup_seconds:
+        data["startup_seconds"] = float(costs.startup_seconds)
     if measured:
         data["measured"] = measured
     return data
@@ -405,6 +425,7 @@ def describe_costs(costs: DeviceCosts) -> dict[str, Any]:
             name: {key: getattr(c, key) for key in CONSTANTS}
             for name, c in costs.precisions.items()
         },
+        "startup_seconds": costs.startup_seconds,
     }
 
 

@@ -180,6 +180,76 @@ def test_a_costs_file_round_trips(tmp_path):
     assert load_costs("h100") is H100
 
 
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 1e9, True, "35 s", None])
+def test_a_costs_files_start_up_is_seconds_or_a_one_line_error(tmp_path, bad):
+    data = costs_to_data(H100)
+    assert data["startup_seconds"] == 35.0
+    del data["startup_seconds"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_costs(str(path)).startup_seconds == 0.0  # not measured: not counted
+    data["startup_seconds"] = bad
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="startup_seconds must be a number of seconds") as err:
+        load_costs(str(path))
+    assert "\n" not in str(err.value)
+
+
+TWO_JOBS_SWEEP = """name: startup
+models: [{{id: "{model}", num_gpus: 1}}]
+datasets: [{{name: random, build: {{dataset: random, lengths: "2", per_length: 3, seed: 0}}}}]
+algorithms: [{{name: soda, params: {{max_batch_size: 8}}}}]
+objectives: [{{kind: logits}}, {{kind: logits, top_k: 5}}]
+max_steps: 50
+"""
+
+
+@pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
+@pytest.mark.parametrize("device", ["h100", "h200"])
+def test_a_plan_counts_a_models_start_up_once_in_its_wall(tmp_path, capsys, device):
+    """Two jobs of one model: its replicas start once, so the first job carries the costs'
+    start-up and the wall is the jobs' search plus that."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(TWO_JOBS_SWEEP.format(model=STORIES))
+    argv = ["sweep", "plan", str(sweep), "--no-calibrate", "--costs", device]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    startup = load_costs(device).startup_seconds
+    assert [j["startup_seconds"] for j in plan["jobs"]] == [startup, 0.0]
+    search = sum(j["wall_seconds"] for j in plan["jobs"])
+    assert plan["total"]["wall_seconds"] == pytest.approx(search + startup)
+    assert plan["total"]["startup_seconds"] == startup
+    assert main(argv) == 0
+    assert f"{startup:.0f} s of start-up counted, once per model" in capsys.readouterr().out
+
+
+def test_a_run_is_held_against_its_plan_with_the_start_up_once_per_model():
+    """`check_run`: the plan's wall is each job's search, scaled to the samples the run ran,
+    plus each model's start-up once; the search alone is held against the search."""
+    from types import SimpleNamespace
+
+    from sodaray.runner.plan import check_run
+
+    def row(job: str, model: str, startup: float) -> dict:
+        return {
+            "job": job, "model": model, "samples": 10, "device_seconds": 100.0,
+            "wall_seconds": 100.0, "priced_by": "h200", "replicas": 1, "batch_steps": None,
+            "rate": 1.0, "sample_steps": 100, "startup_seconds": startup,
+        }  # fmt: skip
+
+    plan = {"jobs": [row("a", "m", 20.0), row("b", "m", 0.0), row("c", "n", 5.0)]}
+    progress = {job: SimpleNamespace(samples=5) for job in "abc"}
+    run = SimpleNamespace(
+        progress=progress, done=[], model_batch_steps={}, searching_seconds=150.0, seconds=200.0
+    )
+    check = check_run(plan, run)
+    assert check["planned_search_seconds"] == pytest.approx(150.0)  # half of each job's 100 s
+    assert check["planned_startup_seconds"] == pytest.approx(25.0)  # m once, n once
+    assert check["planned_seconds"] == pytest.approx(175.0)
+    assert check["wall_over_planned"] == pytest.approx(200.0 / 175.0)
+    assert check["searching_over_planned"] == pytest.approx(1.0)
+
+
 GPU_SWEEP = """name: gpuplan
 models: [{{id: "{model}", num_gpus: 1}}]
 datasets: [{{name: random, build: {{dataset: random, lengths: "2", per_length: 3, seed: 0}}}}]

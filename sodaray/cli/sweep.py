@@ -235,9 +235,12 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 def _plan_line(check: dict) -> str:
     """The run against its plan, in one line (`plan.check_run`)."""
     searching = check["searching_seconds"] or 0.0
+    startup = check.get("planned_startup_seconds") or 0.0
+    counted = f" ({startup:.1f} s of it start-up)" if startup else ""
     line = (
         f"plan ({', '.join(check['priced_by'])} costs): {check['planned_seconds']:.1f} s at most "
-        f"for these samples, {check['as_run_seconds']:.1f} s for the steps they took; measured "
+        f"for these samples{counted}, {check['as_run_seconds']:.1f} s of search for the steps "
+        "they took; measured "
         f"{check['wall_seconds']:.1f} s wall, {searching:.1f} s searching (after "
         f"{check['wall_seconds'] - searching:.1f} s of start-up): searching/plan "
         f"{check['searching_over_planned']:.2f}, wall/plan {check['wall_over_planned']:.2f}"
@@ -339,8 +342,13 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         )
     t = plan["total"]
     print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
+    startup = (
+        f"{t['startup_seconds']:.0f} s of start-up counted, once per model"
+        if t.get("startup_seconds")
+        else "start-up not counted"
+    )
     for line in estimate_lines(
-        t, "jobs one after another, each job's shards across its replicas; start-up not counted"
+        t, f"jobs one after another, each job's shards across its replicas; {startup}"
     ):
         print(line)
     if t["unpriced"]:

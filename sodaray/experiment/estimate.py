@@ -221,10 +221,11 @@ class Totals:
     gpu_hours: float = 0.0
     cpu_hours: float = 0.0
     wall_seconds: float = 0.0
+    startup_seconds: float = 0.0  # of the wall: the models' start-ups (`DeviceCosts`)
     unshaped: int = 0
     unpriced: int = 0
 
-    def add(self, work: Workload, cost: Price) -> None:
+    def add(self, work: Workload, cost: Price, startup: float = 0.0) -> None:
         self.samples += work.samples
         self.sample_steps += work.sample_steps
         self.unshaped += work.shape is None
@@ -235,4 +236,5 @@ class Totals:
             self.gpu_hours += cost.device_seconds / 3600
         else:
             self.cpu_hours += cost.device_seconds / 3600
-        self.wall_seconds += cost.wall_seconds
+        self.wall_seconds += cost.wall_seconds + startup
+        self.startup_seconds += startup

@@ -160,6 +160,7 @@ def plan_sweep(
     job's calibration, a GGUF file's shape)."""
     rates: dict[str, float | None] = {}
     loaded: dict[str, Any] = {}  # model identity -> the model (None: not loadable here)
+    started: set[str] = set()  # models whose start-up a job already carries
     total = Totals()
     rows = []
     for job in jobs:
@@ -189,7 +190,13 @@ def plan_sweep(
             return rates[key]
 
         time = price(cost, costs, rate, measured)
-        total.add(cost, time)
+        # A model's replicas start once for all its jobs: its first priced job carries it.
+        table = tables(costs)[cost.kind]
+        startup = 0.0
+        if time.time is not None and table is not None and identity not in started:
+            started.add(identity)
+            startup = table.startup_seconds
+        total.add(cost, time, startup)
         rows.append(
             {
                 "job": cost.name,
@@ -201,6 +208,7 @@ def plan_sweep(
                 "flops": cost.flops,
                 "replicas": cost.replicas,
                 **time.fields(),
+                "startup_seconds": startup,
             }
         )
     return {"costs": describe_tables(costs), "jobs": rows, "total": dataclasses.asdict(total)}
@@ -214,6 +222,7 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
     rows = {r["job"]: r for r in plan["jobs"]}
     models: dict[str, dict[str, float]] = {}
     planned, unpriced, priced_by = 0.0, [], set()
+    startup: dict[str, float] = {}  # per model: the start-up its run paid once
     for job, progress in run.progress.items():
         row, samples = rows.get(job), progress.samples
         if row is None or row["device_seconds"] is None or not row["samples"] or not samples:
@@ -222,6 +231,8 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         share = samples / row["samples"]
         priced_by.add(row["priced_by"])
         planned += row["wall_seconds"] * share
+        model_startup = max(startup.get(row["model"], 0.0), row.get("startup_seconds") or 0.0)
+        startup[row["model"]] = model_startup
         sample_steps = sum(d.sample_steps for d in run.done if d.job == job)
         m = models.setdefault(
             row["model"], {"floor": 0.0, "batch": 0.0, "work": 0.0, "replicas": 1}
@@ -242,17 +253,20 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         for model, m in models.items()
     )
     searching = run.searching_seconds
+    startup_total = sum(startup.values())
 
     def ratio(a: float | None, b: float) -> float | None:
         return a / b if a is not None and b > 0 else None
 
     return {
         "priced_by": sorted(priced_by),
-        "planned_seconds": planned,
+        "planned_seconds": planned + startup_total,  # the wall: start-up, then the search
+        "planned_startup_seconds": startup_total,
+        "planned_search_seconds": planned,
         "as_run_seconds": as_run,
         "wall_seconds": run.seconds,
         "searching_seconds": searching,
-        "wall_over_planned": ratio(run.seconds, planned),
+        "wall_over_planned": ratio(run.seconds, planned + startup_total),
         "searching_over_planned": ratio(searching, planned),
         "searching_over_as_run": ratio(searching, as_run),
         "unpriced_jobs": unpriced,

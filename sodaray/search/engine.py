@@ -49,6 +49,7 @@ from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
 from sodaray.search.embedding import EmbeddingBatch
 from sodaray.search.gcg import GcgBatch
+from sodaray.search.scan import position_scan
 from sodaray.search.scheduler import admit, capacity
 from sodaray.search.slots import apply_plan, removal_plan
 from sodaray.search.soda import SodaBatch
@@ -196,15 +197,23 @@ class _Pool:
             loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
             losses = loss.float().cpu().numpy()
             for j, slot in enumerate(live):
+                work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
+                seconds = now - float(s["started"][slot])
+                spent = s["steps"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
+                if not found and spent and getattr(work.config, "scan_positions", False):
+                    began = time.perf_counter()
+                    hit = position_scan(self.engine.model, work.targets, row, tokens[j])
+                    found, tokens[j] = hit is not None, tokens[j] if hit is None else hit
+                    seconds += time.perf_counter() - began
                 self.engine.finished(
-                    self.works[slot],
-                    int(s["row"][slot]),
+                    work,
+                    row,
                     int(s["stage"][slot]),
                     tokens[j],
-                    bool(out.found[slot]),
+                    found,
                     float(losses[j]),
                     int(s["steps"][slot]),
-                    now - float(s["started"][slot]),
+                    seconds,
                 )
         left, holes, movers = removal_plan(count, slots)
         self.batch.remove(left, holes, movers)

@@ -84,10 +84,16 @@ class SodaConfig(SearchConfig):
     # the many low-probability coordinates fall under eps and move in proportion to their
     # gradient instead of by about `learning_rate` each (see RESULTS.md, issue 14).
     loss_reduction: str = "sum"
+    # Not in the paper: when a search ends its budget unfound, check every single-token change
+    # of its final input, position by position (`sodaray.search.scan`): up to length x V exact
+    # checks after the budget, so give it a smaller `max_steps` to compare at equal cost. Won at
+    # equal budget on stories260K (V 512); costs several budgets per position at V 49,152 on a
+    # CPU (benchmarks/RESULTS.md, issue 38). Off: out of the job hash.
+    scan_positions: bool = False
 
     algorithm = "soda"
     display_name = "SODA"
-    NEUTRAL: ClassVar[dict[str, Any]] = {"temperature_end": None}
+    NEUTRAL: ClassVar[dict[str, Any]] = {"temperature_end": None, "scan_positions": False}
     # The ablation switches: SODA's value and the label of a row that changes it.
     SWITCHES: ClassVar[dict[str, tuple[bool, str]]] = {
         "bias_correction": (False, "+ bias correction"),
