@@ -19,6 +19,7 @@ vocabulary of 512 that is a few hundred sample-steps, on 49,152 to 262,144 tens 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
@@ -48,6 +49,15 @@ def scan(model, targets, row: int, tokens: list[int], chunk: int) -> tuple[list[
             if ok.any():
                 return cands[int(ok.nonzero()[0])].tolist(), checked
     return None, checked
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact binomial p-value of `wins` against `losses` at even odds."""
+    n, k = wins + losses, min(wins, losses)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 def scan_cost(shape: str, device: str, chunk: int) -> None:
@@ -209,10 +219,17 @@ def main() -> None:
         found, scan_s2, _, scans2 = scanned(short)
         spent = sum(r.steps for r in short) * per_step + scan_s2
         label = " (equal budget)" if steps == equal else ""
+        # Paired on the same inputs: the ones only one variant recovers, and the exact
+        # two-sided sign test (McNemar's) on them.
+        plain = [r.found and r.tokens == t for r, t in zip(base, inputs, strict=True)]
+        mine = [f == t for f, t in zip(found, inputs, strict=True)]
+        wins = sum(m and not b for m, b in zip(mine, plain, strict=True))
+        losses = sum(b and not m for m, b in zip(mine, plain, strict=True))
         print(
             f"SODA {steps} + scan{label}: {exact_by_length(found)}; {scans2} scans; "
             f"{short_s + scan_s2:.1f} s against {base_s:.1f} s for SODA {args.steps} alone "
-            f"(priced at run 1's rate: {spent:.1f} s)"
+            f"(priced at run 1's rate: {spent:.1f} s); paired: {wins} inputs only it recovers, "
+            f"{losses} only SODA {args.steps} does, sign test p = {sign_test(wins, losses):.2g}"
         )
 
 
