@@ -108,9 +108,14 @@ class Objective:
             raise ValueError(f"confirm must be space or both, not {self.confirm!r}")
 
     @property
+    def confirm_applies(self) -> bool:
+        """Whether `confirm` plays a part: logits compared in a space other than raw."""
+        return self.kind == "logits" and self.space != "raw"
+
+    @property
     def confirms_raw(self) -> bool:
         """Whether a match is also held to the raw logits (where the targets know them)."""
-        return self.kind == "logits" and self.space != "raw" and self.confirm == "both"
+        return self.confirm_applies and self.confirm == "both"
 
     def identity(self) -> dict[str, object]:
         """The settings that decide a job's results, for its hash: every field, but `confirm`

@@ -118,14 +118,16 @@ def observed_in_space(values: Tensor, space: str, *, top_k: bool) -> Tensor:
     return values if top_k else values.log_softmax(-1)
 
 
-def raw_shift(values: Tensor, space: str, *, top_k: bool) -> Tensor | None:
-    """(..., ) what `observed_in_space` takes from each position of raw `values` (..., V or k):
-    the mean for `centred`, the log-normaliser for full `logprobs`; None where the raw values
-    cannot be recovered (raw needs none; top-k log-probabilities are taken as given)."""
-    if space == "centred":
-        return values.mean(-1)
-    if space == "logprobs" and not top_k:
-        return values.logsumexp(-1)
+def raw_shift(objective: Objective, logits: Tensor) -> Tensor | None:
+    """(...,) what `objective.space` takes from each position of the raw `logits` (..., V) the
+    model emitted: the mean (over the top k for top-k observations) for `centred`, the
+    log-normaliser for full `logprobs`; None where nothing is taken (raw) or the raw values
+    cannot be recovered (top-k log-probabilities are taken as given)."""
+    if objective.space == "centred":
+        top = objective.top_k
+        return (logits if top is None else logits.topk(top, dim=-1).values).mean(-1)
+    if objective.space == "logprobs" and objective.top_k is None:
+        return logits.logsumexp(-1)
     return None
 
 

@@ -255,7 +255,7 @@ def result_rows(
                 "objective": obj.kind,
                 "top_k": obj.top_k,
                 "space": obj.space,
-                "confirm": obj.confirm if obj.kind == "logits" and obj.space != "raw" else None,
+                "confirm": obj.confirm if obj.confirm_applies else None,
                 "output_tokens": obj.output_tokens,
                 "loss": obj.loss,
                 "fluency_weight": float(obj.fluency_weight),

@@ -177,7 +177,7 @@ def make_targets(
         if idx is not None:
             indices.append(idx)
         if objective.kind == "logits":
-            shifts.append(recorded_shift(objective, logits))
+            shifts.append(raw_shift(objective, logits))
     return TargetSet(
         objective=objective,
         continuation=torch.stack(conts),
@@ -188,14 +188,6 @@ def make_targets(
         atol=atol,
         rtol=rtol,
     )
-
-
-def recorded_shift(objective: Objective, logits: Tensor) -> Tensor | None:
-    """(m,) what the objective's space takes from each position of the raw `logits` (m, V)
-    the model emitted (None: nothing to take, or not recoverable)."""
-    if objective.top_k is None or objective.space != "centred":
-        return raw_shift(logits, objective.space, top_k=objective.top_k is not None)
-    return raw_shift(logits.topk(objective.top_k, dim=-1).values, "centred", top_k=True)
 
 
 def targets_from_text(

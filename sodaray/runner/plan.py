@@ -166,7 +166,8 @@ def plan_sweep(
     for job in jobs:
         identity = json.dumps(job.model.identity(), sort_keys=True, default=str)
         cost = job_cost(job)
-        unpriced = tables(costs)[cost.kind] is None  # a CPU job without a CPU costs file
+        table = tables(costs)[cost.kind]
+        unpriced = table is None  # a CPU job without a CPU costs file
         wants_model = cost.shape is None or (rate is None and unpriced)
         if measure and wants_model and identity not in loaded:
             try:  # once per model, however many jobs run it (a GGUF file loads for minutes)
@@ -191,7 +192,6 @@ def plan_sweep(
 
         time = price(cost, costs, rate, measured)
         # A model's replicas start once for all its jobs: its first priced job carries it.
-        table = tables(costs)[cost.kind]
         startup = 0.0
         if time.time is not None and table is not None and identity not in started:
             started.add(identity)
@@ -231,8 +231,8 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         share = samples / row["samples"]
         priced_by.add(row["priced_by"])
         planned += row["wall_seconds"] * share
-        model_startup = max(startup.get(row["model"], 0.0), row.get("startup_seconds") or 0.0)
-        startup[row["model"]] = model_startup
+        paid = row.get("startup_seconds") or 0.0
+        startup[row["model"]] = max(startup.get(row["model"], 0.0), paid)
         sample_steps = sum(d.sample_steps for d in run.done if d.job == job)
         m = models.setdefault(
             row["model"], {"floor": 0.0, "batch": 0.0, "work": 0.0, "replicas": 1}
