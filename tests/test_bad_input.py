@@ -236,6 +236,24 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         sweep(objective="{kind: logits, fluency_weight: .nan}"),
     ),
     (
+        "sweep-objective-confirm-unknown",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "confirm must be one of space, both, not '../raw'",
+        sweep(objective="{kind: logits, space: centred, confirm: ../raw}"),
+    ),
+    (
+        "sweep-objective-confirm-not-a-string",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "confirm",
+        sweep(objective="{kind: logits, space: centred, confirm: [both]}"),
+    ),
+    (
+        "sweep-scan-positions-not-a-bool",
+        ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
+        "true or false",
+        sweep(params="{scan_positions: maybe}"),
+    ),
+    (
         "sweep-yaml-tag",
         ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o"],
         "not valid YAML",
@@ -488,6 +506,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         PLAN_COSTS,
         "a pass's floor above an hour",
         costs(float32=FLOAT32.replace("0.003,", "86400,", 1)),
+    ),
+    (
+        "plan-costs-startup-huge",
+        PLAN_COSTS,
+        "startup_seconds must be a number of seconds",
+        costs(more="startup_seconds: 1.0e+400\n"),
+    ),
+    (
+        "plan-costs-startup-a-string",
+        PLAN_COSTS,
+        "startup_seconds must be a number of seconds",
+        costs(more="startup_seconds: ../35\n"),
     ),
     (
         "train-inverter-missing-model",
