@@ -155,6 +155,8 @@ def _attention(
 ) -> tuple[Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if attention_mask is not None and getattr(attention_mask, _PLAIN, False):
+        attention_mask = None  # `prepared_mask`: what SDPA's causal skip would have given
     unsupported = {k for k in ("s_aux", "sinks", "position_bias") if kwargs.get(k) is not None}
     if not _active() or dropout or unsupported:
         if _active() and unsupported:  # `install` refuses such models; say so if one slips by
@@ -194,3 +196,51 @@ def install(model: nn.Module) -> bool:
         log.info("width-invariant attention unavailable for this model: %s", exc)
         return False
     return getattr(config, "_attn_implementation", None) == NAME
+
+
+# Config fields that bound how far a query sees: past them transformers builds another mask than
+# the causal one for some layers, so a prepared causal mask is given only to shorter sequences.
+_WINDOWS = ("sliding_window", "window_size", "attention_chunk_size")
+_PREPARED: dict[tuple[Any, ...], Tensor] = {}
+_PLAIN = "_sodaray_plain_causal"  # marks a prepared mask `_attention` reads as "no mask"
+
+
+def prepared_mask(
+    model: nn.Module, length: int, dtype: torch.dtype, device: torch.device
+) -> Tensor | None:
+    """A (1, 1, L, L) causal mask, cached, that stands in for the one transformers would build
+    for a sequence of `length` positions; None where none can (an implementation other than
+    eager or this module's, or a window shorter than the sequence).
+
+    - Eager attention: transformers' own additive mask, 0 where a query sees a key and the
+      dtype's minimum where it does not; adding the same values gives the same bits.
+    - This module's attention: transformers builds no mask for such a sequence (SDPA's causal
+      skip), so the prepared one is a True-where-visible mask marked as plain, which `_attention`
+      turns back into no mask: the same kernels as before.
+
+    Why: transformers rebuilds its mask on every forward (about 15 operations each, twice a
+    step: issue 41), while a search runs the same few shapes thousands of times. A 4D mask is
+    documented to be used as is (`create_causal_mask`); `LoadedModel` checks once per model that
+    it gives the same logits, bit for bit, and otherwise lets transformers build its own."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation not in ("eager", NAME):
+        return None
+    for name in _WINDOWS:
+        window = getattr(model.config, name, None)
+        if isinstance(window, int) and 0 < window < length:
+            return None
+    key = (implementation, length, dtype, str(device))
+    mask = _PREPARED.get(key)
+    if mask is None:
+        positions = torch.arange(length, device=device)
+        sees = (positions[None, :] <= positions[:, None])[None, None]
+        if implementation == "eager":
+            blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+            mask = torch.where(sees, torch.zeros((), dtype=dtype, device=device), blocked)
+        else:
+            mask = sees
+            setattr(mask, _PLAIN, True)
+        if len(_PREPARED) > 256:
+            _PREPARED.clear()
+        _PREPARED[key] = mask
+    return mask

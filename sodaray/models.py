@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from sodaray.attention import install
+from sodaray.attention import install, prepared_mask
 from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,24 @@ def pad_rows(x: Tensor, rows_per_item: int = 1, items: int = 0) -> Tensor:
     scheduler's), whose padded size is then the same for any count of items up to it."""
     need = -(-invariant_rows(x.device) // max(rows_per_item, 1))
     extra = max(1, need - x.shape[0], items + 1 - x.shape[0])
-    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))])
+    return torch.cat([x, _zeros((extra, *x.shape[1:]), x.dtype, x.device)])
+
+
+_ZEROS: dict[tuple[object, ...], Tensor] = {}
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Zeros of this shape: a view of one buffer per row shape, made once and grown when a
+    request outgrows it (so its memory is the most padding one shape has needed). A search pads
+    the same few shapes every step, and filling fresh zeros was one more operation (a kernel on
+    a GPU) each time (issue 41). Only ever read: `torch.cat` copies it."""
+    key = (shape[1:], dtype, str(device))
+    zeros = _ZEROS.get(key)
+    if zeros is None or len(zeros) < shape[0]:
+        if zeros is None and len(_ZEROS) >= 32:
+            _ZEROS.clear()
+        _ZEROS[key] = zeros = torch.zeros(shape, dtype=dtype, device=device)
+    return zeros[: shape[0]]
 
 
 class ModelLoadError(ValueError):
@@ -102,6 +119,9 @@ class LoadedModel:
     # Set by `__post_init__`: whether the relaxed pass's attention is width-invariant
     # (`sodaray.attention`), so inputs of any length can share a pass bit for bit.
     invariant: bool = field(default=False, init=False)
+    # Set by `__post_init__`: whether a forward may take `prepared_mask` instead of building
+    # its own (checked to give the same logits bit for bit).
+    static_mask: bool = field(default=False, init=False)
     _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +130,7 @@ class LoadedModel:
         self.split_forward = self._check_split_forward()
         self.embed_scale = self._measure_embed_scale()
         self.invariant = install(self.model)
+        self.static_mask = self._check_static_mask()
 
     def for_precision(self, precision: str) -> LoadedModel:
         """The model the gradient pass runs on: itself for float32/tf32, or a cached bfloat16
@@ -201,15 +222,29 @@ class LoadedModel:
         ids = torch.tensor(self.prefix_ids, device=self.device)
         return self.embed(ids).unsqueeze(0).expand(batch, -1, -1)
 
-    def hidden(self, inputs_embeds: Tensor, items: int = 0) -> Tensor:
+    def hidden(self, inputs_embeds: Tensor, items: int = 0, *, padded: bool = False) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
-        `items`: run as a batch of that many (a static shape; see `pad_rows`)."""
+        `items`: run as a batch of that many (a static shape; see `pad_rows`). `padded`: the
+        padding items' rows too, after the B asked for (a caller that reads only its own rows
+        saves the slice, and in a backward the two operations undoing it)."""
         batch = inputs_embeds.shape[0]
-        padded = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
+        inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
+        mask = self._mask(inputs)
         if self.split_forward:
-            out = self.model.base_model(inputs_embeds=padded, use_cache=False)
-            return out.last_hidden_state[:batch]
-        return self.model(inputs_embeds=padded, use_cache=False).logits[:batch]
+            out = self.model.base_model(inputs_embeds=inputs, use_cache=False, **mask)
+            states = out.last_hidden_state
+        else:
+            states = self.model(inputs_embeds=inputs, use_cache=False, **mask).logits
+        return states if padded else states[:batch]
+
+    def _mask(self, inputs: Tensor) -> dict[str, Tensor]:
+        """The forward's `attention_mask` argument for inputs (B, L, ...) where a prepared one
+        stands in for the model's own (`sodaray.attention.prepared_mask`), else nothing."""
+        if not self.static_mask:
+            return {}
+        dtype = inputs.dtype if inputs.is_floating_point() else self.dtype
+        mask = prepared_mask(self.model, inputs.shape[1], dtype, inputs.device)
+        return {} if mask is None else {"attention_mask": mask}
 
     def unembed(self, hidden: Tensor, indices: Tensor | None = None) -> Tensor:
         """Logits from `hidden` (B, P, d): all (B, P, V), or only `indices` (B, P, k)."""
@@ -236,7 +271,8 @@ class LoadedModel:
         if self.prefix_ids:
             prefix = torch.tensor(self.prefix_ids, device=tokens.device).expand(batch, -1)
             tokens = torch.cat([prefix, tokens], dim=1)
-        logits = self.model(input_ids=pad_rows(tokens, tokens.shape[1]), use_cache=False).logits
+        padded = pad_rows(tokens, tokens.shape[1])
+        logits = self.model(input_ids=padded, use_cache=False, **self._mask(padded)).logits
         return logits[:batch, len(self.prefix_ids) :]
 
     @torch.no_grad()
@@ -273,6 +309,23 @@ class LoadedModel:
             )
         log.info("%s scales its input embeddings by %.4g", self.name, scale)
         return scale
+
+    def _check_static_mask(self) -> bool:
+        """Whether the model gives the same logits, bit for bit, with `prepared_mask` as with
+        the mask it builds itself (a model whose code reads `attention_mask` otherwise, or
+        whose attention takes no prepared mask, keeps its own)."""
+        tokens = torch.arange(min(5, self.vocab_size), device=self.device).unsqueeze(0)
+        mask = prepared_mask(self.model, tokens.shape[1], self.dtype, self.device)
+        if mask is None:
+            return False
+        try:
+            with torch.no_grad():
+                own = self.model(input_ids=tokens, use_cache=False).logits
+                given = self.model(input_ids=tokens, use_cache=False, attention_mask=mask).logits
+        except Exception as exc:  # a model that takes no 4D mask: it builds its own
+            log.debug("prepared mask unavailable: %s", exc)
+            return False
+        return bool(torch.equal(own, given))
 
     def _check_split_forward(self) -> bool:
         get_out = getattr(self.model, "get_output_embeddings", None)

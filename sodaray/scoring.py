@@ -13,7 +13,7 @@ transformer compute only; the (rows, V) state of a relaxed search holds no paddi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +38,30 @@ class Layout:
     row_slot: Tensor  # (T,) long
     row_offset: Tensor  # (T,) long
     longest: int
+    # Index tensors derived from the layout, made on first use: a batch's layout lives for many
+    # steps, and each derivation is a few operations (kernels on a GPU) a step (issue 41).
+    _derived: dict[tuple[object, ...], tuple[Tensor, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def input_positions(self, prefix: int) -> Tensor:
+        """(T,): each packed row's sequence position after a prefix of `prefix` tokens."""
+        key = ("input", prefix)
+        if key not in self._derived:
+            self._derived[key] = (self.row_offset + prefix,)
+        return self._derived[key][0]
+
+    def observed(self, prefix: int, m: int) -> tuple[Tensor, Tensor]:
+        """(B, 1) slots and (B, m) positions of the states whose next-token logits are
+        observed: each slot's last input position and the m - 1 after it."""
+        key = ("observed", prefix, m)
+        if key not in self._derived:
+            device = self.lengths.device
+            start = prefix + self.lengths - 1
+            positions = start[:, None] + torch.arange(m, device=device)
+            self._derived[key] = (torch.arange(self.batch, device=device)[:, None], positions)
+        slots, positions = self._derived[key]
+        return slots, positions
 
     @classmethod
     def uniform(cls, batch: int, length: int, device: torch.device) -> Layout:
@@ -80,7 +104,7 @@ def sequence_embeds(
     seq = rows.new_zeros(batch, p + (width or layout.longest) + m - 1, d)
     if p:
         seq[:, :p] = model.prefix_embeds(batch).to(rows.dtype)
-    seq = seq.index_put((layout.row_slot, p + layout.row_offset), rows)
+    seq = seq.index_put((layout.row_slot, layout.input_positions(p)), rows)
     if m > 1:
         after = p + layout.lengths[:, None] + torch.arange(m - 1, device=rows.device)
         slot = torch.arange(batch, device=rows.device)[:, None].expand(-1, m - 1)
@@ -92,9 +116,8 @@ def sequence_embeds(
 def observed_hidden(model: LoadedModel, layout: Layout, hidden: Tensor, m: int) -> Tensor:
     """(B, m, ·): the final states whose next-token logits are observed, at each slot's last
     input position and the m - 1 positions after it."""
-    start = len(model.prefix_ids) + layout.lengths - 1
-    positions = start[:, None] + torch.arange(m, device=hidden.device)
-    return hidden[torch.arange(layout.batch, device=hidden.device)[:, None], positions]
+    slots, positions = layout.observed(len(model.prefix_ids), m)
+    return hidden[slots, positions]
 
 
 def context_embeds(model: LoadedModel, input_embeds: Tensor, batch: BatchTargets) -> Tensor:

@@ -77,8 +77,11 @@ def another_driver(folder: Path):
         proc.wait()
 
 
-def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel:
-    """A randomly initialised model of the given family, small enough for unit tests."""
+def tiny_model(
+    kind: str, vocab: int = 64, seed: int = 0, attention: str | None = None
+) -> sodaray.LoadedModel:
+    """A randomly initialised model of the given family, small enough for unit tests
+    (`attention`: an attention implementation other than the family's default)."""
     from transformers import (
         AutoModelForCausalLM,
         Gemma3TextConfig,
@@ -139,7 +142,8 @@ def tiny_model(kind: str, vocab: int = 64, seed: int = 0) -> sodaray.LoadedModel
     # Wider initialisation so distinct inputs give clearly distinct logits.
     cfg.initializer_range = 0.3
     cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = None
-    model = AutoModelForCausalLM.from_config(cfg)
+    extra = {} if attention is None else {"attn_implementation": attention}
+    model = AutoModelForCausalLM.from_config(cfg, **extra)
     return sodaray.wrap_model(model, None, name=f"tiny-{kind}")
 
 

@@ -550,12 +550,13 @@ class SodaBatch:
             for p in self.passes:
                 if p.slots is None:  # one pass holds every slot
                     embeds = sequence_embeds(model, p.layout, rows, continuation, p.width)
-                    loss = self.slot_loss(model, model.hidden(embeds, p.batch), p, probs)
+                    hidden = model.hidden(embeds, p.batch, padded=True)
+                    loss = self.slot_loss(model, hidden, p, probs)
                     break
                 embeds = sequence_embeds(
                     model, p.layout, rows[p.rows], continuation[p.index], p.width
                 )
-                hidden = model.hidden(embeds, p.batch)
+                hidden = model.hidden(embeds, p.batch, padded=True)
                 part = self.slot_loss(model, hidden, p, None if probs is None else probs[p.rows])
                 if loss is None:
                     loss = part.new_zeros(len(self.slots))

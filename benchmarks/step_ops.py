@@ -1,0 +1,98 @@
+"""Operations a SODA step launches outside the model's layers, per model shape (issue 41).
+
+The count `../shared/tools/opcount.py` makes (torch.profiler on CPU, ops that do work, views and
+allocations left out, over 10 steps after a warm-up; B=64, n=10), for a 1-layer and a 2-layer
+model of each shape in one run: outside = 2 * ops(1 layer) - ops(2 layers). `neo` is the
+TinyStories-33M shape (GPT-Neo, eager attention; opcount.py's own model), `qwen` a narrow
+Qwen2 (the width-invariant attention path real Llama, Qwen2 and Gemma 3 models take).
+A step's operations are a proxy for the kernels it launches on a GPU.
+
+    python benchmarks/step_ops.py [--shape neo|qwen ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoModelForCausalLM, GPTNeoConfig, Qwen2Config
+
+import sodaray
+
+# opcount.py's list of operations that launch no work.
+FREE = {
+    *"view as_strided empty empty_strided t transpose reshape _reshape_alias expand slice".split(),
+    *"select unsqueeze squeeze detach alias _unsafe_view permute resolve_conj resolve_neg".split(),
+    *"lift_fresh result_type size stride numel is_nonzero item _local_scalar_dense split".split(),
+    *"chunk narrow unbind view_as contiguous empty_like _to_copy to unflatten flatten".split(),
+    *"expand_as _has_compatible_shallow_copy_type".split(),
+}
+FREE = {f"aten::{name}" for name in FREE} | {"detach"}
+
+
+def model(shape: str, layers: int) -> tuple[sodaray.LoadedModel, str, int]:
+    torch.manual_seed(0)
+    if shape == "neo":
+        vocab = 50257
+        cfg = GPTNeoConfig(
+            vocab_size=vocab,
+            hidden_size=768,
+            num_layers=layers,
+            num_heads=16,
+            attention_types=[[["global"], layers]],
+            window_size=256,
+            max_position_embeddings=2048,
+            initializer_range=0.1,
+        )
+        preset = "tinystories-33m"
+    else:
+        vocab = 4096
+        cfg = Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+        preset = "qwen2.5-0.5b"
+    lm = sodaray.wrap_model(AutoModelForCausalLM.from_config(cfg), None, name=shape)
+    return lm, preset, vocab
+
+
+def ops_per_step(shape: str, layers: int) -> float:
+    lm, preset, vocab = model(shape, layers)
+    inputs = torch.randint(0, vocab, (64, 10), generator=torch.Generator().manual_seed(1))
+    targets = sodaray.make_targets(lm, inputs.tolist())
+
+    def run(steps: int) -> int:
+        config = sodaray.SodaConfig.from_preset(preset, max_steps=steps, max_batch_size=64)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            sodaray.invert(lm, targets, config)
+        return sum(
+            1
+            for e in prof.events()
+            if e.name.startswith("aten::") and e.name not in FREE and not e.cpu_children
+        )
+
+    sodaray.invert(lm, targets, sodaray.SodaConfig.from_preset(preset, max_steps=2))
+    return (run(13) - run(3)) / 10
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", action="append", choices=["neo", "qwen"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for shape in args.shape or ["neo", "qwen"]:
+        one, two = ops_per_step(shape, 1), ops_per_step(shape, 2)
+        print(
+            f"{shape:>5}  ops/step 1 layer {one:.0f}  2 layers {two:.0f}  "
+            f"outside the layers {2 * one - two:.0f}  per layer {two - one:.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
