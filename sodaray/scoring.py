@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,15 @@ from sodaray.observations import BatchTargets, observation, screen_slack
 MISS_MEMORY = 1024
 
 
+def observed_positions(lengths: Tensor, prefix: int, m: int) -> tuple[Tensor, Tensor]:
+    """(B, 1) sequence indices and (B, m) positions of the final states whose next-token logits
+    are observed, for inputs of `lengths` after a prefix of `prefix` tokens: each input's last
+    position (its first observed one) and the m - 1 after it."""
+    start = prefix + lengths - 1
+    positions = start[:, None] + torch.arange(m, device=lengths.device)
+    return torch.arange(len(lengths), device=lengths.device)[:, None], positions
+
+
 @dataclass
 class Layout:
     """Where each slot's input sits: slot b holds `lengths[b]` tokens, and a packed (T, ...)
@@ -40,28 +50,21 @@ class Layout:
     longest: int
     # Index tensors derived from the layout, made on first use: a batch's layout lives for many
     # steps, and each derivation is a few operations (kernels on a GPU) a step (issue 41).
-    _derived: dict[tuple[object, ...], tuple[Tensor, ...]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _derived: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def input_positions(self, prefix: int) -> Tensor:
         """(T,): each packed row's sequence position after a prefix of `prefix` tokens."""
         key = ("input", prefix)
         if key not in self._derived:
-            self._derived[key] = (self.row_offset + prefix,)
-        return self._derived[key][0]
+            self._derived[key] = self.row_offset + prefix
+        return self._derived[key]
 
     def observed(self, prefix: int, m: int) -> tuple[Tensor, Tensor]:
-        """(B, 1) slots and (B, m) positions of the states whose next-token logits are
-        observed: each slot's last input position and the m - 1 after it."""
+        """`observed_positions` of this layout's slots, made once."""
         key = ("observed", prefix, m)
         if key not in self._derived:
-            device = self.lengths.device
-            start = prefix + self.lengths - 1
-            positions = start[:, None] + torch.arange(m, device=device)
-            self._derived[key] = (torch.arange(self.batch, device=device)[:, None], positions)
-        slots, positions = self._derived[key]
-        return slots, positions
+            self._derived[key] = observed_positions(self.lengths, prefix, m)
+        return self._derived[key]
 
     @classmethod
     def uniform(cls, batch: int, length: int, device: torch.device) -> Layout:
@@ -116,8 +119,7 @@ def sequence_embeds(
 def observed_hidden(model: LoadedModel, layout: Layout, hidden: Tensor, m: int) -> Tensor:
     """(B, m, ·): the final states whose next-token logits are observed, at each slot's last
     input position and the m - 1 positions after it."""
-    slots, positions = layout.observed(len(model.prefix_ids), m)
-    return hidden[slots, positions]
+    return hidden[layout.observed(len(model.prefix_ids), m)]
 
 
 def context_embeds(model: LoadedModel, input_embeds: Tensor, batch: BatchTargets) -> Tensor:
@@ -241,9 +243,7 @@ def check_sequences(
         prefix = torch.tensor(model.prefix_ids, device=ids.device).expand(len(ids), -1)
         ids = torch.cat([prefix, ids], dim=1)
     hidden = model.hidden(model.embed(ids))
-    start = p + lengths - 1  # each candidate's last input position: its first observed one
-    positions = start[:, None] + torch.arange(m, device=hidden.device)
-    observed = hidden[torch.arange(len(ids), device=hidden.device)[:, None], positions]
+    observed = hidden[observed_positions(lengths, p, m)]
     near = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
     found = torch.zeros_like(near)
     near = near.nonzero().squeeze(1)
