@@ -7,7 +7,9 @@ TinyStories-33M shape (GPT-Neo, eager attention; opcount.py's own model), `qwen`
 Qwen2 (the width-invariant attention path real Llama, Qwen2 and Gemma 3 models take).
 A step's operations are a proxy for the kernels it launches on a GPU.
 
-    python benchmarks/step_ops.py [--shape neo|qwen ...]
+    python benchmarks/step_ops.py [--shape neo|qwen ...] [--bos]
+
+`--bos`: a one-token prefix before every input (token 1), as real models are searched with a BOS.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def model(shape: str, layers: int) -> tuple[sodaray.LoadedModel, str, int]:
     return lm, preset, vocab
 
 
-def ops_per_step(shape: str, layers: int) -> float:
+def ops_per_step(shape: str, layers: int, bos: bool = False) -> float:
     lm, preset, vocab = model(shape, layers)
+    lm.prefix_ids = [1] if bos else []
     inputs = torch.randint(0, vocab, (64, 10), generator=torch.Generator().manual_seed(1))
     targets = sodaray.make_targets(lm, inputs.tolist())
 
@@ -84,12 +87,14 @@ def ops_per_step(shape: str, layers: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", choices=["neo", "qwen"])
+    parser.add_argument("--bos", action="store_true", help="a one-token prefix (a BOS)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for shape in args.shape or ["neo", "qwen"]:
-        one, two = ops_per_step(shape, 1), ops_per_step(shape, 2)
+        one, two = ops_per_step(shape, 1, args.bos), ops_per_step(shape, 2, args.bos)
+        label = f"{shape}+bos" if args.bos else shape
         print(
-            f"{shape:>5}  ops/step 1 layer {one:.0f}  2 layers {two:.0f}  "
+            f"{label:>8}  ops/step 1 layer {one:.0f}  2 layers {two:.0f}  "
             f"outside the layers {2 * one - two:.0f}  per layer {two - one:.0f}"
         )
 

@@ -14,6 +14,7 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -72,9 +73,15 @@ def pad_rows(x: Tensor, rows_per_item: int = 1, items: int = 0) -> Tensor:
     """`x` with zero items appended along dim 0: at least one, and enough for `invariant_rows`
     rows in all (an item of a (B, L, d) batch is L rows). `items`: a static batch size (the
     scheduler's), whose padded size is then the same for any count of items up to it."""
-    need = -(-invariant_rows(x.device) // max(rows_per_item, 1))
-    extra = max(1, need - x.shape[0], items + 1 - x.shape[0])
+    extra = padding_items(x.shape[0], x.device, rows_per_item, items)
     return torch.cat([x, _zeros((extra, *x.shape[1:]), x.dtype, x.device)])
+
+
+def padding_items(count: int, device: torch.device, rows_per_item: int = 1, items: int = 0) -> int:
+    """How many zero items `pad_rows` appends to `count` items (the one rule, for a caller that
+    keeps its own zero rows after its tensor instead)."""
+    need = -(-invariant_rows(device) // max(rows_per_item, 1))
+    return max(1, need - count, items + 1 - count)
 
 
 _ZEROS: dict[tuple[object, ...], Tensor] = {}
@@ -92,6 +99,22 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
             _ZEROS.clear()
         _ZEROS[key] = zeros = torch.zeros(shape, dtype=dtype, device=device)
     return zeros[: shape[0]]
+
+
+_POSITIONS: dict[tuple[int, str], Tensor] = {}
+
+
+def prepared_positions(length: int, device: torch.device) -> Tensor:
+    """(1, L) position ids 0 .. L-1, made once per length and device: what a transformers model
+    makes on every forward when given none (an arange and an add: two operations, kernels on a
+    GPU, per forward, twice a step; issue 41). Only ever read."""
+    key = (length, str(device))
+    positions = _POSITIONS.get(key)
+    if positions is None:
+        if len(_POSITIONS) > 256:
+            _POSITIONS.clear()
+        _POSITIONS[key] = positions = torch.arange(length, device=device)[None]
+    return positions
 
 
 class ModelLoadError(ValueError):
@@ -119,10 +142,13 @@ class LoadedModel:
     # Set by `__post_init__`: whether the relaxed pass's attention is width-invariant
     # (`sodaray.attention`), so inputs of any length can share a pass bit for bit.
     invariant: bool = field(default=False, init=False)
-    # Set by `__post_init__`: whether a forward may take `prepared_mask` instead of building
-    # its own (checked to give the same logits bit for bit).
+    # Set by `__post_init__`: whether a forward may take `prepared_mask` and prepared position
+    # ids instead of building its own (checked to give the same logits bit for bit).
     static_mask: bool = field(default=False, init=False)
     _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
+    # The prefix's ids and embedding rows on a device, made once (keyed by the prefix, which a
+    # caller may change): a search reads them every step (issue 41).
+    _prefix: dict[tuple[Any, ...], Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -216,19 +242,42 @@ class LoadedModel:
     def embed(self, tokens: Tensor) -> Tensor:
         return self.model.get_input_embeddings()(tokens)
 
+    def prefix_tensor(self, device: torch.device) -> Tensor:
+        """The prefix's ids as a (1, p) tensor on `device`, made once (read only)."""
+        key = ("ids", tuple(self.prefix_ids), str(device))
+        if key not in self._prefix:
+            self._prefix[key] = torch.tensor([self.prefix_ids], dtype=torch.long, device=device)
+        return self._prefix[key]
+
     def prefix_embeds(self, batch: int) -> Tensor | None:
+        """The prefix's embedding rows, (batch, p, d) (an expanded view: read only)."""
         if not self.prefix_ids:
             return None
-        ids = torch.tensor(self.prefix_ids, device=self.device)
-        return self.embed(ids).unsqueeze(0).expand(batch, -1, -1)
+        key = ("embeds", tuple(self.prefix_ids), str(self.device))
+        if key not in self._prefix:
+            with torch.no_grad():  # frozen weights: a constant, not a graph
+                self._prefix[key] = self.embed(self.prefix_tensor(self.device)[0])[None]
+        return self._prefix[key].expand(batch, -1, -1)
 
-    def hidden(self, inputs_embeds: Tensor, items: int = 0, *, padded: bool = False) -> Tensor:
+    def hidden(
+        self,
+        inputs_embeds: Tensor,
+        items: int = 0,
+        *,
+        padded: bool = False,
+        prepadded: bool = False,
+    ) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
         `items`: run as a batch of that many (a static shape; see `pad_rows`). `padded`: the
         padding items' rows too, after the B asked for (a caller that reads only its own rows
-        saves the slice, and in a backward the two operations undoing it)."""
+        saves the slice, and in a backward the two operations undoing it). `prepadded`: the
+        inputs already end with those zero items (`scoring.sequence_embeds(items=...)`); the
+        states then come padded."""
         batch = inputs_embeds.shape[0]
-        inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
+        if prepadded:
+            padded, inputs = True, inputs_embeds
+        else:
+            inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
         mask = self._mask(inputs)
         if self.split_forward:
             out = self.model.base_model(inputs_embeds=inputs, use_cache=False, **mask)
@@ -238,13 +287,18 @@ class LoadedModel:
         return states if padded else states[:batch]
 
     def _mask(self, inputs: Tensor) -> dict[str, Tensor]:
-        """The forward's `attention_mask` argument for inputs (B, L, ...) where a prepared one
-        stands in for the model's own (`sodaray.attention.prepared_mask`), else nothing."""
+        """The forward's `attention_mask` and `position_ids` for inputs (B, L, ...) where
+        prepared ones stand in for the model's own (`sodaray.attention.prepared_mask`, and
+        `prepared_positions`: the model's own default, 0 .. L-1 for every row), else nothing.
+        Both or neither: that pair is what `_check_static_mask` compared."""
         if not self.static_mask:
             return {}
         dtype = inputs.dtype if inputs.is_floating_point() else self.dtype
-        mask = prepared_mask(self.model, inputs.shape[1], dtype, inputs.device)
-        return {} if mask is None else {"attention_mask": mask}
+        length = inputs.shape[1]
+        mask = prepared_mask(self.model, length, dtype, inputs.device)
+        if mask is None:
+            return {}
+        return {"attention_mask": mask, "position_ids": prepared_positions(length, inputs.device)}
 
     def unembed(self, hidden: Tensor, indices: Tensor | None = None) -> Tensor:
         """Logits from `hidden` (B, P, d): all (B, P, V), or only `indices` (B, P, k)."""
@@ -269,7 +323,7 @@ class LoadedModel:
         """Full logits (B, L, V) on token ids, after the prefix (whose rows are dropped)."""
         batch = tokens.shape[0]
         if self.prefix_ids:
-            prefix = torch.tensor(self.prefix_ids, device=tokens.device).expand(batch, -1)
+            prefix = self.prefix_tensor(tokens.device).expand(batch, -1)
             tokens = torch.cat([prefix, tokens], dim=1)
         padded = pad_rows(tokens, tokens.shape[1])
         logits = self.model(input_ids=padded, use_cache=False, **self._mask(padded)).logits
@@ -311,17 +365,21 @@ class LoadedModel:
         return scale
 
     def _check_static_mask(self) -> bool:
-        """Whether the model gives the same logits, bit for bit, with `prepared_mask` as with
-        the mask it builds itself (a model whose code reads `attention_mask` otherwise, or
-        whose attention takes no prepared mask, keeps its own)."""
+        """Whether the model gives the same logits, bit for bit, with `prepared_mask` and
+        `prepared_positions` as with the mask and positions it makes itself (a model whose code
+        reads `attention_mask` or `position_ids` otherwise, or whose attention takes no
+        prepared mask, keeps its own)."""
         tokens = torch.arange(min(5, self.vocab_size), device=self.device).unsqueeze(0)
         mask = prepared_mask(self.model, tokens.shape[1], self.dtype, self.device)
         if mask is None:
             return False
+        positions = prepared_positions(tokens.shape[1], self.device)
         try:
             with torch.no_grad():
                 own = self.model(input_ids=tokens, use_cache=False).logits
-                given = self.model(input_ids=tokens, use_cache=False, attention_mask=mask).logits
+                given = self.model(
+                    input_ids=tokens, use_cache=False, attention_mask=mask, position_ids=positions
+                ).logits
         except Exception as exc:  # a model that takes no 4D mask: it builds its own
             log.debug("prepared mask unavailable: %s", exc)
             return False

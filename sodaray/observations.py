@@ -258,18 +258,21 @@ class LogitsObservation(Observation):
         """For raw logits a cheap necessary condition runs first: the few largest observed
         logits, with a looser tolerance; only candidates that pass it pay for the
         full-vocabulary comparison."""
-        result = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-        alive = torch.arange(hidden.shape[0], device=hidden.device)
         # The probe compares raw logits; the other spaces need the whole row anyway.
-        if model.split_forward and batch.probe_allowed is not None and objective.space == "raw":
-            probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
-            off = (probe_pred - batch.probe_values[rows]).abs() <= batch.probe_allowed[rows]
-            alive = off.flatten(1).all(1).nonzero().squeeze(1)
-            if len(alive) == 0:
-                return result
-            hidden, rows = hidden[alive], rows[alive]
-        full = model.unembed(hidden).float()
-        result[alive] = self.compare(objective, full, batch, rows, atol, rtol, slack)
+        if not (
+            model.split_forward and batch.probe_allowed is not None and objective.space == "raw"
+        ):
+            full = model.unembed(hidden).float()
+            return self.compare(objective, full, batch, rows, atol, rtol, slack)
+        probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
+        off = (probe_pred - batch.probe_values[rows]).abs() <= batch.probe_allowed[rows]
+        passed = off.flatten(1).all(1)
+        alive = passed.nonzero().squeeze(1)
+        if len(alive) == 0:  # the usual step: every candidate turned down by the probe
+            return passed
+        full = model.unembed(hidden[alive]).float()
+        result = torch.zeros_like(passed)
+        result[alive] = self.compare(objective, full, batch, rows[alive], atol, rtol, slack)
         return result
 
     def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:

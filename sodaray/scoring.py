@@ -20,22 +20,27 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.models import LoadedModel
+from sodaray.models import LoadedModel, padding_items
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets, observation, screen_slack
+
+Index = Tensor | np.ndarray  # integer indices on the device, or planned on the host
 
 # Sequences a search's `misses` holds at most (`check_sequences`): bytes of a few tokens each;
 # past it, a near miss is confirmed again each time it comes back (slower, never wrong).
 MISS_MEMORY = 1024
 
 
-def observed_positions(lengths: Tensor, prefix: int, m: int) -> tuple[Tensor, Tensor]:
+def observed_positions(lengths: Index, prefix: int, m: int) -> tuple[Index, Index]:
     """(B, 1) sequence indices and (B, m) positions of the final states whose next-token logits
     are observed, for inputs of `lengths` after a prefix of `prefix` tokens: each input's last
-    position (its first observed one) and the m - 1 after it."""
-    start = prefix + lengths - 1
-    positions = start[:, None] + torch.arange(m, device=lengths.device)
-    return torch.arange(len(lengths), device=lengths.device)[:, None], positions
+    position (its first observed one) and the m - 1 after it. On the host for host `lengths`
+    (numpy), where a caller that planned its sequences there makes them without a kernel."""
+    if isinstance(lengths, Tensor):
+        rows, steps = (torch.arange(k, device=lengths.device) for k in (len(lengths), m))
+    else:
+        rows, steps = np.arange(len(lengths)), np.arange(m)
+    return rows[:, None], prefix + lengths[:, None] - 1 + steps
 
 
 @dataclass
@@ -98,15 +103,20 @@ def sequence_embeds(
     rows: Tensor,
     continuation: Tensor,
     width: int | None = None,
+    items: int | None = None,
 ) -> Tensor:
     """(B, prefix + width + m - 1, d): the prefix, each slot's input rows (T, d) and its
     continuation but the last observed token, padded at the end with zeros; `width` (default:
-    the longest input) is the input positions the sequence has room for."""
+    the longest input) is the input positions the sequence has room for. `items` given: the
+    zero items `pad_rows(seq, L, items)` would append are made with it (for
+    `LoadedModel.hidden(prepadded=True)`: one tensor, not a second one and a copy)."""
     batch, d = layout.batch, rows.shape[-1]
     p, m = len(model.prefix_ids), continuation.shape[1]
-    seq = rows.new_zeros(batch, p + (width or layout.longest) + m - 1, d)
+    length = p + (width or layout.longest) + m - 1
+    extra = 0 if items is None else padding_items(batch, rows.device, length, items)
+    seq = rows.new_zeros(batch + extra, length, d)
     if p:
-        seq[:, :p] = model.prefix_embeds(batch).to(rows.dtype)
+        seq[:batch, :p] = model.prefix_embeds(batch).to(rows.dtype)
     seq = seq.index_put((layout.row_slot, layout.input_positions(p)), rows)
     if m > 1:
         after = p + layout.lengths[:, None] + torch.arange(m - 1, device=rows.device)
@@ -214,7 +224,7 @@ def check_sequences(
     model: LoadedModel,
     objective: Objective,
     sequences: Tensor,
-    lengths: Tensor,
+    lengths: Index,
     batch: BatchTargets,
     rows: Tensor,
     atol: float,
@@ -240,15 +250,20 @@ def check_sequences(
     m, p = objective.output_tokens, len(model.prefix_ids)
     ids = sequences
     if p:
-        prefix = torch.tensor(model.prefix_ids, device=ids.device).expand(len(ids), -1)
+        prefix = model.prefix_tensor(ids.device).expand(len(ids), -1)
         ids = torch.cat([prefix, ids], dim=1)
     hidden = model.hidden(model.embed(ids))
-    observed = hidden[observed_positions(lengths, p, m)]
+    where = observed_positions(lengths, p, m)
+    if not isinstance(lengths, Tensor):  # planned on the host: sent, not computed
+        where = tuple(torch.as_tensor(i, device=ids.device) for i in where)
+    observed = hidden[where]
     near = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
-    found = torch.zeros_like(near)
+    screened = near
     near = near.nonzero().squeeze(1)
     if len(near) == 0:
-        return found
+        return screened  # all False: the usual step makes no second tensor
+    found = torch.zeros_like(screened)
+    lengths = torch.as_tensor(lengths, device=ids.device)
     keys: dict[int, bytes] = {}
     if misses is not None:  # what the confirm turned down before is not confirmed again
         host = sequences[near].cpu().numpy()

@@ -1,9 +1,11 @@
-"""The prepared attention mask (`sodaray.attention.prepared_mask`): an eager-attention model takes
-a cached causal mask instead of building its own every forward (issue 41: about 15 operations a
-forward), and nothing a search computes moves by a bit."""
+"""The prepared attention mask and position ids (`sodaray.attention.prepared_mask`,
+`sodaray.models.prepared_positions`): a model takes a cached causal mask and cached positions
+instead of making its own every forward (issue 41: about 17 operations a forward), and the check
+plans its observed positions on the host; nothing a search computes moves by a bit."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
@@ -11,6 +13,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import sodaray
 from sodaray.attention import prepared_mask
+from sodaray.models import prepared_positions
+from sodaray.scoring import check_sequences, observed_positions
+from sodaray.search.base import SlotEntry, observed_rows
 
 
 def leaf_ops(fn) -> int:
@@ -59,10 +64,20 @@ def test_the_mask_is_transformers_own_values():
     assert prepared_mask(gemma.model, 17, torch.float32, torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize(("kind", "fewer"), [("gpt-neo", 10), ("qwen2", 5)])
+def test_prepared_positions_are_the_models_own_made_once():
+    """0 .. L-1 in one row, as transformers makes them when given none; one tensor a length."""
+    first = prepared_positions(5, torch.device("cpu"))
+    assert first.shape == (1, 5) and first.dtype == torch.long
+    assert torch.equal(first[0], torch.arange(5))
+    assert prepared_positions(5, torch.device("cpu")) is first
+    assert not torch.equal(prepared_positions(6, torch.device("cpu"))[:, :5], first + 1)
+
+
+@pytest.mark.parametrize(("kind", "fewer"), [("gpt-neo", 17), ("qwen2", 8)])
 def test_a_forward_with_the_prepared_mask_launches_fewer_operations(kind, fewer, one_thread):
-    """Measured 15 and 7 fewer operations a forward (eager builds and converts a mask; SDPA
-    checks for packed sequences and padding before skipping it)."""
+    """Measured 19 and 9 fewer operations a forward, 15 and 7 with the mask alone (eager builds
+    and converts a mask; SDPA checks for packed sequences and padding before skipping it; both
+    make position ids)."""
     neo = tiny_model(kind)
     x = torch.randn(8, 6, neo.width, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -111,3 +126,37 @@ def test_searches_give_the_same_bits_with_the_prepared_mask_and_without(
         )
     assert outcomes[0] == outcomes[1]
     assert any(found for _, found, *_ in outcomes[0])  # the searches did find inputs
+
+
+def test_observed_positions_planned_on_the_host_are_the_devices():
+    lengths = [3, 1, 4, 2]
+    for prefix, m in ((0, 1), (1, 1), (2, 3)):
+        on_device = observed_positions(torch.tensor(lengths), prefix, m)
+        on_host = observed_positions(np.array(lengths), prefix, m)
+        for a, b in zip(on_device, on_host, strict=True):
+            assert a.shape == b.shape and a.tolist() == b.tolist()
+    assert on_host[1].tolist() == [[4, 5, 6], [2, 3, 4], [5, 6, 7], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("kind", ["gpt-neo", "qwen2"])
+def test_the_check_decides_the_same_with_host_lengths(kind, one_thread):
+    """The search's check passes its lengths on the host (its positions made there, no
+    kernels): the same decisions as with lengths on the device, finds and misses alike, with
+    and without the probe (raw logits: the probe; centred: the whole row at once)."""
+    model = tiny_model(kind)
+    tokens = [[(7 * i + 3 * j + 1) % 64 for j in range(1 + i % 3)] for i in range(8)]
+    width = max(map(len, tokens))
+    wrong = [t if i % 2 else [(t[0] + 1) % 64, *t[1:]] for i, t in enumerate(tokens)]
+    sequences = torch.tensor([t + [0] * (width - len(t)) for t in wrong])
+    lengths = [len(t) for t in tokens]
+    rows = torch.arange(len(tokens))
+    for space in ("raw", "centred"):
+        objective = sodaray.Objective(space=space)
+        targets = sodaray.make_targets(model, tokens, objective=objective)
+        entries = [SlotEntry(targets, r, lengths[r], None) for r in range(len(tokens))]
+        batch = observed_rows(entries, model.device)
+        decided = [
+            check_sequences(model, objective, sequences, n, batch, rows, 1e-4, 1e-4).tolist()
+            for n in (torch.tensor(lengths), np.array(lengths))
+        ]
+        assert decided[0] == decided[1] == [i % 2 == 1 for i in range(len(tokens))], space

@@ -56,3 +56,18 @@ def test_the_public_path_computes_the_same_function(inputs, monkeypatch):
     scale = fast_grad.abs().max().item()
     torch.testing.assert_close(grad, fast_grad, rtol=1e-4, atol=1e-6 * scale)
     assert not torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_one_workspace_over_growing_and_shrinking_batches_keeps_its_zero_rows(inputs):
+    """The product reads the workspace's own zero rows after the probabilities (no padded copy,
+    issue 41): as a batch's row count moves (rows left by a larger step become padding, a few
+    rows need many), every output is the padded product's bit for bit."""
+    from sodaray.models import pad_rows
+
+    z, embedding, tau = inputs
+    ws = soda.Workspace()
+    for rows in (24, 5, 24, 11, 2, 17):
+        out = soda.RelaxedEmbedding.apply(z[:rows], embedding, tau[:rows], ws)
+        expected = (pad_rows(torch.softmax(z[:rows] / tau[:rows], -1)) @ embedding)[:rows]
+        assert torch.equal(out, expected), rows
+        assert len(ws.padded) > rows and not ws.padded[rows:].any(), rows

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from sodaray.attention import invariant
-from sodaray.models import LoadedModel, invariant_rows, pad_rows
+from sodaray.models import LoadedModel, invariant_rows, pad_rows, padding_items
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets, screen_slack
 from sodaray.scoring import Layout, check_sequences, objective_loss, sequence_embeds, slot_rows
@@ -177,23 +177,37 @@ class Workspace:
     the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster. They
     keep spare rows, so a batch whose row count changes as searches come and go reallocates
     only when it outgrows them.
+
+    `padded` is `probs` with `pad` zero rows after it, the rows `pad_rows` would append for the
+    product with the embedding: kept zero in the buffer (the softmax writes only `probs`), so a
+    step neither copies the (T, V) probabilities into a padded tensor nor launches that copy.
     """
 
     def __init__(self) -> None:
         self._probs: Tensor | None = None
         self._grad: Tensor | None = None
+        self._zeroed: tuple[int, int] | None = None  # buffer rows known to hold zeros
         self.probs: Tensor | None = None
         self.grad: Tensor | None = None
+        self.padded: Tensor | None = None
 
-    def fit(self, like: Tensor) -> None:
+    def fit(self, like: Tensor, pad: int = 0) -> None:
         rows = like.shape[0]
         buf = self._probs
-        if buf is None or buf.shape[0] < rows or buf.shape[1:] != like.shape[1:]:
-            spare = (max(rows, 2 * (buf.shape[0] if buf is not None else 0)), *like.shape[1:])
+        if buf is None or buf.shape[0] < rows + pad or buf.shape[1:] != like.shape[1:]:
+            old = buf.shape[0] if buf is not None else 0
+            spare = (max(rows + pad, 2 * old), *like.shape[1:])
             self._probs = like.new_empty(spare)
             self._grad = like.new_empty(spare)
+            self._zeroed = None
         assert self._probs is not None and self._grad is not None
+        if pad and self._zeroed != (rows, rows + pad):
+            self._probs[rows : rows + pad].zero_()
+            self._zeroed = (rows, rows + pad)
+        elif not pad and self._zeroed is not None and rows > self._zeroed[0]:
+            self._zeroed = None  # this step's probabilities will cover some of those rows
         self.probs, self.grad = self._probs[:rows], self._grad[:rows]
+        self.padded = self._probs[: rows + pad]
 
 
 def annealed_temperature(
@@ -231,7 +245,8 @@ class RelaxedEmbedding(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z: Tensor, embedding: Tensor, temperature: Hyper, ws: Workspace) -> Tensor:
-        ws.fit(z)
+        same = embedding.dtype == z.dtype  # then the product reads the workspace's zero rows
+        ws.fit(z, padding_items(len(z), z.device) if same else 0)
         probs = torch.div(z, temperature, out=ws.probs)
         if SOFTMAX_OUT is not None:
             SOFTMAX_OUT(probs, -1, False, out=probs)
@@ -240,7 +255,8 @@ class RelaxedEmbedding(torch.autograd.Function):
         ctx.save_for_backward(probs, embedding)
         ctx.temperature, ctx.ws = temperature, ws
         rows = len(probs)
-        return (pad_rows(probs.to(embedding.dtype)) @ embedding)[:rows]
+        padded = ws.padded if same else pad_rows(probs.to(embedding.dtype))
+        return (padded @ embedding)[:rows]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
@@ -549,14 +565,14 @@ class SodaBatch:
             loss = None
             for p in self.passes:
                 if p.slots is None:  # one pass holds every slot
-                    embeds = sequence_embeds(model, p.layout, rows, continuation, p.width)
-                    hidden = model.hidden(embeds, p.batch, padded=True)
+                    embeds = sequence_embeds(model, p.layout, rows, continuation, p.width, p.batch)
+                    hidden = model.hidden(embeds, prepadded=True)
                     loss = self.slot_loss(model, hidden, p, probs)
                     break
                 embeds = sequence_embeds(
-                    model, p.layout, rows[p.rows], continuation[p.index], p.width
+                    model, p.layout, rows[p.rows], continuation[p.index], p.width, p.batch
                 )
-                hidden = model.hidden(embeds, p.batch, padded=True)
+                hidden = model.hidden(embeds, prepadded=True)
                 part = self.slot_loss(model, hidden, p, None if probs is None else probs[p.rows])
                 if loss is None:
                     loss = part.new_zeros(len(self.slots))
@@ -665,7 +681,7 @@ class SodaBatch:
                 self.model,
                 objective,
                 torch.as_tensor(seqs, dtype=torch.long, device=dev),
-                torch.as_tensor(lengths[slots], device=dev),
+                lengths[slots],  # on the host: the observed positions are planned there
                 self.observed,
                 torch.as_tensor(slots, device=dev),
                 atol,
