@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILY_OF = {
     "llama": ("llama", "qwen2.5-0.5b", "centred"),
     "qwen2": ("qwen2", "qwen2.5-0.5b", "raw"),
-    "gemma3": ("gemma3", "qwen2.5-0.5b", "raw"),
+    "gemma3": ("gemma3", "qwen2.5-0.5b", "centred"),
     "gpt2": ("gpt2", "gpt2-small", "raw"),
     "gpt-neo": ("gpt-neo", "tinystories-33m", "raw"),
 }
