@@ -259,34 +259,24 @@ class LoadedModel:
                 self._prefix[key] = self.embed(self.prefix_tensor(self.device)[0])[None]
         return self._prefix[key].expand(batch, -1, -1)
 
-    def hidden(
-        self,
-        inputs_embeds: Tensor,
-        items: int = 0,
-        *,
-        padded: bool = False,
-        prepadded: bool = False,
-    ) -> Tensor:
+    def hidden(self, inputs_embeds: Tensor, items: int = 0, *, prepadded: bool = False) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
-        `items`: run as a batch of that many (a static shape; see `pad_rows`). `padded`: the
-        padding items' rows too, after the B asked for (a caller that reads only its own rows
-        saves the slice, and in a backward the two operations undoing it). `prepadded`: the
-        inputs already end with those zero items (`scoring.sequence_embeds(items=...)`); the
-        states then come padded."""
-        batch = inputs_embeds.shape[0]
-        if prepadded:
-            padded, inputs = True, inputs_embeds
-        else:
+        `items`: run as a batch of that many (a static shape; see `pad_rows`). `prepadded`: the
+        inputs already end with those zero items (`scoring.sequence_embeds(items=...)`), and
+        the states come back with their rows too (a caller that reads only its own rows saves
+        the padding's copy and the slice, and in a backward the two operations undoing it)."""
+        inputs = inputs_embeds
+        if not prepadded:
             inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
-        mask = self._mask(inputs)
+        prepared = self._prepared(inputs)
         if self.split_forward:
-            out = self.model.base_model(inputs_embeds=inputs, use_cache=False, **mask)
+            out = self.model.base_model(inputs_embeds=inputs, use_cache=False, **prepared)
             states = out.last_hidden_state
         else:
-            states = self.model(inputs_embeds=inputs, use_cache=False, **mask).logits
-        return states if padded else states[:batch]
+            states = self.model(inputs_embeds=inputs, use_cache=False, **prepared).logits
+        return states if prepadded else states[: inputs_embeds.shape[0]]
 
-    def _mask(self, inputs: Tensor) -> dict[str, Tensor]:
+    def _prepared(self, inputs: Tensor) -> dict[str, Tensor]:
         """The forward's `attention_mask` and `position_ids` for inputs (B, L, ...) where
         prepared ones stand in for the model's own (`sodaray.attention.prepared_mask`, and
         `prepared_positions`: the model's own default, 0 .. L-1 for every row), else nothing.
@@ -326,7 +316,7 @@ class LoadedModel:
             prefix = self.prefix_tensor(tokens.device).expand(batch, -1)
             tokens = torch.cat([prefix, tokens], dim=1)
         padded = pad_rows(tokens, tokens.shape[1])
-        logits = self.model(input_ids=padded, use_cache=False, **self._mask(padded)).logits
+        logits = self.model(input_ids=padded, use_cache=False, **self._prepared(padded)).logits
         return logits[:batch, len(self.prefix_ids) :]
 
     @torch.no_grad()

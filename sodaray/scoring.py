@@ -257,9 +257,8 @@ def check_sequences(
     if not isinstance(lengths, Tensor):  # planned on the host: sent, not computed
         where = tuple(torch.as_tensor(i, device=ids.device) for i in where)
     observed = hidden[where]
-    near = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
-    screened = near
-    near = near.nonzero().squeeze(1)
+    screened = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
+    near = screened.nonzero().squeeze(1)
     if len(near) == 0:
         return screened  # all False: the usual step makes no second tensor
     found = torch.zeros_like(screened)

@@ -201,11 +201,11 @@ class Workspace:
             self._grad = like.new_empty(spare)
             self._zeroed = None
         assert self._probs is not None and self._grad is not None
-        if pad and self._zeroed != (rows, rows + pad):
+        if not pad:
+            self._zeroed = None  # this step's probabilities may cover any rows
+        elif self._zeroed != (rows, rows + pad):
             self._probs[rows : rows + pad].zero_()
             self._zeroed = (rows, rows + pad)
-        elif not pad and self._zeroed is not None and rows > self._zeroed[0]:
-            self._zeroed = None  # this step's probabilities will cover some of those rows
         self.probs, self.grad = self._probs[:rows], self._grad[:rows]
         self.padded = self._probs[: rows + pad]
 
