@@ -311,7 +311,9 @@ def profiled(run, cuda: bool) -> dict[str, float]:
     return {"kernels": kernels, "copies": len(copies), "busy": busy_seconds(spans), "wall": wall}
 
 
-def measure_case(model, spec: str, steps: int, device: str, precision: str, peak: float) -> dict:
+def measure_case(
+    model, spec: str, steps: int, device: str, precision: str, peak: float, policy: str | None
+) -> dict:
     """One case of the gpu suite: a steady step's time, kernels, busy share and FLOP rate."""
     import torch
 
@@ -331,7 +333,7 @@ def measure_case(model, spec: str, steps: int, device: str, precision: str, peak
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        results = sodaray.invert(model, targets, config)
+        results = sodaray.invert(model, targets, config, policy=policy)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0, sum(r.steps for r in results)
@@ -359,6 +361,7 @@ def measure_case(model, spec: str, steps: int, device: str, precision: str, peak
         "n": n,
         "B": batch,
         "precision": precision,
+        "policy": policy or "exact",
         "ms_per_step": 1000 * seconds,
         "samples_per_step": samples,
         "sample_steps_per_s": rate,
@@ -405,7 +408,8 @@ def gpu_suite(args, device: str) -> None:
     unit = "kernels" if cuda else "cpu-ops"
     print(
         f"# gpu suite: device={device} ({full}) torch={torch.__version__} threads={args.threads} "
-        f"steps={args.steps} measured bf16 matrix peak {peak / 1e12:.4g} TFLOP/s",
+        f"steps={args.steps} policy={args.policy or 'exact'} "
+        f"measured bf16 matrix peak {peak / 1e12:.4g} TFLOP/s",
         flush=True,
     )
     rows, measured, authors = [], [], {}
@@ -422,7 +426,7 @@ def gpu_suite(args, device: str) -> None:
             current = (name, build_model(name, device, args.dtype))
         model = current[1]
         for precision in precisions:
-            row = measure_case(model, spec, args.steps, device, precision, peak)
+            row = measure_case(model, spec, args.steps, device, precision, peak, args.policy)
             copies = "-" if row["copies_per_step"] is None else f"{row['copies_per_step']:.0f}"
             theirs = authors.get(spec)
             row["authors_same_run"] = theirs
@@ -473,6 +477,8 @@ def gpu_suite(args, device: str) -> None:
             print(f"# ratios {spec}: speed vs float32: " + ", ".join(parts), flush=True)
     when = datetime.date.today().isoformat()
     source = f"bench_invert.py --suite gpu on {full}, {when}, torch {torch.__version__}"
+    if args.policy:
+        source += f", policy={args.policy}"
     if not cuda:
         source += f", threads={args.threads}"
     try:
@@ -539,6 +545,12 @@ def main() -> None:
         choices=("float32", "tf32", "bfloat16"),
         help="SODA gradient-pass precision (default float32; the gpu suite: float32, tf32 on CUDA, "
         "and bfloat16)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("exact", "static"),
+        help="--suite gpu: the scheduler's policy (default: the engine's, exact); static pads "
+        "each pass to a power-of-two batch and a width of 16s",
     )
     parser.add_argument("--out", help="--suite gpu: write the fit costs here (YAML)")
     parser.add_argument("--threads", type=int, default=2)

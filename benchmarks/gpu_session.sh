@@ -7,14 +7,16 @@
 #
 #   source .device/setup.sh && bash benchmarks/gpu_session.sh
 #
-# Stage limits in seconds (SUITE_S, GRAPH_S, PLAN_S, SCAN_S; 350 + 90 + 100 + 40 by default)
-# leave about 20 s of a 600-second call for the set-up; the suite takes 12 steps a case (20 in the H200
-# figures of 2026-11-26) to fit three precisions. What the H200 lease of 2026-11-26 taught (RESULTS.md):
-# - Qwen n=3 B=1000 comes first: recording its 1,000 targets alone takes about 30 s of 24-layer
-#   forwards before its steps (issue 37's canonical shape), and last it was never reached;
-# - tf32 (float32 state, tensor-core products) was never measured: the suite now runs it;
-# - the graph prototype's tokens differed from eager ones: "repeat same" now says whether the
-#   eager step is itself repeatable there.
+# Stage limits in seconds (SUITE_S, STATIC_S, PLAN_S; 300 + 140 + 100 by default) leave about
+# 60 s of a 600-second call for the set-up. GRAPH_S and SCAN_S (0: skipped) rerun the graph
+# prototype and the position scan, both measured on the H100 of 2026-11-26 (RESULTS.md).
+# What the H100 lease of 2026-11-26 taught:
+# - the engine then padded every GPU pass to static shapes (widths of 16s), for an executor
+#   that does not exist yet: Qwen n=3 B=1000 took 731.8 ms in float32 against 194.4 ms for the
+#   same arithmetic at its own width. "exact" is now the default everywhere; stage 2 measures
+#   the two policies side by side in one process;
+# - four cases in three precisions did not fit 350 s under static shapes; at their own widths
+#   the Qwen cases should take about a third of that.
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -28,20 +30,31 @@ if [ -d .device/authors/src/inversion_optimisation ]; then
     here=$PWD
     authors=(--authors-cmd "cd $here/.device/authors && PYTHONPATH=$here/.device/authors/stubs:/tmp/site:$here/.device/authors/src python3 run_authors.py {n} {B} {steps} cuda")
 fi
-timeout "${SUITE_S:-350}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
-    --case qwen:3:1000 --case qwen:3:64 --case neo:10:1000 --case neo:10:64 \
+# 1. The suite at the engine's default (exact) policy: the targets' figures and the costs file.
+timeout "${SUITE_S:-300}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
+    --case qwen:3:1000 --case neo:10:1000 --case qwen:3:64 --case neo:10:64 \
     ${authors[@]+"${authors[@]}"} \
     --out "$OUT/costs.yaml" --json "$OUT/suite.jsonl" 2>&1 | tee "$OUT/suite.log"
 
-timeout "${GRAPH_S:-90}" python3 benchmarks/graph_step.py --device cuda --steps 20 \
-    --case qwen:3:64 --case qwen:3:1000 2>&1 | tee "$OUT/graph.log"
+# 2. Static against exact shapes on the case the padding hurt most, one process, float32 only.
+for policy in exact static; do
+    timeout "$(( ${STATIC_S:-140} / 2 ))" python3 benchmarks/bench_invert.py --suite gpu \
+        --device cuda --steps 6 --precision float32 --policy "$policy" --case qwen:3:1000 \
+        --json "$OUT/policy.jsonl" 2>&1 | grep -v -i profiler | tee -a "$OUT/policy.log"
+done
 
+# 3. A Ray sweep against its plan, priced by the costs stage 1 fit.
 costs=$OUT/costs.yaml
-[ -f "$costs" ] || costs=h200
+[ -f "$costs" ] || costs=h100
 timeout "${PLAN_S:-100}" python3 benchmarks/plan_vs_wall.py --device cuda --costs "$costs" 2>&1 \
     | tee "$OUT/planwall.log"
 
-# Issue 38's position scan: what one position's scan of Qwen's 151,936 tokens costs on the GPU,
-# in SODA sample-steps (on this 2-core CPU: about 5,000 at neo's 50,257, 6,600 at SmolLM2's).
-timeout "${SCAN_S:-40}" python3 benchmarks/position_scan.py --cost-shape qwen --device cuda \
-    2>&1 | tee "$OUT/scan.log"
+if [ "${GRAPH_S:-0}" -gt 0 ]; then
+    timeout "$GRAPH_S" python3 benchmarks/graph_step.py --device cuda --steps 20 \
+        --case qwen:3:64 --case qwen:3:1000 2>&1 | tee "$OUT/graph.log"
+fi
+# Issue 38's position scan: one position's scan of Qwen's 151,936 tokens, in SODA sample-steps.
+if [ "${SCAN_S:-0}" -gt 0 ]; then
+    timeout "$SCAN_S" python3 benchmarks/position_scan.py --cost-shape qwen --device cuda \
+        2>&1 | tee "$OUT/scan.log"
+fi

@@ -77,6 +77,7 @@ def invert(
     on_result: Callable[[InversionResult], None] | None = None,
     on_target: Callable[[int, InversionResult], None] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    policy: str | None = None,
 ) -> list[InversionResult]:
     """Recover the inputs behind `targets`; results come back in target order.
 
@@ -86,6 +87,7 @@ def invert(
     run as each target finishes: `on_result(result)`, and `on_target(row, result)` with the
     target's row in `targets`. `on_batch(active)` runs after every step with the number of
     searches that step advanced (the batch occupancy is `active / config.max_batch_size`).
+    `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None: its default, "exact").
     """
     config = config or SodaConfig()
     if config.algorithm not in ALGORITHMS:
@@ -105,7 +107,7 @@ def invert(
             for row, res in enumerate(results):
                 on_target(row, res)
         return results
-    engine = Engine(model, on_batch=on_batch)
+    engine = Engine(model, on_batch=on_batch, policy=policy)
     work = Work(targets, config, plans, on_result=delivered)
     engine.submit(work)
     engine.run()

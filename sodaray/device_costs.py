@@ -17,8 +17,9 @@ and a sweep's wall adds `startup_seconds` once per model (Ray, its replicas, its
   at the rate the device reaches on a batch's work: per sample position, the per-position
   seconds of a shape and precision are its FLOPs per position over that rate.
 
-Each precision (`SodaConfig.precision`: float32, bfloat16; tf32 is priced as float32 until
-measured) has its own three constants, fit by `fit_costs` to measured steps: least squares on
+Each precision (`SodaConfig.precision`: float32, bfloat16; tf32 is priced as float32, its one
+H100 measurement having been taken under padded static shapes, RESULTS.md) has its own three
+constants, fit by `fit_costs` to measured steps: least squares on
 the relative error, the constants kept non-negative (a constant that would go negative is left
 out and the rest refit). Measurements of one depth cannot tell the per-layer floor from the rest:
 the floor is then all per layer.
@@ -42,7 +43,9 @@ from sodaray.cost import KNOWN_SHAPES, ModelShape
 
 KINDS = ("gpu", "cpu")  # the jobs a costs table prices: those asking a GPU, or none
 PRECISIONS = ("float32", "tf32", "bfloat16")
-FALLBACK = "float32"  # a precision not measured is priced as float32 (tf32 runs no slower)
+# A precision not measured is priced as float32. For tf32 that errs high where it matters: on an
+# H100 it ran 1.8-2.5x float32's speed at B=1000, and 0.76-1.09x at B=64 (host-bound, noisy).
+FALLBACK = "float32"
 MAX_STEP_SECONDS = 3600.0  # a floor above an hour a pass is a typo, not a measurement
 MIN_RATE = 1e3  # FLOP/s: below, a plan's hours overflow before they mean anything
 

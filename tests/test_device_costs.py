@@ -358,7 +358,7 @@ LINE = re.compile(
 
 def test_the_gpu_suite_runs_on_cpu_and_writes_a_costs_file(gpu_suite_on_cpu):
     stdout, out = gpu_suite_on_cpu
-    assert re.search(r"measured bf16 matrix peak [0-9.,]+ TFLOP/s", stdout), stdout
+    assert re.search(r"policy=exact measured bf16 matrix peak [0-9.,]+ TFLOP/s", stdout), stdout
     rows = {m["precision"]: m for m in LINE.finditer(stdout)}
     assert set(rows) == {"float32", "bfloat16"}, stdout
     for m in rows.values():

@@ -114,3 +114,38 @@ def test_static_shapes_change_no_result(kind, one_thread):
     assert any(o[1] for o in outcomes["exact"]) and not all(o[1] for o in outcomes["exact"])
     assert all(b >= MIN_BATCH and b & (b - 1) == 0 for b, _ in shapes["static"])
     assert shapes["static"] != shapes["exact"]
+
+
+def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkeypatch):
+    """Static shapes are padding until an executor replays them (an H100 step took 2.5x at
+    Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, on any
+    device; `invert(policy=...)` reaches the engine, and a policy it does not know is a
+    one-line error before any work."""
+    from sodaray.search.engine import Engine
+
+    model = tiny_model("qwen2")
+    assert Engine(model).policy == "exact"
+    targets = sodaray.make_targets(model, [[3, 5, 7], [9]])
+    cfg = sodaray.SodaConfig(max_steps=3, seed=1)
+    real = Engine.__init__
+    seen: set = set()
+
+    def watched(self, *args, **kwargs):  # the real engine, its passes' shapes noted each step
+        real(self, *args, **kwargs)
+
+        def note(active, self=self):
+            for pool in self.pools.values():
+                seen.update((p.batch, p.width) for p in pool.batch.passes)
+
+        self.on_batch = note
+
+    monkeypatch.setattr(Engine, "__init__", watched)
+    widths = {}
+    for policy in (None, "static"):
+        seen.clear()
+        sodaray.invert(model, targets, cfg, policy=policy)
+        widths[policy] = set(seen)
+    assert widths[None] == {(2, 3)}
+    assert widths["static"] == {(MIN_BATCH, 16)}
+    with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):
+        sodaray.invert(model, targets, cfg, policy="fastest")

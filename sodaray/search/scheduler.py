@@ -8,16 +8,23 @@ a test can call (`tests/test_scheduler.py`). Placing replicas on machines is Ray
 replica that takes the next unit is `pick_replica`.
 
 Policies (`POLICIES`):
-- "exact" (the CPU default): each pass runs at its own shape. A pass pads its sequences to its
-  longest and costs a fixed overhead besides (dispatch, kernel launches, reading the weights),
-  so the slots are split where the padding would cost more than another pass
-  (`plan_passes`, dynamic programming over the distinct lengths).
-- "static" (the GPU default): every pass runs at one of a few shapes, its batch rounded up to a
+- "exact" (the default, on every device): each pass runs at its own shape. A pass pads its
+  sequences to its longest and costs a fixed overhead besides (dispatch, kernel launches,
+  reading the weights), so the slots are split where the padding would cost more than another
+  pass (`plan_passes`, dynamic programming over the distinct lengths).
+- "static" (opt in): every pass runs at one of a few shapes, its batch rounded up to a
   power of two (from `MIN_BATCH`) and its input width to a multiple of `WIDTH_STEP`, so that a
   step's kernels are the same from step to step and can be built once per shape and replayed.
   The padding slots and positions are zeros whose results are dropped. Wherever the exact path
   is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
   results are bit for bit those of "exact".
+
+Static shapes pay for themselves only under an executor that builds a shape's step once and
+replays it, and sodaray has none yet (`benchmarks/graph_step.py` is its prototype). Without one
+they are padding. On an H100 the engine's Qwen2.5-0.5B-shape step at n=3, B=1000 (width 3 -> 16,
+batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the 288 ms issue 41 measured on an H100
+before static shapes existed. On a CPU, in one run, the static step took 2.04x the exact one
+(benchmarks/RESULTS.md, issue 41 on an H100). So "exact" is the default everywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 POLICIES = ("exact", "static")
+DEFAULT_POLICY = "exact"  # see the module docstring: static shapes wait for a replaying executor
 MIN_BATCH = 8  # the smallest static batch: smaller ones would each be a shape of their own
 WIDTH_STEP = 16  # static input widths: multiples of this (the attention's block, see attention)
 
