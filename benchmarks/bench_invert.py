@@ -550,7 +550,7 @@ def main() -> None:
         "--policy",
         choices=("exact", "static"),
         help="--suite gpu: the scheduler's policy (default: the engine's, exact); static pads "
-        "each pass to a power-of-two batch and a width of 16s",
+        "each pass to a power-of-two batch and width (16s above 16)",
     )
     parser.add_argument("--out", help="--suite gpu: write the fit costs here (YAML)")
     parser.add_argument("--threads", type=int, default=2)

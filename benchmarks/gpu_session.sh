@@ -13,8 +13,8 @@
 # What the H100 lease of 2026-11-26 taught:
 # - the engine then padded every GPU pass to static shapes (widths of 16s), for an executor
 #   that does not exist yet: Qwen n=3 B=1000 took 731.8 ms in float32 against 194.4 ms for the
-#   same arithmetic at its own width. "exact" is now the default everywhere; stage 2 measures
-#   the two policies side by side in one process;
+#   same arithmetic at its own width. "exact" is now the default everywhere, and "static" pads
+#   a width up to 16 to a power of two only (3 -> 4); stage 2 measures the two side by side;
 # - four cases in three precisions did not fit 350 s under static shapes; at their own widths
 #   the Qwen cases should take about a third of that.
 set -u
@@ -36,7 +36,7 @@ timeout "${SUITE_S:-300}" python3 benchmarks/bench_invert.py --suite gpu --devic
     ${authors[@]+"${authors[@]}"} \
     --out "$OUT/costs.yaml" --json "$OUT/suite.jsonl" 2>&1 | tee "$OUT/suite.log"
 
-# 2. Static against exact shapes on the case the padding hurt most, one process, float32 only.
+# 2. Static against exact shapes on the case the old padding hurt most, float32 only.
 for policy in exact static; do
     timeout "$(( ${STATIC_S:-140} / 2 ))" python3 benchmarks/bench_invert.py --suite gpu \
         --device cuda --steps 6 --precision float32 --policy "$policy" --case qwen:3:1000 \

@@ -1,7 +1,8 @@
 """What a search step takes on a device, from measured costs: a floor per transformer pass and a
 rate for the batch's work. The H100 figures of issue 41 are the built-in defaults until a device
 is re-measured (`benchmarks/bench_invert.py --suite gpu --out FILE` writes a costs file); an
-H200's, measured by that suite, are built in as `h200`.
+H200's, measured by that suite at padded static shapes (so dear for short inputs), are built in
+as `h200`.
 
     step seconds = passes x (pass_seconds + layers x layer_seconds)
                    + (sum of the step's sample FLOPs) / flops_per_second
@@ -305,7 +306,9 @@ H100 = DeviceCosts(
 # ---- the H200 figures (benchmarks/RESULTS.md, "Issue 41 on an H200"): NVIDIA H200 141GB,
 # 2026-11-26, sodaray at 740535d, torch 2.11 + CUDA 13.0, `bench_invert.py --suite gpu` (its
 # models, 20 steps, one process; the first of its two runs). Qwen n=3 B=1000 was not reached
-# within the lease, so both precisions' slopes rest on neo's largest batch.
+# within the lease, so both precisions' slopes rest on neo's largest batch. The engine then ran
+# GPU passes at static shapes (widths of 16s, power-of-two batches), so these rows are padded:
+# they over-price short inputs at today's exact default (RESULTS.md, "Issue 41 on an H100").
 
 H200_STEPS: tuple[MeasuredStep, ...] = (
     _row("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),

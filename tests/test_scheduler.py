@@ -16,6 +16,7 @@ from sodaray.search.scheduler import (
     capacity,
     pick_replica,
     plan_passes,
+    static_width,
 )
 
 
@@ -48,8 +49,9 @@ def test_exact_passes_run_at_their_own_shape():
 
 def test_static_passes_come_in_few_shapes_that_hold_their_slots():
     """Over 2,000 random batches (1-1,000 slots of lengths 1-40), the static policy runs every
-    pass at a batch that is a power of two from MIN_BATCH and a width that is a multiple of
-    WIDTH_STEP, at least the pass's own: few shapes in all, each built once and replayed."""
+    pass at a batch that is a power of two from MIN_BATCH and a width that is a power of two up
+    to WIDTH_STEP or a multiple of it, at least the pass's own: few shapes in all, each built
+    once and replayed. A short input's width at most doubles."""
     rng = np.random.default_rng(0)
     shapes = set()
     dear = Scheduler("static", overhead=1e6)  # a GPU's pass: one for everything
@@ -59,9 +61,13 @@ def test_static_passes_come_in_few_shapes_that_hold_their_slots():
         count, longest = len(plan.slots), int(lengths.max())
         assert plan.batch >= max(count, MIN_BATCH) and plan.batch < 2 * max(count, MIN_BATCH)
         assert plan.batch & (plan.batch - 1) == 0
-        assert longest <= plan.width < longest + WIDTH_STEP and plan.width % WIDTH_STEP == 0
+        assert plan.width == static_width(longest) >= longest
         shapes.add((plan.batch, plan.width))
-    assert len(shapes) <= 8 * 3  # batches 8..1024, widths 16, 32, 48
+    assert len(shapes) <= 8 * 7  # batches 8..1024; widths 1, 2, 4, 8, 16, 32, 48
+    widths = {longest: static_width(longest) for longest in range(1, 50)}
+    assert {widths[n] for n in range(1, 17)} == {1, 2, 4, 8, 16}
+    assert all(n <= w < 2 * n for n, w in widths.items() if n <= WIDTH_STEP)
+    assert [widths[n] for n in (17, 32, 33, 48, 49)] == [32, 32, 48, 48, 64]
     # A model whose attention is not width-invariant keeps each pass at its own width.
     plans = Scheduler("static", overhead=1e6, mix=False).passes(np.array([2, 5, 5]), fixed=1)
     assert [(p.batch, p.width) for p in plans] == [(8, 2), (8, 5)]
@@ -146,6 +152,6 @@ def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkey
         sodaray.invert(model, targets, cfg, policy=policy)
         widths[policy] = set(seen)
     assert widths[None] == {(2, 3)}
-    assert widths["static"] == {(MIN_BATCH, 16)}
+    assert widths["static"] == {(MIN_BATCH, 4)}
     with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):
         sodaray.invert(model, targets, cfg, policy="fastest")

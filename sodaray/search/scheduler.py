@@ -13,7 +13,8 @@ Policies (`POLICIES`):
   reading the weights), so the slots are split where the padding would cost more than another
   pass (`plan_passes`, dynamic programming over the distinct lengths).
 - "static" (opt in): every pass runs at one of a few shapes, its batch rounded up to a
-  power of two (from `MIN_BATCH`) and its input width to a multiple of `WIDTH_STEP`, so that a
+  power of two (from `MIN_BATCH`) and its input width to a power of two up to `WIDTH_STEP`, then
+  a multiple of it (`static_width`), so that a
   step's kernels are the same from step to step and can be built once per shape and replayed.
   The padding slots and positions are zeros whose results are dropped. Wherever the exact path
   is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
@@ -37,7 +38,7 @@ import numpy as np
 POLICIES = ("exact", "static")
 DEFAULT_POLICY = "exact"  # see the module docstring: static shapes wait for a replaying executor
 MIN_BATCH = 8  # the smallest static batch: smaller ones would each be a shape of their own
-WIDTH_STEP = 16  # static input widths: multiples of this (the attention's block, see attention)
+WIDTH_STEP = 16  # static widths above it: its multiples (the attention's block, see attention)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,12 @@ def static_batch(count: int) -> int:
 
 
 def static_width(longest: int) -> int:
+    """The static input width of a pass whose longest input is `longest`: a power of two up to
+    WIDTH_STEP, then a multiple of it. Short inputs are the common case (lengths 1-3 in the
+    paper's tables) and widths of 16 alone cost 2-3x at n=3 (RESULTS.md); a power of two at
+    most doubles a pass's width, and the attention pads to its block either way."""
+    if longest <= WIDTH_STEP:
+        return 1 << max(longest - 1, 0).bit_length()
     return -(-longest // WIDTH_STEP) * WIDTH_STEP
 
 
