@@ -477,8 +477,7 @@ def gpu_suite(args, device: str) -> None:
             print(f"# ratios {spec}: speed vs float32: " + ", ".join(parts), flush=True)
     when = datetime.date.today().isoformat()
     source = f"bench_invert.py --suite gpu on {full}, {when}, torch {torch.__version__}"
-    if args.policy:
-        source += f", policy={args.policy}"
+    source += f", policy={args.policy or 'exact'}"
     if not cuda:
         source += f", threads={args.threads}"
     try:

@@ -38,6 +38,7 @@ timeout "${SUITE_S:-300}" python3 benchmarks/bench_invert.py --suite gpu --devic
 
 # 2. Static against exact shapes on the case the old padding hurt most, float32 only.
 for policy in exact static; do
+    [ "${STATIC_S:-140}" -gt 1 ] || break  # 0 skips the stage (timeout 0 would mean no limit)
     timeout "$(( ${STATIC_S:-140} / 2 ))" python3 benchmarks/bench_invert.py --suite gpu \
         --device cuda --steps 6 --precision float32 --policy "$policy" --case qwen:3:1000 \
         --json "$OUT/policy.jsonl" 2>&1 | grep -v -i profiler | tee -a "$OUT/policy.log"

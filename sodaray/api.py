@@ -14,6 +14,7 @@ from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingConfig
 from sodaray.search.engine import Engine, Work
 from sodaray.search.gcg import GcgConfig
+from sodaray.search.scheduler import resolve_policy
 from sodaray.search.soda import SodaConfig
 from sodaray.targets import TargetSet
 
@@ -90,6 +91,7 @@ def invert(
     `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None: its default, "exact").
     """
     config = config or SodaConfig()
+    policy = resolve_policy(policy)  # before any work, and for every algorithm
     if config.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {config.algorithm!r}")
     plans = length_plans(model, targets, length, max_length)

@@ -3,12 +3,16 @@ the engine makes about them: a policy changes the shapes a step runs at, never a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 from conftest import tiny_model
 
 import sodaray
 from sodaray.search.scheduler import (
+    DEFAULT_POLICY,
     MIN_BATCH,
     WIDTH_STEP,
     Scheduler,
@@ -92,7 +96,7 @@ def test_capacity_and_replica_choice():
 @pytest.mark.parametrize("kind", ["qwen2", "gpt-neo"])
 def test_static_shapes_change_no_result(kind, one_thread):
     """The same mixed-length searches under the exact policy and the static one (passes padded
-    to a power-of-two batch and, where the attention allows, a width of 16s): the same tokens,
+    to a power-of-two batch and, where the attention allows, a power-of-two width): the same tokens,
     finds, steps and losses, bit for bit (one thread, as a CPU replica runs). GPT-Neo keeps its
     own attention, so its passes are padded in the batch only."""
     from sodaray.search.engine import Engine, Work
@@ -126,13 +130,18 @@ def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkey
     """Static shapes are padding until an executor replays them (an H100 step took 2.5x at
     Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, on any
     device; `invert(policy=...)` reaches the engine, and a policy it does not know is a
-    one-line error before any work."""
+    one-line error."""
     from sodaray.search.engine import Engine
 
     model = tiny_model("qwen2")
-    assert Engine(model).policy == "exact"
+    assert DEFAULT_POLICY == "exact" and Engine(model).policy == "exact"
+    # A model on a GPU, as the engine's constructor sees it (it reads nothing else there): the
+    # default no longer depends on the device.
+    assert Engine(SimpleNamespace(device=torch.device("cuda"))).policy == "exact"
     targets = sodaray.make_targets(model, [[3, 5, 7], [9]])
     cfg = sodaray.SodaConfig(max_steps=3, seed=1)
+    with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):
+        sodaray.invert(model, targets, cfg, policy="fastest")
     real = Engine.__init__
     seen: set = set()
 
@@ -153,5 +162,3 @@ def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkey
         widths[policy] = set(seen)
     assert widths[None] == {(2, 3)}
     assert widths["static"] == {(MIN_BATCH, 4)}
-    with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):
-        sodaray.invert(model, targets, cfg, policy="fastest")

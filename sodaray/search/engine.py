@@ -50,7 +50,7 @@ from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, Slot
 from sodaray.search.embedding import EmbeddingBatch
 from sodaray.search.gcg import GcgBatch
 from sodaray.search.scan import position_scan
-from sodaray.search.scheduler import DEFAULT_POLICY, POLICIES, admit, capacity
+from sodaray.search.scheduler import admit, capacity, resolve_policy
 from sodaray.search.slots import apply_plan, removal_plan
 from sodaray.search.soda import SodaBatch
 from sodaray.targets import TargetSet
@@ -251,9 +251,7 @@ class Engine:
         self.model, self.mix_lengths = model, mix_lengths
         # The scheduler's policy (`sodaray.search.scheduler`): each pass at its own shape unless
         # asked; static shapes only pay under a replaying executor (measured there).
-        self.policy = policy or DEFAULT_POLICY
-        if self.policy not in POLICIES:  # here, not at the first batch: a one-line error now
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
+        self.policy = resolve_policy(policy)  # here, not at the first batch: an error now
         self.on_batch = on_batch
         self.pools: dict[str, _Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share

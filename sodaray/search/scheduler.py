@@ -22,10 +22,11 @@ Policies (`POLICIES`):
 
 Static shapes pay for themselves only under an executor that builds a shape's step once and
 replays it, and sodaray has none yet (`benchmarks/graph_step.py` is its prototype). Without one
-they are padding. On an H100 the engine's Qwen2.5-0.5B-shape step at n=3, B=1000 (width 3 -> 16,
-batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the 288 ms issue 41 measured on an H100
-before static shapes existed. On a CPU, in one run, the static step took 2.04x the exact one
-(benchmarks/RESULTS.md, issue 41 on an H100). So "exact" is the default everywhere.
+they are padding. When static widths were multiples of 16, the engine's Qwen2.5-0.5B-shape step on
+an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the
+288 ms issue 41 measured there before static shapes existed; on a CPU, 2.0-3.0x the exact step.
+With today's widths (3 -> 4) the CPU step still took 1.10-1.34x (benchmarks/RESULTS.md, issue
+41 on an H100). So "exact" is the default everywhere.
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ class Scheduler:
     mix: bool = True
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {self.policy!r}")
+        resolve_policy(self.policy)
 
     def passes(self, lengths: np.ndarray, fixed: int) -> list[PassPlan]:
         """The passes of one step: slot b has `lengths[b]` input tokens and `fixed` other
@@ -79,6 +79,15 @@ class Scheduler:
                 width = static_width(longest) if self.mix else longest
             plans.append(PassPlan(slots, batch, width))
         return plans
+
+
+def resolve_policy(policy: str | None) -> str:
+    """The policy a caller asked for (None: `DEFAULT_POLICY`), or a one-line error naming the
+    known ones."""
+    policy = policy or DEFAULT_POLICY
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    return policy
 
 
 def static_batch(count: int) -> int:
