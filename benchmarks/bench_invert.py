@@ -312,7 +312,7 @@ def profiled(run, cuda: bool) -> dict[str, float]:
 
 
 def measure_case(
-    model, spec: str, steps: int, device: str, precision: str, peak: float, policy: str | None
+    model, spec: str, steps: int, device: str, precision: str, peak: float, policy: str
 ) -> dict:
     """One case of the gpu suite: a steady step's time, kernels, busy share and FLOP rate."""
     import torch
@@ -361,7 +361,7 @@ def measure_case(
         "n": n,
         "B": batch,
         "precision": precision,
-        "policy": policy or "exact",
+        "policy": policy,
         "ms_per_step": 1000 * seconds,
         "samples_per_step": samples,
         "sample_steps_per_s": rate,
@@ -396,8 +396,10 @@ def gpu_suite(args, device: str) -> None:
 
     from sodaray.cost import shape_from_config
     from sodaray.device_costs import MeasuredStep, costs_to_data, fit_device
+    from sodaray.search.scheduler import resolve_policy
 
     cuda = device.startswith("cuda")
+    policy = resolve_policy(args.policy)  # the engine's default where none was asked for
     cases = args.case or (SUITES["gpu"] if cuda else GPU_SUITE_ON_CPU)
     default = CUDA_PRECISIONS if cuda else PRECISIONS
     precisions = [args.precision] if args.precision else list(default)
@@ -408,7 +410,7 @@ def gpu_suite(args, device: str) -> None:
     unit = "kernels" if cuda else "cpu-ops"
     print(
         f"# gpu suite: device={device} ({full}) torch={torch.__version__} threads={args.threads} "
-        f"steps={args.steps} policy={args.policy or 'exact'} "
+        f"steps={args.steps} policy={policy} "
         f"measured bf16 matrix peak {peak / 1e12:.4g} TFLOP/s",
         flush=True,
     )
@@ -426,7 +428,7 @@ def gpu_suite(args, device: str) -> None:
             current = (name, build_model(name, device, args.dtype))
         model = current[1]
         for precision in precisions:
-            row = measure_case(model, spec, args.steps, device, precision, peak, args.policy)
+            row = measure_case(model, spec, args.steps, device, precision, peak, policy)
             copies = "-" if row["copies_per_step"] is None else f"{row['copies_per_step']:.0f}"
             theirs = authors.get(spec)
             row["authors_same_run"] = theirs
@@ -477,7 +479,7 @@ def gpu_suite(args, device: str) -> None:
             print(f"# ratios {spec}: speed vs float32: " + ", ".join(parts), flush=True)
     when = datetime.date.today().isoformat()
     source = f"bench_invert.py --suite gpu on {full}, {when}, torch {torch.__version__}"
-    source += f", policy={args.policy or 'exact'}"
+    source += f", policy={policy}"
     if not cuda:
         source += f", threads={args.threads}"
     try:

@@ -93,6 +93,18 @@ def test_capacity_and_replica_choice():
         Scheduler("fastest")
 
 
+def note_shapes(engine) -> set:
+    """The (batch, width) of every pass `engine` runs from now on, filled as it steps."""
+    seen: set = set()
+
+    def note(_active: int) -> None:
+        for pool in engine.pools.values():
+            seen.update((p.batch, p.width) for p in pool.batch.passes)
+
+    engine.on_batch = note
+    return seen
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "gpt-neo"])
 def test_static_shapes_change_no_result(kind, one_thread):
     """The same mixed-length searches under the exact policy and the static one (passes padded
@@ -110,16 +122,9 @@ def test_static_shapes_change_no_result(kind, one_thread):
         engine = Engine(model, policy=policy)
         work = Work(targets, cfg, [(len(t),) for t in tokens])
         engine.submit(work)
-        seen: set = set()
-
-        def note(_, engine=engine, seen=seen) -> None:
-            for pool in engine.pools.values():
-                seen.update((p.batch, p.width) for p in pool.batch.passes)
-
-        engine.on_batch = note
+        shapes[policy] = note_shapes(engine)
         engine.run()
         outcomes[policy] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
-        shapes[policy] = seen
     assert outcomes["static"] == outcomes["exact"]
     assert any(o[1] for o in outcomes["exact"]) and not all(o[1] for o in outcomes["exact"])
     assert all(b >= MIN_BATCH and b & (b - 1) == 0 for b, _ in shapes["static"])
@@ -143,22 +148,16 @@ def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkey
     with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):
         sodaray.invert(model, targets, cfg, policy="fastest")
     real = Engine.__init__
-    seen: set = set()
+    engines: list = []
 
     def watched(self, *args, **kwargs):  # the real engine, its passes' shapes noted each step
         real(self, *args, **kwargs)
-
-        def note(active, self=self):
-            for pool in self.pools.values():
-                seen.update((p.batch, p.width) for p in pool.batch.passes)
-
-        self.on_batch = note
+        engines.append(note_shapes(self))
 
     monkeypatch.setattr(Engine, "__init__", watched)
     widths = {}
     for policy in (None, "static"):
-        seen.clear()
         sodaray.invert(model, targets, cfg, policy=policy)
-        widths[policy] = set(seen)
+        widths[policy] = engines.pop()
     assert widths[None] == {(2, 3)}
     assert widths["static"] == {(MIN_BATCH, 4)}
