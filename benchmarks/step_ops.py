@@ -33,27 +33,31 @@ FREE = {
 FREE = {f"aten::{name}" for name in FREE} | {"detach"}
 
 
-def model(shape: str, layers: int) -> tuple[sodaray.LoadedModel, str, int]:
+def model(shape: str, layers: int, small: bool = False) -> tuple[sodaray.LoadedModel, str, int]:
+    """A randomly initialised model of `shape` with `layers` layers; `small`: the same
+    architecture at small widths (the same operations, for tests)."""
     torch.manual_seed(0)
     if shape == "neo":
-        vocab = 50257
+        vocab = 1024 if small else 50257
         cfg = GPTNeoConfig(
             vocab_size=vocab,
-            hidden_size=768,
+            hidden_size=64 if small else 768,
             num_layers=layers,
-            num_heads=16,
+            num_heads=4 if small else 16,
             attention_types=[[["global"], layers]],
             window_size=256,
             max_position_embeddings=2048,
             initializer_range=0.1,
+            bos_token_id=vocab - 1,  # GPT-Neo's default, 50256, is outside a small vocabulary
+            eos_token_id=vocab - 1,
         )
         preset = "tinystories-33m"
     else:
-        vocab = 4096
+        vocab = 1024 if small else 4096
         cfg = Qwen2Config(
             vocab_size=vocab,
-            hidden_size=128,
-            intermediate_size=256,
+            hidden_size=64 if small else 128,
+            intermediate_size=128 if small else 256,
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
@@ -64,14 +68,17 @@ def model(shape: str, layers: int) -> tuple[sodaray.LoadedModel, str, int]:
     return lm, preset, vocab
 
 
-def ops_per_step(shape: str, layers: int, bos: bool = False) -> float:
-    lm, preset, vocab = model(shape, layers)
+def ops_per_step(shape: str, layers: int, bos: bool = False, small: bool = False) -> float:
+    """Operations a step launches, the mean over ten steps after three (B=64, n=10; `small`:
+    B=96, n=4, a batch that clears any row-invariance threshold on any thread count)."""
+    lm, preset, vocab = model(shape, layers, small)
     lm.prefix_ids = [1] if bos else []
-    inputs = torch.randint(0, vocab, (64, 10), generator=torch.Generator().manual_seed(1))
+    batch, length = (96, 4) if small else (64, 10)
+    inputs = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(1))
     targets = sodaray.make_targets(lm, inputs.tolist())
 
     def run(steps: int) -> int:
-        config = sodaray.SodaConfig.from_preset(preset, max_steps=steps, max_batch_size=64)
+        config = sodaray.SodaConfig.from_preset(preset, max_steps=steps, max_batch_size=batch)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             sodaray.invert(lm, targets, config)
         return sum(

@@ -299,7 +299,13 @@ class LoadedModel:
             # One 2-D matmul: a strided 3-D slice would send F.linear down a batched path that
             # materialises the weight per sample (tens of times slower at V = 50K).
             flat = hidden.reshape(-1, hidden.shape[-1])
-            logits = head(pad_rows(flat))[: len(flat)].view(*hidden.shape[:-1], -1)
+            if head.weight.dtype == torch.float32 and len(flat) >= invariant_rows(flat.device):
+                # Enough rows: each has its bits of any larger product (what the padding is
+                # for), and a step neither copies the states nor, in its backward, the logits.
+                logits = head(flat)
+            else:
+                logits = head(pad_rows(flat))[: len(flat)]
+            logits = logits.view(*hidden.shape[:-1], -1)
             return logits if indices is None else logits.gather(-1, indices)
         # Gathering k unembedding rows per position beats the full product only for small k.
         rows = head.weight[indices]  # (B, P, k, d)

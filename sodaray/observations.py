@@ -163,13 +163,26 @@ class Observation:
         """The relaxed loss per sample, (B,)."""
         raise NotImplementedError
 
+    def probe(
+        self,
+        model: LoadedModel,
+        objective: Objective,
+        hidden: Tensor,
+        batch: BatchTargets,
+        rows: Tensor | slice,
+    ) -> Tensor | None:
+        """A cheap necessary condition for `match`, (C,) bool (a candidate it turns down cannot
+        match), or None where this observation has none. `rows` may be a slice: `slice(None)`
+        is candidate c against row c, without a lookup."""
+        return None
+
     def match(
         self,
         model: LoadedModel,
         objective: Objective,
         hidden: Tensor,
         batch: BatchTargets,
-        rows: Tensor,
+        rows: Tensor | slice,
         atol: float,
         rtol: float,
         slack: float = 0.0,
@@ -185,7 +198,7 @@ class Observation:
         objective: Objective,
         logits: Tensor,
         batch: BatchTargets,
-        rows: Tensor,
+        rows: Tensor | slice,
         atol: float,
         rtol: float,
         slack: float = 0.0,
@@ -254,26 +267,17 @@ class LogitsObservation(Observation):
             per_entry = (pred - batch.observed_values).square()
         return per_entry.flatten(1).mean(1)
 
-    def match(self, model, objective, hidden, batch, rows, atol, rtol, slack=0.0) -> Tensor:
-        """For raw logits a cheap necessary condition runs first: the few largest observed
-        logits, with a looser tolerance; only candidates that pass it pay for the
-        full-vocabulary comparison."""
-        # The probe compares raw logits; the other spaces need the whole row anyway.
+    def probe(self, model, objective, hidden, batch, rows) -> Tensor | None:
+        """For raw logits: the few largest observed logits, with a looser tolerance; only
+        candidates that pass it pay for the full-vocabulary comparison. The other spaces need
+        the whole row anyway."""
         if not (
             model.split_forward and batch.probe_allowed is not None and objective.space == "raw"
         ):
-            full = model.unembed(hidden).float()
-            return self.compare(objective, full, batch, rows, atol, rtol, slack)
+            return None
         probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
         off = (probe_pred - batch.probe_values[rows]).abs() <= batch.probe_allowed[rows]
-        passed = off.flatten(1).all(1)
-        alive = passed.nonzero().squeeze(1)
-        if len(alive) == 0:  # the usual step: every candidate turned down by the probe
-            return passed
-        full = model.unembed(hidden[alive]).float()
-        result = torch.zeros_like(passed)
-        result[alive] = self.compare(objective, full, batch, rows[alive], atol, rtol, slack)
-        return result
+        return off.flatten(1).all(1)
 
     def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
         found = self._compare_in_space(objective, logits, batch, rows, atol, rtol, slack)

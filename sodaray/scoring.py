@@ -57,6 +57,23 @@ class Layout:
     # steps, and each derivation is a few operations (kernels on a GPU) a step (issue 41).
     _derived: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def input_index(
+        self, prefix: int, item: int | None = None, spare: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """(sequence, position) of each packed row after a prefix of `prefix` tokens, and of
+        `spare` rows more at positions 0, 1, ... of sequence `item` (a padding item)."""
+        if not spare:
+            return self.row_slot, self.input_positions(prefix)
+        assert item is not None
+        key = ("input", prefix, item, spare)
+        if key not in self._derived:
+            dev = self.row_slot.device
+            self._derived[key] = (
+                torch.cat([self.row_slot, torch.full((spare,), item, device=dev)]),
+                torch.cat([self.input_positions(prefix), torch.arange(spare, device=dev)]),
+            )
+        return self._derived[key]
+
     def input_positions(self, prefix: int) -> Tensor:
         """(T,): each packed row's sequence position after a prefix of `prefix` tokens."""
         key = ("input", prefix)
@@ -104,25 +121,31 @@ def sequence_embeds(
     continuation: Tensor,
     width: int | None = None,
     items: int | None = None,
+    spare: int = 0,
 ) -> Tensor:
     """(B, prefix + width + m - 1, d): the prefix, each slot's input rows (T, d) and its
     continuation but the last observed token, padded at the end with zeros; `width` (default:
     the longest input) is the input positions the sequence has room for. `items` given: the
     zero items `pad_rows(seq, L, items)` would append are made with it (for
-    `LoadedModel.hidden(prepadded=True)`: one tensor, not a second one and a copy)."""
+    `LoadedModel.hidden(prepadded=True)`: one tensor, not a second one and a copy). `spare`
+    (with `items`): `rows` ends with that many rows the layout does not place; they go to the
+    first padding item, whose outputs nothing reads (so the caller need not slice them off)."""
     batch, d = layout.batch, rows.shape[-1]
     p, m = len(model.prefix_ids), continuation.shape[1]
     length = p + (width or layout.longest) + m - 1
     extra = 0 if items is None else padding_items(batch, rows.device, length, items)
+    if spare > (length if extra else 0):
+        raise ValueError("spare rows need a padding item with room for them")
     seq = rows.new_zeros(batch + extra, length, d)
     if p:
         seq[:batch, :p] = model.prefix_embeds(batch).to(rows.dtype)
-    seq = seq.index_put((layout.row_slot, layout.input_positions(p)), rows)
+    # In place: `seq` is new and has no history, and the out-of-place form copied it first.
+    seq.index_put_(layout.input_index(p, batch if spare else None, spare), rows)
     if m > 1:
         after = p + layout.lengths[:, None] + torch.arange(m - 1, device=rows.device)
         slot = torch.arange(batch, device=rows.device)[:, None].expand(-1, m - 1)
         context = model.embed(continuation[:, :-1]).to(rows.dtype)
-        seq = seq.index_put((slot.reshape(-1), after.reshape(-1)), context.reshape(-1, d))
+        seq.index_put_((slot.reshape(-1), after.reshape(-1)), context.reshape(-1, d))
     return seq
 
 
@@ -219,6 +242,18 @@ def check_candidates(
     return check_sequences(model, objective, seq, layout.lengths, batch, slots, atol, rtol)
 
 
+def prepared_sequences(model: LoadedModel, candidates: np.ndarray, device: torch.device) -> Tensor:
+    """Candidates (C, L) token ids as `check_sequences(prepared=True)` reads them: the model's
+    prefix before each, then the zero items `LoadedModel.hidden` would append (their tokens are
+    any: no item's outputs depend on another's), made on the host and sent in one copy."""
+    p = len(model.prefix_ids)
+    count, width = candidates.shape
+    ids = np.zeros((count + padding_items(count, device, p + width), p + width), dtype=np.int64)
+    ids[:count, :p] = model.prefix_ids
+    ids[:count, p:] = candidates
+    return torch.as_tensor(ids, device=device)
+
+
 @torch.no_grad()
 def check_sequences(
     model: LoadedModel,
@@ -226,15 +261,17 @@ def check_sequences(
     sequences: Tensor,
     lengths: Index,
     batch: BatchTargets,
-    rows: Tensor,
+    rows: Tensor | None,
     atol: float,
     rtol: float,
     misses: Sequence[set[bytes]] | None = None,
+    *,
+    prepared: bool = False,
 ) -> Tensor:
     """Whether each candidate reproduces its observed output exactly, (C,) bool. Candidate c is
     `sequences[c]`: its `lengths[c]` input tokens, then its row's continuation but the last
     observed token, then anything (padding); it is scored against row `rows[c]` of `batch`,
-    and the observation kind's own test decides (`sodaray.observations`).
+    and the observation kind's own test decides (`sodaray.observations`). `rows` None: row c.
 
     Two stages. A screen, the candidates in one batch of their own shape, with the tolerance
     loosened past anything a shape does to the arithmetic (`observations.screen_slack`); then
@@ -245,23 +282,43 @@ def check_sequences(
 
     `misses[c]`, where given, holds the sequences the confirm already turned down for
     candidate c's search: the canonical computation is deterministic, so one seen there is not
-    computed again, and one turned down now joins it (up to `MISS_MEMORY` a search)."""
+    computed again, and one turned down now joins it (up to `MISS_MEMORY` a search).
+
+    `prepared`: `sequences` were laid out by `prepared_sequences` (the prefix and the padding
+    items already in place, on the host: the forward's input without a concatenation)."""
     kind = observation(objective.kind)
     m, p = objective.output_tokens, len(model.prefix_ids)
     ids = sequences
-    if p:
+    if prepared:
+        sequences = ids[: len(lengths), p:]
+    elif p:
         prefix = model.prefix_tensor(ids.device).expand(len(ids), -1)
         ids = torch.cat([prefix, ids], dim=1)
-    hidden = model.hidden(model.embed(ids))
+    hidden = model.hidden(model.embed(ids), prepadded=prepared)
     where = observed_positions(lengths, p, m)
     if not isinstance(lengths, Tensor):  # planned on the host: sent, not computed
         where = tuple(torch.as_tensor(i, device=ids.device) for i in where)
     observed = hidden[where]
-    screened = kind.match(model, objective, observed, batch, rows, atol, rtol, screen_slack(model))
-    near = screened.nonzero().squeeze(1)
+    # Candidate c against row c needs no lookups: a slice takes views.
+    every: Tensor | slice = slice(None) if rows is None else rows
+
+    def take(candidates: Tensor) -> Tensor:  # the rows of these candidates
+        return candidates if rows is None else rows[candidates]
+
+    slack = screen_slack(model)
+    passed = kind.probe(model, objective, observed, batch, every)
+    if passed is None:  # no cheap test: the screen on every candidate
+        passed = kind.match(model, objective, observed, batch, every, atol, rtol, slack)
+        near = passed.nonzero().squeeze(1)
+    else:
+        near = passed.nonzero().squeeze(1)
+        if len(near) == 0:  # the usual step: every candidate turned down by the probe
+            return passed
+        ok = kind.match(model, objective, observed[near], batch, take(near), atol, rtol, slack)
+        near = near[ok]
     if len(near) == 0:
-        return screened  # all False: the usual step makes no second tensor
-    found = torch.zeros_like(screened)
+        return torch.zeros_like(passed)
+    found = torch.zeros_like(passed)
     lengths = torch.as_tensor(lengths, device=ids.device)
     keys: dict[int, bytes] = {}
     if misses is not None:  # what the confirm turned down before is not confirmed again
@@ -274,7 +331,7 @@ def check_sequences(
     for n in near_lengths.unique().tolist():
         group = near[near_lengths == n]
         logits = model.canonical_logits(sequences[group, : n + m - 1], m)
-        ok = kind.compare(objective, logits, batch, rows[group], atol, rtol)
+        ok = kind.compare(objective, logits, batch, take(group), atol, rtol)
         found[group] = ok
         if misses is not None:
             for c in group[~ok].tolist():

@@ -33,7 +33,14 @@ from sodaray.attention import invariant
 from sodaray.models import LoadedModel, invariant_rows, pad_rows, padding_items
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets, screen_slack
-from sodaray.scoring import Layout, check_sequences, objective_loss, sequence_embeds, slot_rows
+from sodaray.scoring import (
+    Layout,
+    check_sequences,
+    objective_loss,
+    prepared_sequences,
+    sequence_embeds,
+    slot_rows,
+)
 from sodaray.search.adam import Hyper, adam_step
 from sodaray.search.base import (
     SearchConfig,
@@ -187,6 +194,7 @@ class Workspace:
         self._probs: Tensor | None = None
         self._grad: Tensor | None = None
         self._zeroed: tuple[int, int] | None = None  # buffer rows known to hold zeros
+        self._max: tuple[Tensor, Tensor] | None = None  # the argmax's (T, 1) values and indices
         self.probs: Tensor | None = None
         self.grad: Tensor | None = None
         self.padded: Tensor | None = None
@@ -208,6 +216,16 @@ class Workspace:
             self._zeroed = (rows, rows + pad)
         self.probs, self.grad = self._probs[:rows], self._grad[:rows]
         self.padded = self._probs[: rows + pad]
+
+    def argmax(self, z: Tensor) -> Tensor:
+        """(T,) the index of each row's largest value, the first among ties (`Tensor.max`'s).
+        Into kept (T, 1) buffers: a fresh max over a dimension that is then squeezed launched
+        four more operations (two resizes of each output) every step, and took longer."""
+        shape = (z.shape[0], 1)
+        if self._max is None or self._max[0].shape != shape or self._max[0].device != z.device:
+            self._max = (z.new_empty(shape), z.new_empty(shape, dtype=torch.long))
+        torch.max(z, -1, keepdim=True, out=self._max)
+        return self._max[1][:, 0]
 
 
 def annealed_temperature(
@@ -254,9 +272,8 @@ class RelaxedEmbedding(torch.autograd.Function):
             probs.copy_(torch.softmax(probs, -1))
         ctx.save_for_backward(probs, embedding)
         ctx.temperature, ctx.ws = temperature, ws
-        rows = len(probs)
         padded = ws.padded if same else pad_rows(probs.to(embedding.dtype))
-        return (padded @ embedding)[:rows]
+        return (padded @ embedding)[: len(probs)]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
@@ -361,6 +378,7 @@ class SodaBatch:
         self.groups: list[tuple[Objective, float, float]] = []
         self.workspace = Workspace()
         self.current: np.ndarray | None = None  # (T,) candidates of the last step
+        self._seed: Tensor | None = None  # ones: the backward's seed (`_ones`)
         self._dirty = True
         self.layout: Layout | None = None
         self.passes: list[Pass] = []
@@ -523,7 +541,7 @@ class SodaBatch:
         grad, loss = self.gradient()
         self.host["age"] += 1
         self.update(grad)
-        tokens = self.z.max(-1).indices  # argmax (same ties), 2x faster on CPU
+        tokens = self.workspace.argmax(self.z)
         found = self.check(tokens)
         self.apply_schedules(steps_after)
         fixed = self.fixed
@@ -558,14 +576,18 @@ class SodaBatch:
             flush_denormals(z.device),
             invariant(),
         ):
+            # The live rows and the guard row after them: the single pass parks the guard's in
+            # a padding item, so no slice enters the graph (its backward would fill and copy).
             rows = RelaxedEmbedding.apply(z, model.embedding_matrix, tau, self.workspace)
-            rows = model.relaxed_embeds(rows[: len(self.row_slot)])
+            rows = model.relaxed_embeds(rows)
             probs = torch.softmax(z / tau, dim=-1)[: len(self.row_slot)] if self.fluency else None
             continuation = self.slots["continuation"]
             loss = None
             for p in self.passes:
                 if p.slots is None:  # one pass holds every slot
-                    embeds = sequence_embeds(model, p.layout, rows, continuation, p.width, p.batch)
+                    embeds = sequence_embeds(
+                        model, p.layout, rows, continuation, p.width, p.batch, spare=1
+                    )
                     hidden = model.hidden(embeds, prepadded=True)
                     loss = self.slot_loss(model, hidden, p, probs)
                     break
@@ -578,9 +600,17 @@ class SodaBatch:
                     loss = part.new_zeros(len(self.slots))
                 loss = loss.index_put((p.index,), part)
             assert loss is not None
-            total = loss.sum() if self.weights is None else (loss * self.weights).sum()
-            (grad,) = torch.autograd.grad(total, z)
+            # d(sum of w * loss) / d loss is w: seeding the backward with it is the same
+            # arithmetic as summing first, without the sum, its seed and the product.
+            seed = self.weights if self.weights is not None else self._ones(len(loss))
+            (grad,) = torch.autograd.grad(loss, z, grad_outputs=seed.to(loss.dtype))
         return grad, loss.detach()
+
+    def _ones(self, count: int) -> Tensor:
+        """`count` ones (a view of one kept vector: the backward only reads its seed)."""
+        if self._seed is None or len(self._seed) < count:
+            self._seed = torch.ones(max(count, 64), device=self.model.device)
+        return self._seed[:count]
 
     def slot_loss(
         self, model: LoadedModel, hidden: Tensor, p: Pass, probs: Tensor | None
@@ -659,7 +689,8 @@ class SodaBatch:
         """The hard-max check (found mask, on the host), run only for slots whose tokens
         changed since their last check: an unchanged candidate already failed."""
         count, dev = len(self.slots), tokens.device
-        self.current = current = tokens.cpu().numpy()
+        # A copy: on a CPU `tokens` is the workspace's buffer, which the next step overwrites.
+        self.current = current = tokens.cpu().numpy().copy()
         changed_rows = current != self.row_last
         self.row_last = current.copy()
         changed = np.bincount(self.row_slot, weights=changed_rows, minlength=count) > 0
@@ -677,16 +708,18 @@ class SodaBatch:
             seqs[index[self.row_slot[rows]], self.row_offset[rows]] = current[rows]
             after = lengths[slots][:, None] + np.arange(extra)
             seqs[np.arange(len(slots))[:, None], after] = self.context[slots]
+            every = len(slots) == count  # then candidate c is row c: no lookups
             match = check_sequences(
                 self.model,
                 objective,
-                torch.as_tensor(seqs, dtype=torch.long, device=dev),
+                prepared_sequences(self.model, seqs, dev),
                 lengths[slots],  # on the host: the observed positions are planned there
                 self.observed,
-                torch.as_tensor(slots, device=dev),
+                None if every else torch.as_tensor(slots, device=dev),
                 atol,
                 rtol,
                 misses=self.misses[slots],
+                prepared=True,
             )
             found[slots] = match.cpu().numpy()
         return found
