@@ -262,7 +262,8 @@ class LoadedModel:
     def hidden(self, inputs_embeds: Tensor, items: int = 0, *, prepadded: bool = False) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
         `items`: run as a batch of that many (a static shape; see `pad_rows`). `prepadded`: the
-        inputs already end with those zero items (`scoring.sequence_embeds(items=...)`), and
+        inputs already end with those padding items (`scoring.sequence_embeds(items=...)`,
+        `scoring.prepared_sequences`: what they hold is any, no item reads another's), and
         the states come back with their rows too (a caller that reads only its own rows saves
         the padding's copy and the slice, and in a backward the two operations undoing it)."""
         inputs = inputs_embeds
@@ -299,9 +300,15 @@ class LoadedModel:
             # One 2-D matmul: a strided 3-D slice would send F.linear down a batched path that
             # materialises the weight per sample (tens of times slower at V = 50K).
             flat = hidden.reshape(-1, hidden.shape[-1])
-            if head.weight.dtype == torch.float32 and len(flat) >= invariant_rows(flat.device):
+            if (
+                flat.device.type == "cpu"
+                and head.weight.dtype == torch.float32
+                and len(flat) >= invariant_rows(flat.device)
+            ):
                 # Enough rows: each has its bits of any larger product (what the padding is
                 # for), and a step neither copies the states nor, in its backward, the logits.
+                # CPU only, where that was measured at these shapes (a vocabulary-wide inner
+                # dimension in the backward); on a GPU, cuBLAS picks kernels by M too.
                 logits = head(flat)
             else:
                 logits = head(pad_rows(flat))[: len(flat)]

@@ -44,7 +44,7 @@ class BatchTargets:
     the objective's space (NaN: not known; None for text), so observed + shift are the raw
     logits a confirm in both spaces holds a match to (`Objective.confirm`).
     `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
-    the hard check's cheap first test (see `LogitsObservation.match`); `probe_allowed` how far
+    the hard check's cheap first test (see `LogitsObservation.probe`); `probe_allowed` how far
     a candidate's may be from them and still pass it, computed once when the rows enter.
     """
 

@@ -307,17 +307,17 @@ def check_sequences(
 
     slack = screen_slack(model)
     passed = kind.probe(model, objective, observed, batch, every)
+    probed = passed is not None
     if passed is None:  # no cheap test: the screen on every candidate
         passed = kind.match(model, objective, observed, batch, every, atol, rtol, slack)
-        near = passed.nonzero().squeeze(1)
-    else:
-        near = passed.nonzero().squeeze(1)
-        if len(near) == 0:  # the usual step: every candidate turned down by the probe
-            return passed
+    near = passed.nonzero().squeeze(1)
+    if len(near) == 0:  # the usual step: all False, so no second tensor
+        return passed
+    if probed:  # the screen on the candidates the probe let through
         ok = kind.match(model, objective, observed[near], batch, take(near), atol, rtol, slack)
         near = near[ok]
-    if len(near) == 0:
-        return torch.zeros_like(passed)
+        if len(near) == 0:
+            return torch.zeros_like(passed)
     found = torch.zeros_like(passed)
     lengths = torch.as_tensor(lengths, device=ids.device)
     keys: dict[int, bytes] = {}

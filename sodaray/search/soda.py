@@ -178,7 +178,8 @@ def _tf32(enabled: bool):
 
 
 class Workspace:
-    """Two (T, V) buffers reused every step: the probabilities and the gradient.
+    """Two (T, V) buffers reused every step, the probabilities and the gradient (and the
+    argmax's two (T, 1) outputs).
 
     A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
     the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster. They
@@ -560,9 +561,10 @@ class SodaBatch:
         return len(self.model.prefix_ids) + self.groups[0][0].output_tokens - 1
 
     def gradient(self) -> tuple[Tensor, Tensor]:
-        """d loss / d Z for every row and the guard row after them (its gradient is 0: nothing
-        reads its relaxed input); slots are independent, the batch loss is their sum. One
-        transformer pass per group of `self.passes`, all in one backward."""
+        """d loss / d Z for every row and the guard row after them (its gradient is +-0: only a
+        padding item, whose outputs no loss reads, takes its relaxed input); slots are
+        independent, the batch loss is their sum. One transformer pass per group of
+        `self.passes`, all in one backward."""
         self.refresh()
         assert self.layout is not None
         z = self.rows.guarded("z").detach().requires_grad_(True)
