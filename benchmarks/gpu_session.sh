@@ -7,9 +7,9 @@
 #
 #   source .device/setup.sh && bash benchmarks/gpu_session.sh
 #
-# Stage limits in seconds (SUITE_S, STATIC_S, PLAN_S; 300 + 140 + 100 by default) leave about
-# 60 s of a 600-second call for the set-up. GRAPH_S and SCAN_S (0: skipped) rerun the graph
-# prototype and the position scan, both measured on the H100 of 2026-11-26 (RESULTS.md).
+# Stage limits in seconds (ROWS_S, SUITE_S, STATIC_S, PLAN_S; 40 + 300 + 140 + 100 by default)
+# leave about 20 s of a 600-second call for the set-up (ROWS_S=0 or STATIC_S=0 skip theirs).
+# GRAPH_S and SCAN_S (0: skipped) rerun the graph prototype and the position scan, both measured on the H100 of 2026-11-26 (RESULTS.md).
 # What the H100 lease of 2026-11-26 taught:
 # - the engine then padded every GPU pass to static shapes (widths of 16s), for an executor
 #   that does not exist yet: Qwen n=3 B=1000 took 731.8 ms in float32 against 194.4 ms for the
@@ -24,6 +24,12 @@ cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" \
     >>"$OUT/gpu.txt" 2>&1
+
+# 0. Whether the loss's unembedding may skip its padding here too (CPU only until this says so).
+if [ "${ROWS_S:-40}" -gt 0 ]; then
+    timeout "${ROWS_S:-40}" python3 benchmarks/unembed_rows.py --device cuda 2>&1 \
+        | tee "$OUT/unembed_rows.log"
+fi
 
 authors=()
 if [ -d .device/authors/src/inversion_optimisation ]; then
