@@ -647,6 +647,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "models[0].id: {tmp}/in/m.gguf is a FIFO",
         {"m.gguf": "fifo", "s.yaml": sweep_text(model='{id: "{tmp}/in/m.gguf"}')},
     ),
+    (
+        "run-keep-every-negative",
+        [*RUN, "--keep-every", "-1"],
+        "--keep-every must be 0 to 86400 seconds",
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "run-keep-every-nan",
+        [*RUN, "--keep-every", "nan"],
+        "--keep-every must be 0 to 86400 seconds",
+        {"s.yaml": sweep_text()},
+    ),
     # ---- and the rows a report must refuse
     (
         "report-duplicate-rows",

@@ -66,6 +66,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--steps", type=int, help=argparse.SUPPRESS)  # renamed: refused by name
     run.add_argument("--max-attempts", type=int, default=3, help="tries per shard (default 3)")
     run.add_argument(
+        "--keep-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="write a running shard's ended searches at most this often (0: as each ends), so "
+        "a run stopped mid-shard loses only the searches still running (default 30)",
+    )
+    run.add_argument(
         "--json", action="store_true", help="the run's outcome as one JSON object on stdout"
     )
     run.add_argument(
@@ -127,6 +135,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 
     if args.max_attempts < 1:
         raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
+    if not 0 <= args.keep_every <= 86_400:  # NaN too
+        raise ValueError(f"--keep-every must be 0 to 86400 seconds, not {args.keep_every}")
     sweep = load_sweep(
         args.sweep, model=args.model, overrides=args.overrides
     )  # validated before Ray starts
@@ -171,7 +181,12 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             owner = run.lock_owners.get(name, "?")
             print(f"  skipped {name}: another driver is running it ({owner})", file=sys.stderr)
         for name in run.corrupt:
-            print(f"  {name}: shard file was invalid, set aside; recomputing", file=sys.stderr)
+            print(f"  {name}: file was invalid, set aside; recomputing", file=sys.stderr)
+        if run.kept:
+            print(
+                f"  {run.kept} samples of unfinished shards ended in an earlier run: kept",
+                file=sys.stderr,
+            )
         progress.start(run, bars=bool(samples) and sys.stderr.isatty())
 
     try:
@@ -182,6 +197,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             limit=args.limit,
             model=args.model,
             max_attempts=args.max_attempts,
+            keep_every=args.keep_every,
             wait_for_nodes=args.wait_for_nodes,
             on_start=on_start,
             on_shard=progress.shard,
@@ -192,8 +208,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         if track is not None:
             track(f"{args.out}/{sweep.name}")
         print(
-            f"interrupted: {len(stop.run.done)} shards finished in this run are kept; "
-            "run the same command again to continue",
+            f"interrupted: {len(stop.run.done)} shards finished in this run are kept, and the "
+            "searches that ended in unfinished shards; run the same command again to continue",
             file=sys.stderr,
         )
         return 130
@@ -271,6 +287,7 @@ def run_summary(name: str, run, jobs) -> dict:
         "shards_total": run.shards_total,
         "shards_run": len(run.done),
         "shards_skipped": run.shards_skipped,
+        "samples_kept": run.kept,
         "seconds": round(run.seconds, 3),
         "occupancy": run.occupancy,
         "failed": [dataclasses.asdict(f) for f in run.failed],
@@ -408,3 +425,6 @@ def _print_status(jobs) -> None:
             f"{j.job:<{width}}  {j.done:>4}  {j.pending:>7}  {j.failed:>6}  {j.samples_done:>7}  "
             f"{j.found:>5}  {j.exact:>5} ({rate})"
         )
+    for j in jobs:
+        if j.kept:
+            print(f"{j.job}: {j.kept} samples of unfinished shards kept; the next run keeps them")

@@ -4,7 +4,8 @@ and studies.
 Each replica is a threaded Ray actor (`ReplicaWorker`) that takes units as they come; the group
 keeps enough of them in flight on each (at least `min_units`, and samples for `fill` batches)
 that its engine's batch refills from the next unit while the last one's slow samples run. Units
-stream back checkpoints and rows (`Checkpoint`, `Finished`), and a replica's progress
+stream back checkpoints, the rows of searches ended so far and at the end all rows (`Checkpoint`,
+`Kept`, `Finished`), and a replica's progress
 (`Progress`, on one of its units' streams). One failure policy: a unit whose
 own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
 with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
@@ -36,7 +37,7 @@ from sodaray.errors import last_line
 from sodaray.experiment.cluster import Placement, actor_options, describe, replicas_to_make
 from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
 from sodaray.search.scheduler import pick_replica
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class Failure:
     final: bool
 
 
-Event = Checkpoint | Progress | Finished | Failure  # a Progress holds other units' counts too
+# A Progress holds other units' counts too.
+Event = Checkpoint | Progress | Kept | Finished | Failure
 
 
 class ReplicasLost(ConnectionError):

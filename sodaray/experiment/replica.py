@@ -2,7 +2,8 @@
 CPU), one engine stepping every sample of every unit in flight together, and the result rows.
 
 The actor is threaded: each unit in flight is one call, a streaming generator that submits the
-unit's samples to the shared engine and yields its checkpoints and then its rows, so the engine's
+unit's samples to the shared engine and yields its checkpoints, the rows of its searches that
+have ended (every `Unit.keep_every` seconds, where set) and then all its rows, so the engine's
 batches draw on all of them at once (sweep shards of any job and length, study trials). About
 once a second one of the streams also carries the progress of every unit in flight
 (`experiment.reporter`).
@@ -24,7 +25,7 @@ from typing import Any
 from sodaray.errors import first_line
 from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
 from sodaray.models import LoadedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 TARGET_CACHE = 8  # target sets kept for units that come back with the same rows (trials)
 ENGINE_EXIT_S = 10.0  # for the engine's thread to record its error once it has handed it out
 ENGINE_POLL_S = 1.0  # how often a unit waiting on its engine checks that its thread lives
+_QUIET = object()  # no event within ENGINE_POLL_S
 
 
 class EngineStopped(RuntimeError):
@@ -160,9 +162,10 @@ class ReplicaWorker:
         if work is not None:
             self.engine.cancel(work)
 
-    def run(self, unit: Unit) -> Iterator[Checkpoint | Progress | Finished]:
+    def run(self, unit: Unit) -> Iterator[Checkpoint | Progress | Kept | Finished]:
         """Invert `unit`'s samples on the shared engine; yield its checkpoints as they are
-        reached (and the replica's progress items it carries), then its rows. An error in the
+        reached (and the replica's progress items it carries), the rows of its ended searches
+        every `unit.keep_every` seconds while others run, then all its rows. An error in the
         unit (a bad input) is raised here alone."""
         from sodaray.api import invert, length_plans
         from sodaray.search.engine import Work
@@ -208,6 +211,7 @@ class ReplicaWorker:
         )
         self.works[unit.key] = work
         self.reporter.watch(unit.key, work, events)
+        kept, kept_at = 0, time.monotonic()  # rows of `finished` sent in `Kept` items, and when
         try:
             self.engine.submit(work)
             while True:
@@ -216,10 +220,22 @@ class ReplicaWorker:
                 except queue.Empty:  # a unit handed to an engine as its thread ended: no wait
                     if work.error is None:  # for ever (a dying engine hands its error first)
                         self._check_engine()
-                    continue
+                    item = _QUIET
                 if item is None:
                     break
-                yield item
+                ended_now = len(finished)  # appended on the engine thread: read once
+                if (
+                    unit.keep_every is not None
+                    and ended_now > kept
+                    and time.monotonic() - kept_at >= unit.keep_every
+                ):
+                    picked = finished[kept:ended_now]
+                    yield Kept(
+                        unit.key, self._rows(unit, [work.results[r] for r in picked], picked)
+                    )
+                    kept, kept_at = ended_now, time.monotonic()
+                if item is not _QUIET:
+                    yield item
         finally:  # also when the driver stops listening: the engine drops the unit
             self.works.pop(unit.key, None)
             self.reporter.done(unit.key)
@@ -256,10 +272,9 @@ class ReplicaWorker:
             self._targets.popitem(last=False)
         return dataclasses.replace(targets, objective=objective)
 
-    def _finished(
-        self, unit: Unit, results: list[Any], rows: list[int], start: float, cancelled: bool
-    ) -> Finished:
-        table = replica_rows(
+    def _rows(self, unit: Unit, results: list[Any], rows: list[int]) -> Any:
+        """The result rows of `results`, the unit's samples at `rows`."""
+        return replica_rows(
             self.model,
             self.spec,
             results,
@@ -269,6 +284,11 @@ class ReplicaWorker:
             length_mode=unit.length_mode,
             **unit.context,
         )
+
+    def _finished(
+        self, unit: Unit, results: list[Any], rows: list[int], start: float, cancelled: bool
+    ) -> Finished:
+        table = self._rows(unit, results, rows)
         took = self.engine.take_occupancy()
         return Finished(
             unit.key,

@@ -1,5 +1,6 @@
 """What crosses between the driver and a replica: a unit of work (a sweep's shard, a study's trial)
-and what the replica streams back for it: its checkpoints, the replica's progress, its rows."""
+and what the replica streams back for it: its checkpoints, the replica's progress, the rows of
+searches that have ended while others run, and at its end all its rows."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class Unit:
     max_length: int = 10
     checkpoints: tuple[int, ...] = ()
     context: dict[str, Any] = field(default_factory=dict)
+    # Seconds between `Kept` items: the rows of searches that ended since the last one (None:
+    # none; a sweep keeps them, so a shard outliving its driver loses only its running searches).
+    keep_every: float | None = None
 
     @property
     def samples(self) -> int:
@@ -82,6 +86,15 @@ class Progress:
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Rows (a pyarrow Table) of a unit's searches that ended since its previous `Kept`, sent
+    while the rest still run (`Unit.keep_every`); its `Finished` holds them again."""
+
+    key: str
+    table: Any
 
 
 @dataclass(frozen=True)

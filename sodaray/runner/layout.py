@@ -5,7 +5,8 @@ the driver, and nothing else: every `*.parquet` under OUT is a file of result ro
 schema, so pandas, pyarrow, DuckDB and `datasets` read OUT as the rows alone. The rest lives in
 the hidden `OUT/<sweep>/.sodaray/` (readers skip hidden folders, and its files do not end in
 `.parquet`, which DuckDB's `**` glob would match even there): `jobs/<job>/job.json` (the job's
-settings, shard count), `job.lock`, `shard-NNNNN.error.json` and set-aside
+settings, shard count), `job.lock`, `shard-NNNNN.error.json`, `shard-NNNNN.kept.pq` (the rows of
+an unfinished shard's searches that had ended when its driver stopped) and set-aside
 `shard-NNNNN.parquet.corrupt` files, and `datasets/*.pq`, the datasets built for the sweep. Job
 folder names hold no `=`, which readers would take for a hive partition column.
 
@@ -13,15 +14,18 @@ Resume is "compute every shard without a valid result file": a shard file is tru
 it is a regular file that reads whole as the result schema, with exactly the shard's sample ids
 and the job's `config_hash` in its rows (a shard copied from another job of the same dataset
 has the same ids); any other is moved aside (`.corrupt`, or `.foreign` for another job's rows)
-and computed again. A driver holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and
-process start time, refreshed while it runs) for every job it runs; a second driver on the same
-folder skips those jobs, and breaks a lock that is not a lock or whose owner is gone (same
-host: the pid is dead, another process now, or from before a restart; another host: not
-refreshed for `LOCK_STALE_SECONDS`).
+and computed again. A pending shard's kept rows are trusted on the same terms (this job's, ids
+of the shard's samples, each once, in this sodaray's schema) and only its other samples are
+searched again (a SODA search's result depends on its seed and sample id alone). A driver
+holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and process start time, refreshed
+while it runs) for every job it runs; a second driver on the same folder skips those jobs, and
+breaks a lock that is not a lock or whose owner is gone (same host: the pid is dead, another
+process now, or from before a restart; another host: not refreshed for `LOCK_STALE_SECONDS`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -42,11 +46,12 @@ from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.files import read_json, what_is
 from sodaray.paths import brief, inside
-from sodaray.results import JOB_FILE, META_DIR, VERSION_KEY
+from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
 
+REGULAR = "a regular file"  # `files.what_is` of one
 LOCK_FILE = "job.lock"
 LOCK_REFRESH_SECONDS = 30.0
 LOCK_STALE_SECONDS = 300.0
@@ -70,6 +75,10 @@ def meta_folder(root: Path, job: str) -> Path:
 
 def error_path(meta: Path, index: int) -> Path:
     return meta / f"shard-{index:05d}.error.json"
+
+
+def kept_path(meta: Path, index: int) -> Path:
+    return meta / f"shard-{index:05d}.kept.pq"
 
 
 def shard_problem(
@@ -123,6 +132,36 @@ def read_shard(
         return (table, None) if ok else (None, f"{len(ids)} rows where the shard has {expected}")
     if sorted(ids) != sorted(sample_ids):
         return None, f"{len(ids)} rows where the shard has {len(sample_ids)} samples (or other ids)"
+    return table, None
+
+
+def read_kept(
+    path: Path, sample_ids: list[int], config_hash: str
+) -> tuple[pa.Table | None, str | None]:
+    """A pending shard's kept rows and None, or None and why they cannot be trusted: a shard
+    file's checks (`read_shard`), of this job, at most one row for each of `sample_ids` (the
+    shard's) and none of another sample."""
+    kind = what_is(path)  # before Parquet opens it: a FIFO or a device is never read
+    if kind != REGULAR:
+        return None, f"{kind or 'nothing'}, not a file of kept rows"
+    try:  # before reading it whole: a file claiming more rows than the shard has is not kept rows
+        claimed = pq.read_metadata(path).num_rows
+    except (OSError, pa.ArrowException) as exc:
+        return None, f"unreadable ({first_line(exc)})"
+    if claimed > len(sample_ids):
+        return None, f"{claimed} rows where the shard has {len(sample_ids)} samples"
+    try:  # this sodaray wrote them, in its schema: rows of another would not join a run's
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        return None, f"unreadable ({first_line(exc)})"
+    if not schema.remove_metadata().equals(RESULT_SCHEMA):
+        return None, "not in this sodaray's result schema"
+    table, why = read_shard(path, config_hash=config_hash)
+    if table is None:
+        return None, why
+    ids = table["sample_id"].to_pylist()
+    if len(set(ids)) != len(ids) or not set(ids) <= set(sample_ids):
+        return None, f"{len(ids)} rows not each of another of the shard's {len(sample_ids)} samples"
     return table, None
 
 
@@ -347,6 +386,7 @@ class JobPlan:
     locked_by: dict[str, Any] | None = None
     corrupt: list[str] = field(default_factory=list)
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
+    kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
 
 
 def plan_jobs(
@@ -388,23 +428,54 @@ def plan_jobs(
         plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity)
         for i in range(shards):
             path = shard_path(folder, i)
-            if not path.exists() and not path.is_symlink():
-                plan.pending.append(i)
-                continue
             lo, hi = shard_bounds(plan, i)
-            why = shard_problem(path, rows["sample_id"][lo:hi], config_hash=job.config_hash)
-            if why is not None:
-                suffix = ".foreign" if why.startswith("rows of another job") else ".corrupt"
-                plan.corrupt.append(set_aside(path, why, meta, suffix).name)
-                plan.pending.append(i)
+            ids = rows["sample_id"][lo:hi]
+            kept = kept_path(meta, i)
+            if path.exists() or path.is_symlink():
+                why = shard_problem(path, ids, config_hash=job.config_hash)
+                if why is None:  # kept rows left by a driver that stopped between the two
+                    if kept.is_symlink() or what_is(kept) == REGULAR:
+                        kept.unlink()
+                    elif kept.exists():
+                        set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta)
+                    continue
+                plan.corrupt.append(set_aside(path, why, meta, _suffix(why)).name)
+            if kept.exists() or kept.is_symlink():
+                table, why = read_kept(kept, ids, job.config_hash)
+                if table is None:
+                    plan.corrupt.append(set_aside(kept, str(why), meta, _suffix(str(why))).name)
+                elif len(table) == len(ids) and lock:  # it stopped before writing the shard
+                    write_table_atomic(shard_table(plan, i, [table]), path)
+                    kept.unlink()
+                    error_path(meta, i).unlink(missing_ok=True)
+                    continue
+                else:
+                    plan.kept[i] = table
+            plan.pending.append(i)
         plans.append(plan)
     return plans
+
+
+def _suffix(why: str) -> str:
+    """Where an untrusted file is set aside: `.foreign` for another job's rows."""
+    return ".foreign" if why.startswith("rows of another job") else ".corrupt"
 
 
 def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
     """The shard's rows, [lo, hi), in the job's selected samples."""
     size = plan.job.shard_size
     return index * size, min((index + 1) * size, len(plan.rows["sample_id"]))
+
+
+def shard_table(plan: JobPlan, index: int, tables: list[pa.Table]) -> pa.Table:
+    """A shard's rows from `tables` (kept rows, a run's rows), one per sample in the shard's
+    order, as a run of the whole shard writes them (a sample in two: its first row)."""
+    lo, hi = shard_bounds(plan, index)
+    table = pa.concat_tables(tables)
+    first: dict[int, int] = {}
+    for row, sample in enumerate(table["sample_id"].to_pylist()):
+        first.setdefault(sample, row)
+    return table.take([first[s] for s in plan.rows["sample_id"][lo:hi]])
 
 
 # ---- status -----------------------------------------------------------------------------------
@@ -418,6 +489,7 @@ class JobStatus:
     samples_done: int
     found: int
     exact: int
+    kept: int = 0  # samples of unfinished shards whose rows a stopped run kept
 
     @property
     def pending(self) -> int:
@@ -471,7 +543,16 @@ def job_status(meta: Path) -> JobStatus:
     for path in meta.glob("shard-*.error.json"):
         index = _shard_index(path.name, ".error.json")
         failed += index is not None and index < shards and index not in finished
-    return JobStatus(info["sweep"], info["job"], shards, done, failed, samples_done, found, exact)
+    kept = 0
+    for path in meta.glob("shard-*.kept.pq"):  # counted, not checked: `run` checks them
+        index = _shard_index(path.name, ".kept.pq")
+        if index is None or index >= shards or index in finished or what_is(path) != REGULAR:
+            continue
+        with contextlib.suppress(OSError, pa.ArrowException):
+            kept += min(pq.read_metadata(path).num_rows, size, samples - index * size)
+    return JobStatus(
+        info["sweep"], info["job"], shards, done, failed, samples_done, found, exact, kept
+    )
 
 
 def _shard_index(name: str, suffix: str) -> int | None:

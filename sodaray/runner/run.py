@@ -6,8 +6,11 @@ actor group (`experiment.group.ActorGroup`), whose replicas run all of them thro
 so a replica's batch holds samples of any job, config and length at once. The driver writes a
 shard's file when its rows arrive, counts each job's progress in sample-steps as the replicas
 stream it (`JobProgress`), keeps its locks fresh, and records a shard that failed for
-good (`.sodaray/jobs/<job>/shard-NNNNN.error.json`, retried by the next run). Ctrl-C stops the
-replicas and keeps every finished shard.
+good (`.sodaray/jobs/<job>/shard-NNNNN.error.json`, retried by the next run). While a shard
+runs, the rows of its searches that have ended are kept beside it (`shard-NNNNN.kept.pq`, at
+most every `KEEP_EVERY_S`), so a driver stopped mid-shard (Ctrl-C, a crash, a machine taken
+away) loses only the searches still running: the next run searches the shard's other samples
+and writes the shard from both. Ctrl-C stops the replicas and keeps every finished shard.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from sodaray.cost import most_sample_steps
@@ -33,7 +37,7 @@ from sodaray.experiment.cluster import (
     ray_session,
 )
 from sodaray.experiment.group import ActorGroup, Failure, next_event
-from sodaray.experiment.work import Finished, Progress, Unit, UnitProgress
+from sodaray.experiment.work import Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
@@ -42,16 +46,22 @@ from sodaray.runner.layout import (
     describe_owner,
     error_path,
     found_exact,
+    kept_path,
     plan_jobs,
     refresh_locks,
     release_lock,
     shard_bounds,
     shard_path,
+    shard_table,
 )
 from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Job, Sweep
 
 log = logging.getLogger(__name__)
+
+# Seconds between writes of a running shard's ended searches: a search on a real model takes
+# minutes, and a write costs a small Parquet file, so a stopped driver loses under a minute.
+KEEP_EVERY_S = 30.0
 
 
 @dataclass
@@ -66,7 +76,7 @@ class ShardDone:
     exact: int
     seconds: float  # on the replica
     pid: int
-    sample_steps: int = 0  # the shard's samples' steps, summed
+    sample_steps: int = 0  # the steps its samples took in this run, summed
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
@@ -111,9 +121,10 @@ class SweepRun:
     jobs: int = 0
     shards_total: int = 0
     shards_skipped: int = 0  # already finished before this run
+    kept: int = 0  # samples of unfinished shards whose rows an earlier run kept
     locked: list[str] = field(default_factory=list)  # jobs another live driver is running
     lock_owners: dict[str, str] = field(default_factory=dict)  # job -> "host pid N since ..."
-    corrupt: list[str] = field(default_factory=list)  # shard files set aside and recomputed
+    corrupt: list[str] = field(default_factory=list)  # shard, kept files set aside: recomputed
     done: list[ShardDone] = field(default_factory=list)
     failed: list[ShardFailed] = field(default_factory=list)
     interrupted: bool = False
@@ -159,17 +170,22 @@ class SweepInterrupted(KeyboardInterrupt):
         self.run = run
 
 
-def shard_unit(plan: JobPlan, index: int) -> Unit:
-    """Shard `index` of a job as a unit: its rows, its job's settings and the rows' context."""
+def shard_unit(plan: JobPlan, index: int, keep_every: float | None = None) -> Unit:
+    """Shard `index` of a job as a unit: its rows (but those an earlier run kept), its job's
+    settings and the rows' context; its ended searches' rows sent every `keep_every` seconds."""
     job = plan.job
     lo, hi = shard_bounds(plan, index)
+    kept = plan.kept.get(index)
+    done = set() if kept is None else set(kept["sample_id"].to_pylist())
+    picked = [i for i in range(lo, hi) if plan.rows["sample_id"][i] not in done]
     return Unit(
         key=f"{job.name}/{index}",
-        rows={c: v[lo:hi] for c, v in plan.rows.items()},
+        rows={c: [v[i] for i in picked] for c, v in plan.rows.items()},
         search=job.search,
         objective=job.objective,
         length=job.length,
         max_length=job.max_length,
+        keep_every=keep_every,
         context={
             "dataset": job.dataset.name,
             "sweep": job.sweep,
@@ -187,6 +203,8 @@ def unstarted(unit: Unit) -> UnitProgress:
     return UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
 
 
+
+
 def run_sweep(
     sweep: Sweep,
     out: str | Path,
@@ -199,12 +217,14 @@ def run_sweep(
     on_start: Callable[[SweepRun, int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
     on_progress: Callable[[JobProgress], None] | None = None,
+    keep_every: float | None = KEEP_EVERY_S,
 ) -> SweepRun:
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
     called once the work is planned; `on_shard` after each finished shard, `on_progress` with a
     job's counts each time they change (at least once a second while its shards run).
     `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
-    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`)."""
+    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`);
+    `keep_every`: seconds between writes of a running shard's ended searches (None: none)."""
     import ray
 
     started = time.perf_counter()
@@ -223,8 +243,10 @@ def run_sweep(
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
     run.pending_jobs = [p.job for p in pending]
+    run.kept = sum(len(t) for p in pending for t in p.kept.values())
     for p in pending:
         samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
+        samples -= sum(len(t) for t in p.kept.values())
         job = p.job
         most = most_sample_steps(samples, job.search, job.length, job.max_length)
         run.progress[job.name] = JobProgress(job.name, samples, most)
@@ -244,7 +266,8 @@ def run_sweep(
                     placement = stack.enter_context(
                         ray_session(requests, address, wait_for_nodes)
                     )
-                _Shards(pending, run, max_attempts, placement).drain(on_shard, on_progress, held)
+                shards = _Shards(pending, run, max_attempts, placement, keep_every)
+                shards.drain(on_shard, on_progress, held)
     except KeyboardInterrupt as exc:
         run.interrupted = True
         raise SweepInterrupted(run) from exc
@@ -260,11 +283,18 @@ class _Shards:
     with the most replicas any asks for)."""
 
     def __init__(
-        self, plans: list[JobPlan], run: SweepRun, max_attempts: int, placement: Placement
+        self,
+        plans: list[JobPlan],
+        run: SweepRun,
+        max_attempts: int,
+        placement: Placement,
+        keep_every: float | None = None,
     ) -> None:
         self.run = run
         self.shards: dict[str, tuple[JobPlan, int]] = {}
         self.counts: dict[str, UnitProgress] = {}  # shards not ended: as last reported
+        self.kept: dict[str, list[pa.Table]] = {}  # rows kept in this run, by unit
+        self.keep_every = keep_every
         models: dict[str, list[JobPlan]] = {}
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
@@ -281,7 +311,7 @@ class _Shards:
                 )
                 self.groups.append(group)
                 for plan, index in shards:
-                    unit = shard_unit(plan, index)
+                    unit = shard_unit(plan, index, keep_every)
                     self.shards[unit.key] = (plan, index)
                     self.counts[unit.key] = unstarted(unit)
                     group.submit(unit)
@@ -314,12 +344,16 @@ class _Shards:
                     self.run.count_steps(output, plan.job.model.label)
                     for counts in output.units:
                         moved |= self.move(counts)
+                elif isinstance(output, Kept):
+                    self.keep(plan, index, output)
                 elif isinstance(output, Finished):
                     self.run.count_steps(output, plan.job.model.label)
                     done = self.write(plan, index, output)
                     if on_shard is not None:
                         on_shard(done)
-                    final = UnitProgress(unit.key, done.sample_steps, done.samples, done.found, 0)
+                    table = output.table
+                    found = found_exact(table)[0]
+                    final = UnitProgress(unit.key, done.sample_steps, len(table), found, 0)
                     moved = self.move(final, ended=True)
                 elif isinstance(output, Failure) and output.final:
                     self.fail(plan, index, output)
@@ -356,9 +390,24 @@ class _Shards:
         self.run.progress[job].add(old, new)
         return {job}
 
+    def keep(self, plan: JobPlan, index: int, output: Kept) -> None:
+        """Rows of a running shard's ended searches: written beside it with those kept before
+        (atomically: a stop mid-write leaves the last file), for a run that stops first."""
+        tables = self.kept.setdefault(output.key, [])
+        before = [t for t in [plan.kept.get(index)] if t is not None]
+        have = {s for t in [*before, *tables] for s in t["sample_id"].to_pylist()}
+        new = pc.invert(pc.is_in(output.table["sample_id"], pa.array(sorted(have), pa.int64())))
+        tables.append(output.table.filter(new))  # a unit tried again sends its rows again
+        write_table_atomic(pa.concat_tables([*before, *tables]), kept_path(plan.meta, index))
+
     def write(self, plan: JobPlan, index: int, output: Finished) -> ShardDone:
-        table = output.table
+        """The shard's file, from the run's rows and those an earlier run kept; its kept rows
+        then go (a stop between the two leaves both: the next run trusts the shard file)."""
+        kept = plan.kept.get(index)
+        table = shard_table(plan, index, [t for t in [kept, output.table] if t is not None])
         write_table_atomic(table, shard_path(plan.folder, index))
+        kept_path(plan.meta, index).unlink(missing_ok=True)
+        self.kept.pop(output.key, None)
         error_path(plan.meta, index).unlink(missing_ok=True)
         done = ShardDone(
             plan.job.name,
@@ -367,7 +416,7 @@ class _Shards:
             *found_exact(table),
             output.seconds,
             output.pid,
-            int(pc.sum(table["steps"]).as_py() or 0),
+            int(pc.sum(output.table["steps"]).as_py() or 0),
             output.slot_steps,
             output.capacity_steps,
             output.batch_steps,

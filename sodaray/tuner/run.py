@@ -23,7 +23,7 @@ from sodaray.errors import first_line
 from sodaray.experiment.cluster import check_address, check_wait, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
-from sodaray.experiment.work import Checkpoint, Finished, Progress, Unit, UnitProgress
+from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.report.study import save_plots
 from sodaray.results import write_table_atomic
@@ -271,6 +271,8 @@ class _Trials:
                 live = self.live.get(counts.key)  # one that ended meanwhile is not running
                 if live is not None and self.on_progress is not None:
                     self.on_progress(live[0].number, counts)
+            return None
+        if isinstance(output, Kept):  # a trial's rows are written whole, at its end
             return None
         trial, started = self.live[unit.key]
         if isinstance(output, Checkpoint):
