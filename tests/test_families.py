@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # kind for `tiny_model` -> (family, its preset, its space)
 FAMILY_OF = {
     "llama": ("llama", "qwen2.5-0.5b", "centred"),
-    "qwen2": ("qwen2", "qwen2.5-0.5b", "raw"),
+    "qwen2": ("qwen2", "qwen2.5-0.5b", "centred"),
     "gemma3": ("gemma3", "qwen2.5-0.5b", "centred"),
     "gpt2": ("gpt2", "gpt2-small", "raw"),
     "gpt-neo": ("gpt-neo", "tinystories-33m", "raw"),
@@ -174,7 +174,8 @@ def hub_cache(root: Path, types: dict[str, str]) -> Path:
 
 
 # What issue 38 changed, and why: each a job (or study) whose settings changed, since its model
-# (stories260K, SmolLM2-135M: Llama) names no preset and its family compares centred logits.
+# (stories260K, SmolLM2-135M: Llama; Qwen2.5: Qwen2) names no preset or space and its family
+# compares centred logits.
 CHANGED = {
     ("sweeps", "quickstart"): "stories260K without a preset: the llama family's knobs, centred",
     ("tuning", "fluency-stories260k"): "stories260K, its objective's space unset: centred",
@@ -186,6 +187,9 @@ CHANGED = {
     ("sweeps", "both-spaces"): "centred jobs confirm raw (raw jobs keep their hashes)",
     ("sweeps", "smollm2-space"): "centred jobs confirm raw (raw jobs keep their hashes)",
     ("tuning", "smollm2-135m-bos-centred"): "space: centred, now confirmed raw too",
+    # Qwen2's family space, centred since its lengths 1-3 were measured in both spaces.
+    ("tuning", "qwen2.5-0.5b"): "Qwen2.5-0.5B (Qwen2), space unset: centred",
+    ("tuning", "qwen2.5-3b"): "Qwen2.5-3B (Qwen2), space unset: centred",
 }
 
 
