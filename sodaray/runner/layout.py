@@ -144,16 +144,14 @@ def read_kept(
     kind = what_is(path)  # before Parquet opens it: a FIFO or a device is never read
     if kind != REGULAR:
         return None, f"{kind or 'nothing'}, not a file of kept rows"
-    try:  # before reading it whole: a file claiming more rows than the shard has is not kept rows
-        claimed = pq.read_metadata(path).num_rows
+    try:  # its footer, before reading it whole
+        footer = pq.read_metadata(path)
+        schema = footer.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as exc:
         return None, f"unreadable ({first_line(exc)})"
-    if claimed > len(sample_ids):
-        return None, f"{claimed} rows where the shard has {len(sample_ids)} samples"
-    try:  # this sodaray wrote them, in its schema: rows of another would not join a run's
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowException) as exc:
-        return None, f"unreadable ({first_line(exc)})"
+    if footer.num_rows > len(sample_ids):
+        return None, f"{footer.num_rows} rows where the shard has {len(sample_ids)} samples"
+    # This sodaray wrote them, in its schema: rows of another would not join a run's.
     if not schema.remove_metadata().equals(RESULT_SCHEMA):
         return None, "not in this sodaray's result schema"
     table, why = read_shard(path, config_hash=config_hash)

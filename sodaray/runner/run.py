@@ -203,8 +203,6 @@ def unstarted(unit: Unit) -> UnitProgress:
     return UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
 
 
-
-
 def run_sweep(
     sweep: Sweep,
     out: str | Path,
@@ -243,10 +241,10 @@ def run_sweep(
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
     run.pending_jobs = [p.job for p in pending]
-    run.kept = sum(len(t) for p in pending for t in p.kept.values())
     for p in pending:
-        samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending))
-        samples -= sum(len(t) for t in p.kept.values())
+        kept = sum(len(t) for t in p.kept.values())
+        run.kept += kept
+        samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending)) - kept
         job = p.job
         most = most_sample_steps(samples, job.search, job.length, job.max_length)
         run.progress[job.name] = JobProgress(job.name, samples, most)
@@ -294,7 +292,6 @@ class _Shards:
         self.shards: dict[str, tuple[JobPlan, int]] = {}
         self.counts: dict[str, UnitProgress] = {}  # shards not ended: as last reported
         self.kept: dict[str, list[pa.Table]] = {}  # rows kept in this run, by unit
-        self.keep_every = keep_every
         models: dict[str, list[JobPlan]] = {}
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
