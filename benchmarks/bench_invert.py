@@ -312,7 +312,14 @@ def profiled(run, cuda: bool) -> dict[str, float]:
 
 
 def measure_case(
-    model, spec: str, steps: int, device: str, precision: str, peak: float, policy: str
+    model,
+    spec: str,
+    steps: int,
+    device: str,
+    precision: str,
+    peak: float,
+    policy: str,
+    executor: str = "eager",
 ) -> dict:
     """One case of the gpu suite: a steady step's time, kernels, busy share and FLOP rate."""
     import torch
@@ -333,7 +340,7 @@ def measure_case(
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        results = sodaray.invert(model, targets, config, policy=policy)
+        results = sodaray.invert(model, targets, config, policy=policy, executor=executor)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0, sum(r.steps for r in results)
@@ -362,6 +369,7 @@ def measure_case(
         "B": batch,
         "precision": precision,
         "policy": policy,
+        "executor": executor,
         "ms_per_step": 1000 * seconds,
         "samples_per_step": samples,
         "sample_steps_per_s": rate,
@@ -396,10 +404,13 @@ def gpu_suite(args, device: str) -> None:
 
     from sodaray.cost import shape_from_config
     from sodaray.device_costs import MeasuredStep, costs_to_data, fit_device
+    from sodaray.search.executor import default_policy, resolve_executor
     from sodaray.search.scheduler import resolve_policy
 
     cuda = device.startswith("cuda")
-    policy = resolve_policy(args.policy)  # the engine's default where none was asked for
+    executor = resolve_executor(args.executor)
+    # The executor's policy where none was asked for (static under one that replays).
+    policy = resolve_policy(default_policy(executor) if args.policy is None else args.policy)
     cases = args.case or (SUITES["gpu"] if cuda else GPU_SUITE_ON_CPU)
     default = CUDA_PRECISIONS if cuda else PRECISIONS
     precisions = [args.precision] if args.precision else list(default)
@@ -410,7 +421,7 @@ def gpu_suite(args, device: str) -> None:
     unit = "kernels" if cuda else "cpu-ops"
     print(
         f"# gpu suite: device={device} ({full}) torch={torch.__version__} threads={args.threads} "
-        f"steps={args.steps} policy={policy} "
+        f"steps={args.steps} executor={executor} policy={policy} "
         f"measured bf16 matrix peak {peak / 1e12:.4g} TFLOP/s",
         flush=True,
     )
@@ -428,7 +439,7 @@ def gpu_suite(args, device: str) -> None:
             current = (name, build_model(name, device, args.dtype))
         model = current[1]
         for precision in precisions:
-            row = measure_case(model, spec, args.steps, device, precision, peak, policy)
+            row = measure_case(model, spec, args.steps, device, precision, peak, policy, executor)
             copies = "-" if row["copies_per_step"] is None else f"{row['copies_per_step']:.0f}"
             theirs = authors.get(spec)
             row["authors_same_run"] = theirs
@@ -479,7 +490,7 @@ def gpu_suite(args, device: str) -> None:
             print(f"# ratios {spec}: speed vs float32: " + ", ".join(parts), flush=True)
     when = datetime.date.today().isoformat()
     source = f"bench_invert.py --suite gpu on {full}, {when}, torch {torch.__version__}"
-    source += f", policy={policy}"
+    source += f", policy={policy}, executor={executor}"
     if not cuda:
         source += f", threads={args.threads}"
     try:
@@ -552,6 +563,13 @@ def main() -> None:
         choices=("exact", "static"),
         help="--suite gpu: the scheduler's policy (default: the engine's, exact); static pads "
         "each pass to a power-of-two batch and width (16s above 16)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("eager", "graph", "compiled"),
+        help="--suite gpu: what runs SODA's transformer passes (default eager; graph replays "
+        "each static shape's pass, a CUDA graph on a GPU; compiled: torch.compile's inductor). "
+        "The first run of each shape builds it (the warm-up): the timed steps replay",
     )
     parser.add_argument("--out", help="--suite gpu: write the fit costs here (YAML)")
     parser.add_argument("--threads", type=int, default=2)

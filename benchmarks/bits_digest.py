@@ -5,6 +5,7 @@ and a digest of every result's tokens, find, steps and final loss (as float hex)
 
     python benchmarks/bits_digest.py                       # this tree
     PYTHONPATH=/path/to/other/tree python benchmarks/bits_digest.py
+    python benchmarks/bits_digest.py --executor graph     # the replayed pass: eager's digest
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(STORIES), help="a model folder (stories260K)")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument(
+        "--executor",
+        choices=("eager", "graph", "compiled"),
+        help="what runs SODA's passes (default: the engine's, eager; a tree before executors "
+        "existed takes no such option)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = sodaray.load_model(args.model, bos=True)
@@ -34,10 +41,14 @@ def main() -> None:
         config = sodaray.SodaConfig.from_preset(
             "tinystories-33m", max_steps=args.steps, reinit_period=120, seed=2
         )
-        for r in sodaray.invert(model, targets, config):
+        extra = {} if args.executor is None else {"executor": args.executor}
+        for r in sodaray.invert(model, targets, config, **extra):
             outcomes.append((r.tokens, r.found, r.steps, float(r.final_loss).hex()))
     digest = hashlib.sha256(repr(outcomes).encode()).hexdigest()[:16]
-    print(f"sodaray {sodaray.__file__}: {sum(o[1] for o in outcomes)} found, digest {digest}")
+    label = f" executor {args.executor}" if args.executor else ""
+    print(
+        f"sodaray {sodaray.__file__}{label}: {sum(o[1] for o in outcomes)} found, digest {digest}"
+    )
 
 
 if __name__ == "__main__":

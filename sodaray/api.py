@@ -13,6 +13,7 @@ from sodaray.models import LoadedModel
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingConfig
 from sodaray.search.engine import Engine, Work
+from sodaray.search.executor import default_policy, resolve_executor
 from sodaray.search.gcg import GcgConfig
 from sodaray.search.scheduler import resolve_policy
 from sodaray.search.soda import SodaConfig
@@ -79,6 +80,7 @@ def invert(
     on_target: Callable[[int, InversionResult], None] | None = None,
     on_batch: Callable[[int], None] | None = None,
     policy: str | None = None,
+    executor: str | None = None,
 ) -> list[InversionResult]:
     """Recover the inputs behind `targets`; results come back in target order.
 
@@ -88,10 +90,13 @@ def invert(
     run as each target finishes: `on_result(result)`, and `on_target(row, result)` with the
     target's row in `targets`. `on_batch(active)` runs after every step with the number of
     searches that step advanced (the batch occupancy is `active / config.max_batch_size`).
-    `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None: its default, "exact").
+    `executor`: what runs SODA's transformer passes (`sodaray.search.executor.EXECUTORS`; None:
+    "eager"). `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None: the
+    executor's, "exact" under "eager" and "static" under the others).
     """
     config = config or SodaConfig()
-    policy = resolve_policy(policy)  # before any work, and for every algorithm
+    executor = resolve_executor(executor)  # both before any work, and for every algorithm
+    policy = resolve_policy(default_policy(executor) if policy is None else policy)
     if config.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {config.algorithm!r}")
     plans = length_plans(model, targets, length, max_length)
@@ -109,7 +114,7 @@ def invert(
             for row, res in enumerate(results):
                 on_target(row, res)
         return results
-    engine = Engine(model, on_batch=on_batch, policy=policy)
+    engine = Engine(model, on_batch=on_batch, policy=policy, executor=executor)
     work = Work(targets, config, plans, on_result=delivered)
     engine.submit(work)
     engine.run()

@@ -259,22 +259,31 @@ class LoadedModel:
                 self._prefix[key] = self.embed(self.prefix_tensor(self.device)[0])[None]
         return self._prefix[key].expand(batch, -1, -1)
 
-    def hidden(self, inputs_embeds: Tensor, items: int = 0, *, prepadded: bool = False) -> Tensor:
+    def hidden(
+        self,
+        inputs_embeds: Tensor,
+        items: int = 0,
+        *,
+        prepadded: bool = False,
+        executor: Any = None,
+    ) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
         `items`: run as a batch of that many (a static shape; see `pad_rows`). `prepadded`: the
         inputs already end with those padding items (`scoring.sequence_embeds(items=...)`,
         `scoring.prepared_sequences`: what they hold is any, no item reads another's), and
         the states come back with their rows too (a caller that reads only its own rows saves
-        the padding's copy and the slice, and in a backward the two operations undoing it)."""
+        the padding's copy and the slice, and in a backward the two operations undoing it).
+        `executor`: what runs the forward (`sodaray.search.executor.Executor`; None: eagerly)."""
         inputs = inputs_embeds
         if not prepadded:
             inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
         prepared = self._prepared(inputs)
-        if self.split_forward:
-            out = self.model.base_model(inputs_embeds=inputs, use_cache=False, **prepared)
-            states = out.last_hidden_state
+        module = self.model.base_model if self.split_forward else self.model
+        if executor is None:
+            out = module(inputs_embeds=inputs, use_cache=False, **prepared)
         else:
-            states = self.model(inputs_embeds=inputs, use_cache=False, **prepared).logits
+            out = executor.run(module, inputs, use_cache=False, **prepared)
+        states = out.last_hidden_state if self.split_forward else out.logits
         return states if prepadded else states[: inputs_embeds.shape[0]]
 
     def _prepared(self, inputs: Tensor) -> dict[str, Tensor]:

@@ -37,6 +37,10 @@ BAD_SWEEPS = [
         "models[0].dtype: must be one of float32, bfloat16, not 'float16'",
     ),
     (
+        {"models": [{"id": str(STORIES), "executor": "cudagraph"}]},
+        "models[0].executor: must be one of eager, graph, compiled, not 'cudagraph'",
+    ),
+    (
         {"algorithms": [{"name": "soda", "max_steps": 0}]},
         "algorithms[0].max_steps: must be at least 1, not 0",
     ),
@@ -63,6 +67,31 @@ def test_invalid_sweeps_fail_before_ray_starts(tmp_path, capsys, override, messa
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(path) in err and message in err, err
     assert not ray.is_initialized()
+
+
+def test_a_model_entry_names_its_executor_in_the_job_hash_unless_eager(tmp_path):
+    """`executor: graph` reaches the replica's engine (replayed passes may round otherwise on
+    a GPU, so it is a job of its own), `eager` is the entry left unset: the same job folder as
+    before the field existed. `--model` keeps the entry's executor."""
+    from sodaray.experiment.replica import ReplicaWorker
+
+    names, specs = {}, {}
+    for executor in (None, "eager", "graph"):
+        extra = {} if executor is None else {"executor": executor}
+        models = [{"id": str(STORIES), **extra}]
+        folder = tmp_path / str(executor)
+        folder.mkdir()
+        sweep = load_sweep(write_sweep(folder, models=models))
+        names[executor] = {j.name for j in sweep.jobs()}
+        specs[executor] = sweep.jobs()[0].model
+    assert names[None] == names["eager"] and names["graph"].isdisjoint(names["eager"])
+    assert specs["graph"].executor == "graph"
+    assert specs["graph"].with_id(str(STORIES)).executor == "graph"
+    worker = ReplicaWorker(specs["graph"], 1)
+    try:
+        assert worker.engine.executor.name == "graph" and worker.engine.policy == "static"
+    finally:
+        worker.stop()
 
 
 def test_limit_and_model_override_change_the_job_folder(tmp_path):

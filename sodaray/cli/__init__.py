@@ -162,6 +162,14 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     run.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     run.add_argument(
+        "--executor",
+        choices=["eager", "graph", "compiled"],
+        default=None,
+        help="what runs SODA's transformer passes: eager (default: op by op), graph (built once "
+        "per shape and replayed, a CUDA graph on a GPU; on a CPU every bit is eager's) or "
+        "compiled (torch.compile's fused kernels: faster, rounds differently)",
+    )
+    run.add_argument(
         "--bos",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -371,6 +379,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
             max_length=args.max_length,
             on_result=show,
             on_batch=again,
+            executor=args.executor,
         )
     except KeyboardInterrupt:
         interrupted = True

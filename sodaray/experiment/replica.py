@@ -114,7 +114,10 @@ class ReplicaWorker:
         self.model = load_replica(spec, num_cpus)
         self.reporter = ProgressReporter()
         self.engine = Engine(
-            self.model, mix_lengths=spec.mix_lengths, on_batch=self.reporter.on_batch
+            self.model,
+            mix_lengths=spec.mix_lengths,
+            on_batch=self.reporter.on_batch,
+            executor=spec.executor,
         )
         self.reporter.engine = self.engine
         self.works: dict[str, Any] = {}

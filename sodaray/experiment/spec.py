@@ -77,6 +77,9 @@ class ModelSpec:
     # Inputs of every length in one batch, split into passes by cost (the default), or a pass
     # per length; results are the same bit for bit either way (see `sodaray.search.passes`).
     mix_lengths: bool = True
+    # What runs SODA's transformer passes on each replica (`sodaray.search.executor`): eager,
+    # or built once per static shape and replayed (graph: a CUDA graph on a GPU) or compiled.
+    executor: Literal["eager", "graph", "compiled"] = "eager"
     # Sweeps only: the dataset entries (by name) this model runs on; empty: every one.
     datasets: list[str] = field(default_factory=list, hash=False)
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
@@ -116,6 +119,7 @@ class ModelSpec:
             replicas=self.replicas,
             dtype=self.dtype,
             mix_lengths=self.mix_lengths,
+            executor=self.executor,
         )
 
     def resolved(self) -> ModelSpec:
@@ -146,8 +150,13 @@ class ModelSpec:
         return (f"model {self.label}", self.num_cpus, self.num_gpus)
 
     def identity(self) -> dict[str, Any]:
-        """What decides results (resources do not)."""
-        return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+        """What decides results (resources do not). The executor only where it is not eager:
+        a replayed or compiled pass may round otherwise (a GPU's graph, inductor's kernels),
+        and jobs from before it existed keep their hashes."""
+        identity = {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+        if self.executor != "eager":
+            identity["executor"] = self.executor
+        return identity
 
 
 @dataclass(frozen=True)

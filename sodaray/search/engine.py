@@ -48,6 +48,7 @@ import torch
 from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
 from sodaray.search.embedding import EmbeddingBatch
+from sodaray.search.executor import Executor, default_policy
 from sodaray.search.gcg import GcgBatch
 from sodaray.search.scan import position_scan
 from sodaray.search.scheduler import admit, capacity, resolve_policy
@@ -247,11 +248,17 @@ class Engine:
         mix_lengths: bool = True,
         on_batch: Callable[[int], None] | None = None,
         policy: str | None = None,
+        executor: str | None = None,
     ) -> None:
         self.model, self.mix_lengths = model, mix_lengths
-        # The scheduler's policy (`sodaray.search.scheduler`): each pass at its own shape unless
-        # asked; static shapes only pay under a replaying executor (measured there).
-        self.policy = resolve_policy(policy)  # here, not at the first batch: an error now
+        # What runs SODA's transformer passes (`sodaray.search.executor`), and the scheduler's
+        # policy (`sodaray.search.scheduler`): each pass at its own shape under the eager
+        # executor, a few static shapes under one that builds a step per shape. Both checked
+        # here, not at the first batch: an error now.
+        self.executor = Executor(executor)
+        self.policy = resolve_policy(
+            default_policy(self.executor.name) if policy is None else policy
+        )
         self.on_batch = on_batch
         self.pools: dict[str, _Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
@@ -419,7 +426,7 @@ class Engine:
         cls = BATCHES[config.algorithm]
         if getattr(cls, "mixes_lengths", False):  # any length, any config
             precision = getattr(config, "precision", "float32")
-            return cls(self.model, precision, self.mix_lengths, self.policy)
+            return cls(self.model, precision, self.mix_lengths, self.policy, self.executor)
         generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
         return cls(self.model, config, length, generator)
 

@@ -21,12 +21,12 @@ Policies (`POLICIES`):
   results are bit for bit those of "exact".
 
 Static shapes pay for themselves only under an executor that builds a shape's step once and
-replays it, and sodaray has none yet (`benchmarks/graph_step.py` is its prototype). Without one
-they are padding. When static widths were multiples of 16, the engine's Qwen2.5-0.5B-shape step on
-an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the
-288 ms issue 41 measured there before static shapes existed; on a CPU, 2.0-3.0x the exact step.
-With today's widths (3 -> 4) the CPU step still took 1.10-1.34x (benchmarks/RESULTS.md, issue
-41 on an H100). So "exact" is the default everywhere.
+replays it (`sodaray.search.executor`: "graph" and "compiled" bring this policy with them).
+Under the eager executor they are padding. When static widths were multiples of 16, the
+engine's Qwen2.5-0.5B-shape step on an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024)
+took 731.8 ms in float32: 2.5x the 288 ms issue 41 measured there before static shapes existed;
+on a CPU, 2.0-3.0x the exact step. With today's widths (3 -> 4) the CPU step still took
+1.10-1.34x (benchmarks/RESULTS.md, issue 41 on an H100). So "exact" is the eager default.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 POLICIES = ("exact", "static")
-DEFAULT_POLICY = "exact"  # see the module docstring: static shapes wait for a replaying executor
+DEFAULT_POLICY = "exact"  # under the eager executor; see the module docstring
 MIN_BATCH = 8  # the smallest static batch: smaller ones would each be a shape of their own
 WIDTH_STEP = 16  # static widths above it: its multiples (the attention's block, see attention)
 

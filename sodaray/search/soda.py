@@ -50,6 +50,7 @@ from sodaray.search.base import (
     observed_rows,
 )
 from sodaray.search.denormals import flush_denormals
+from sodaray.search.executor import Executor
 from sodaray.search.passes import pass_overhead
 from sodaray.search.scheduler import Scheduler
 from sodaray.search.slots import Buffers, apply_plan, removal_plan
@@ -358,8 +359,10 @@ class SodaBatch:
         precision: str = "float32",
         mix_lengths: bool = True,
         policy: str = "exact",
+        executor: Executor | None = None,
     ) -> None:
         self.model, self.precision = model, precision
+        self.executor = executor if executor is not None else Executor()
         # Lengths share a pass only where that changes no result (`sodaray.attention`).
         mix = mix_lengths and model.for_precision(precision).invariant
         self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
@@ -569,6 +572,7 @@ class SodaBatch:
         assert self.layout is not None
         z = self.rows.guarded("z").detach().requires_grad_(True)
         tau = self.hyper.temperature
+        self.executor.step_begin()
         model = self.model.for_precision(self.precision)
         # The relaxed pass may flush denormals (faster; it moves values below 1.2e-38 only); the
         # hard-max check runs outside it, so every reported match is exact.
@@ -590,13 +594,13 @@ class SodaBatch:
                     embeds = sequence_embeds(
                         model, p.layout, rows, continuation, p.width, p.batch, spare=1
                     )
-                    hidden = model.hidden(embeds, prepadded=True)
+                    hidden = model.hidden(embeds, prepadded=True, executor=self.executor)
                     loss = self.slot_loss(model, hidden, p, probs)
                     break
                 embeds = sequence_embeds(
                     model, p.layout, rows[p.rows], continuation[p.index], p.width, p.batch
                 )
-                hidden = model.hidden(embeds, prepadded=True)
+                hidden = model.hidden(embeds, prepadded=True, executor=self.executor)
                 part = self.slot_loss(model, hidden, p, None if probs is None else probs[p.rows])
                 if loss is None:
                     loss = part.new_zeros(len(self.slots))

@@ -1,0 +1,118 @@
+"""How a SODA step's transformer pass runs: op by op, or built once per shape and replayed.
+
+Executors (`EXECUTORS`):
+- "eager" (the default, on every device): PyTorch runs the pass's kernels one by one, as it
+  always has.
+- "graph": the pass, forward and backward, is traced once per shape (torch.compile's AOT
+  autograd) and replayed from the trace. On CUDA the trace replays as a CUDA graph (the
+  "cudagraphs" backend): one launch for the whole pass where the eager step launches about 584
+  kernels and idles between them (issue 41). Elsewhere the trace runs the same ATen kernels
+  eager runs ("aot_eager"), so on a CPU every bit is eager's (`tests/test_executor.py`); what a
+  replay saves is launches, so there it only costs the trace. On a GPU, the H100 prototype's
+  captured step (`benchmarks/graph_step.py`) rounded otherwise than the eager one (RESULTS.md):
+  a replayed search may keep its own trajectory there; the match check stays exact.
+- "compiled": torch.compile's inductor (on CUDA in its "reduce-overhead" mode: fused kernels,
+  replayed as CUDA graphs). Its fused kernels round differently from eager's: a search is
+  reproducible run to run, but not bit for bit the eager path's. On this project's 2-core CPU it
+  made stories260K's steps faster (benchmarks/RESULTS.md, issue 41's executors); CPUs keep
+  "eager" by default, so their results stay what they were.
+
+A build is per shape, so both run under the scheduler's "static" policy unless told otherwise
+(`default_policy`): a few bucketed shapes instead of one per batch size. The hard-max check is
+never run through an executor: it keeps the model's own kernels, so a reported match is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+EXECUTORS = ("eager", "graph", "compiled")
+DEFAULT_EXECUTOR = "eager"  # results identical to every earlier sodaray's; see the docstring
+# Built shapes per model: torch.compile keeps a few builds of one function (8 by default) and
+# runs any further shape eagerly. The static policy's shapes (powers of two from 8 up to the
+# batch cap, times a few widths) fit in this.
+MAX_SHAPES = 64
+
+
+def resolve_executor(name: str | None) -> str:
+    """The executor's name (None: the default), or a one-line error naming the choices."""
+    if name is None:
+        return DEFAULT_EXECUTOR
+    if name not in EXECUTORS:
+        raise ValueError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    return name
+
+
+def default_policy(executor: str) -> str:
+    """The scheduler policy an executor runs under when none is asked for: replaying executors
+    build one step per shape, so they want the static policy's few shapes."""
+    return "exact" if resolve_executor(executor) == "eager" else "static"
+
+
+def backend(executor: str, device: torch.device) -> tuple[str, str | None] | None:
+    """torch.compile's (backend, mode) for `executor` on `device`; None: run eagerly."""
+    executor = resolve_executor(executor)
+    cuda = device.type == "cuda"
+    if executor == "graph":
+        return ("cudagraphs" if cuda else "aot_eager", None)
+    if executor == "compiled":
+        return ("inductor", "reduce-overhead" if cuda else None)
+    return None
+
+
+class Executor:
+    """Runs a module's forward under one executor, building it once per module (and torch.compile
+    once per shape under it). `shapes` counts the input shapes each built module has seen."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = resolve_executor(name)
+        self._built: weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.shapes: set[tuple[int, ...]] = set()
+        self._graphs = False  # whether a build replays CUDA graphs
+
+    def step_begin(self) -> None:
+        """Called before each step's passes: a CUDA-graph replay may then reuse the memory of
+        the last step's outputs (all read by now), and a step of several passes is one
+        generation, not a new recording each (`torch.compiler.cudagraph_mark_step_begin`)."""
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    @property
+    def eager(self) -> bool:
+        return self.name == "eager"
+
+    def run(self, module: nn.Module, inputs: torch.Tensor, **kwargs: Any) -> Any:
+        """`module(inputs_embeds=inputs, **kwargs)`, under this executor."""
+        if self.eager:
+            return module(inputs_embeds=inputs, **kwargs)
+        fn = self._built.get(module)
+        if fn is None:
+            fn = self._build(module, inputs.device)
+        self.shapes.add(tuple(inputs.shape))
+        return fn(inputs_embeds=inputs, **kwargs)
+
+    def _build(self, module: nn.Module, device: torch.device) -> Callable[..., Any]:
+        chosen = backend(self.name, device)
+        assert chosen is not None
+        name, mode = chosen
+        import torch._dynamo
+
+        # A documented torch.compile knob (its troubleshooting guide): how many shapes of one
+        # function it builds before running the rest eagerly. Raised, never lowered.
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, MAX_SHAPES)
+        log.info("executor %s: building %s with torch.compile(%s)", self.name, type(module), name)
+        fn = torch.compile(module, backend=name, mode=mode, dynamic=False)
+        self._graphs = self._graphs or name == "cudagraphs" or mode == "reduce-overhead"
+        self._built[module] = fn
+        return fn

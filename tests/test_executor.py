@@ -1,0 +1,119 @@
+"""The executor (`sodaray.search.executor`): what runs SODA's transformer passes. The promise
+tested here: the replayed path ("graph", torch.compile's trace of the pass, forward and backward,
+built once per static shape) gives the eager path's results bit for bit on a CPU, and takes the
+static policy's shapes; names it does not know are one-line errors everywhere they enter."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import tiny_model
+
+import sodaray
+from sodaray.search.executor import (
+    DEFAULT_EXECUTOR,
+    EXECUTORS,
+    Executor,
+    backend,
+    default_policy,
+    resolve_executor,
+)
+from sodaray.search.scheduler import MIN_BATCH
+
+
+def test_names_backends_and_policies():
+    """Eager by default; each replaying executor's torch.compile backend per device (a CUDA
+    graph on a GPU, the eager kernels from the trace on a CPU); the static policy under any
+    executor that builds a step per shape."""
+    assert DEFAULT_EXECUTOR == "eager" and resolve_executor(None) == "eager"
+    assert EXECUTORS == ("eager", "graph", "compiled")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert backend("eager", cpu) is None and backend("eager", cuda) is None
+    assert backend("graph", cpu) == ("aot_eager", None)
+    assert backend("graph", cuda) == ("cudagraphs", None)
+    assert backend("compiled", cpu) == ("inductor", None)
+    assert backend("compiled", cuda) == ("inductor", "reduce-overhead")
+    assert [default_policy(e) for e in EXECUTORS] == ["exact", "static", "static"]
+    with pytest.raises(ValueError, match=r"^unknown executor 'fast'; choose one of eager, graph"):
+        resolve_executor("fast")
+
+
+def test_the_engine_and_invert_check_their_executor():
+    """The engine takes the executor's policy unless one is asked for; a bad name fails before
+    any work, from the engine, from `invert`, and from the CLI's choices (the same names)."""
+    from sodaray.cli import build_parser
+    from sodaray.search.engine import Engine
+
+    gpu = SimpleNamespace(device=torch.device("cuda"))  # all the constructor reads of a model
+    assert Engine(gpu).executor.name == "eager" and Engine(gpu).policy == "exact"
+    assert Engine(gpu, executor="graph").policy == "static"
+    assert Engine(gpu, executor="graph", policy="exact").policy == "exact"
+    with pytest.raises(ValueError, match="unknown executor"):
+        Engine(gpu, executor="cuda-graph")
+    model = tiny_model("qwen2")
+    targets = sodaray.make_targets(model, [[3, 5]])
+    with pytest.raises(ValueError, match="unknown executor 'jit'"):
+        sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=2), executor="jit")
+    parser = build_parser()
+    invert = next(
+        a
+        for a in parser._subparsers._group_actions[0].choices["invert"]._actions  # noqa: SLF001
+        if "--executor" in a.option_strings
+    )
+    assert tuple(invert.choices) == EXECUTORS and invert.default is None
+
+
+def static(batch: int) -> bool:
+    return batch >= MIN_BATCH and batch & (batch - 1) == 0
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt-neo"])
+def test_the_replayed_pass_gives_the_eager_results(kind, one_thread):
+    """Mixed-length searches with resets, re-draws and finds, run eagerly and through the
+    "graph" executor (its pass traced once per static shape and replayed): the same tokens,
+    finds, steps and losses, bit for bit. The replayed path really ran: it saw only static
+    shapes (power-of-two batches), and torch.compile built graphs for them. Qwen2 takes the
+    width-invariant attention (lengths share a pass, widths padded); GPT-Neo keeps its own, so
+    it runs one pass per length."""
+    from torch._dynamo.utils import counters
+
+    from sodaray.search.engine import Engine, Work
+
+    model = tiny_model(kind)
+    tokens = [[(7 * i + 3 * j) % 64 for j in range(1 + i % 3)] for i in range(9)]
+    targets = sodaray.make_targets(model, tokens)
+    cfg = sodaray.SodaConfig(max_steps=60, reinit_period=25, reset_period=10, seed=5)
+    outcomes, engines = {}, {}
+    graphs = counters["stats"]["unique_graphs"]
+    for executor in ("eager", "graph"):
+        engine = Engine(model, executor=executor)
+        work = Work(targets, cfg, [(len(t),) for t in tokens])
+        engine.submit(work)
+        engine.run()
+        engines[executor] = engine
+        outcomes[executor] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+    assert outcomes["graph"] == outcomes["eager"]
+    assert any(o[1] for o in outcomes["eager"]) and not all(o[1] for o in outcomes["eager"])
+    assert engines["eager"].executor.shapes == set()  # eager builds nothing
+    shapes = engines["graph"].executor.shapes
+    # A static batch, plus the padding item a pass of every slot carries for the guard row.
+    assert shapes and all(static(b) or static(b - 1) for b, *_ in shapes)
+    assert counters["stats"]["unique_graphs"] > graphs
+
+
+def test_an_executor_builds_each_module_once(one_thread):
+    """One build per module, however many calls and shapes; eager runs the module itself."""
+    model = tiny_model("qwen2")
+    module = model.model.base_model
+    ex = Executor("graph")
+    x = torch.randn(MIN_BATCH, 3, model.model.config.hidden_size)
+    first = ex.run(module, x, use_cache=False).last_hidden_state
+    again = ex.run(module, x, use_cache=False).last_hidden_state
+    wider = ex.run(module, torch.randn(MIN_BATCH, 4, x.shape[-1]), use_cache=False)
+    assert len(ex._built) == 1  # noqa: SLF001
+    assert ex.shapes == {(MIN_BATCH, 3, x.shape[-1]), (MIN_BATCH, 4, x.shape[-1])}
+    assert torch.equal(first, again) and wider.last_hidden_state.shape[1] == 4
+    eager = Executor().run(module, x, use_cache=False).last_hidden_state
+    assert torch.equal(eager, first)
