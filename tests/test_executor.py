@@ -103,6 +103,43 @@ def test_the_replayed_pass_gives_the_eager_results(kind, one_thread):
     assert counters["stats"]["unique_graphs"] > graphs
 
 
+def test_the_cuda_backend_traces_and_marks_steps_on_a_cpu_too(one_thread, monkeypatch):
+    """What "graph" runs on a GPU (the `cudagraphs` backend, a step mark before each step's
+    passes), here on a CPU, where the backend traces the pass and skips only the capture: the
+    eager results still, so the GPU's path is exercised short of the replay itself (which no
+    CI machine has)."""
+    import sodaray.search.executor as executor_module
+    from sodaray.search.engine import Engine, Work
+
+    real = executor_module.backend
+    monkeypatch.setattr(
+        executor_module, "backend", lambda name, device: real(name, torch.device("cuda"))
+    )
+    marks = []
+    real_mark = torch.compiler.cudagraph_mark_step_begin
+    monkeypatch.setattr(
+        torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1) or real_mark()
+    )
+    model = tiny_model("qwen2")
+    tokens = [[(5 * i + 2 * j) % 64 for j in range(1 + i % 3)] for i in range(6)]
+    targets = sodaray.make_targets(model, tokens)
+    cfg = sodaray.SodaConfig(max_steps=30, reinit_period=12, seed=3)
+    outcomes, counts = {}, {}
+    for executor in ("eager", "graph"):
+        engine = Engine(model, executor=executor)
+        work = Work(targets, cfg, [(len(t),) for t in tokens])
+        engine.submit(work)
+        engine.run()
+        outcomes[executor] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+        counts[executor] = (len(marks), engine.take_occupancy().steps)
+        marks.clear()
+    assert outcomes["graph"] == outcomes["eager"]
+    steps = counts["graph"][1]
+    # A mark before every step after the first, whose pass built the graphs (nothing before it
+    # to mark); none under eager.
+    assert counts["eager"][0] == 0 and steps > 1 and counts["graph"] == (steps - 1, steps)
+
+
 def test_an_executor_builds_each_module_once(one_thread):
     """One build per module, however many calls and shapes; eager runs the module itself."""
     model = tiny_model("qwen2")
