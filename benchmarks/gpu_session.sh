@@ -7,8 +7,8 @@
 #
 #   source .device/setup.sh && bash benchmarks/gpu_session.sh
 #
-# Stage limits in seconds (ROWS_S, EXEC_S, SUITE_S, STATIC_S, PLAN_S; 30 + 240 + 200 + 0 + 100
-# by default) leave about 30 s of a 600-second call for the set-up (0 skips a stage).
+# Stage limits in seconds (ROWS_S, EXEC_S, UPDATE_S, SUITE_S, STATIC_S, PLAN_S; 30 + 240 + 30 +
+# 170 + 0 + 100 by default) leave about 30 s of a 600-second call for the set-up (0 skips one).
 # GRAPH_S and SCAN_S (0: skipped) rerun the graph prototype and the position scan, both measured on the H100 of 2026-11-26 (RESULTS.md).
 # What the H100 lease of 2026-11-26 taught:
 # - the engine then padded every GPU pass to static shapes (widths of 16s), for an executor
@@ -46,13 +46,20 @@ for executor in graph compiled; do
         --json "$OUT/executors.jsonl" 2>&1 | grep -v -i profiler | tee -a "$OUT/executors.log"
 done
 
+# 1b. The update fused (the "compiled" executor's Adam and decay) against eager at Qwen n=3,
+# B=1000: 3,000 rows of 151,936, 1.8 GB a tensor.
+if [ "${UPDATE_S:-30}" -gt 0 ]; then
+    timeout "${UPDATE_S:-30}" python3 benchmarks/bench_update.py --device cuda --rows 3000 \
+        --repeats 8 2>&1 | tee "$OUT/update.log"
+fi
+
 authors=()
 if [ -d .device/authors/src/inversion_optimisation ]; then
     here=$PWD
     authors=(--authors-cmd "cd $here/.device/authors && PYTHONPATH=$here/.device/authors/stubs:/tmp/site:$here/.device/authors/src python3 run_authors.py {n} {B} {steps} cuda")
 fi
 # 2. The suite at the engine's default (eager, exact policy): the targets' figures and the costs file.
-timeout "${SUITE_S:-200}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
+timeout "${SUITE_S:-170}" python3 benchmarks/bench_invert.py --suite gpu --device cuda --steps 12 \
     --case qwen:3:1000 --case neo:10:1000 --case qwen:3:64 --case neo:10:64 \
     ${authors[@]+"${authors[@]}"} \
     --out "$OUT/costs.yaml" --json "$OUT/suite.jsonl" 2>&1 | tee "$OUT/suite.log"

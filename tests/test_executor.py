@@ -5,6 +5,7 @@ static policy's shapes; names it does not know are one-line errors everywhere th
 
 from __future__ import annotations
 
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -154,3 +155,34 @@ def test_an_executor_builds_each_module_once(one_thread):
     assert torch.equal(first, again) and wider.last_hidden_state.shape[1] == 4
     eager = Executor().run(module, x, use_cache=False).last_hidden_state
     assert torch.equal(eager, first)
+
+
+@pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
+    reason="inductor compiles C++ on a CPU: no C++ compiler here",
+)
+def test_compiled_fuses_the_update_once_for_any_row_count(one_thread):
+    """Under "compiled", SODA's Adam-and-decay update is one inductor build, whatever the row
+    count (searches come and go); its values are eager's up to rounding (a fused kernel rounds
+    otherwise). Under the others it is the eager function itself."""
+    from torch._dynamo.utils import counters
+
+    from sodaray.search.soda import _adam_decay
+
+    assert Executor("eager").fused(_adam_decay) is _adam_decay
+    assert Executor("graph").fused(_adam_decay) is _adam_decay
+    ex = Executor("compiled")
+    graphs = counters["stats"]["unique_graphs"]
+    gen = torch.Generator().manual_seed(0)
+    for rows in (5, 7, 12):
+        state = [torch.randn(rows, 64, generator=gen) for _ in range(4)]  # z, grad, m, v
+        state[3].abs_()  # a second moment
+        column = [torch.rand(rows, 1, generator=gen) * 0.1 + 0.01 for _ in range(5)]
+        eager = [t.clone() for t in state]
+        _adam_decay(*eager, *column, None)
+        ex.fused(_adam_decay)(*state, *column, None)
+        for got, want in zip(state[:1] + state[2:], eager[:1] + eager[2:], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(state[0], eager[0] * 0)  # it moved
+    assert len(ex._fused) == 1  # noqa: SLF001
+    assert 1 <= counters["stats"]["unique_graphs"] - graphs <= 2

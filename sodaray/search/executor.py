@@ -12,7 +12,9 @@ Executors (`EXECUTORS`):
   captured step (`benchmarks/graph_step.py`) rounded otherwise than the eager one (RESULTS.md):
   a replayed search may keep its own trajectory there; the match check stays exact.
 - "compiled": torch.compile's inductor (on CUDA in its "reduce-overhead" mode: fused kernels,
-  replayed as CUDA graphs). Its fused kernels round differently from eager's: a search is
+  replayed as CUDA graphs), and the Adam and decay update fused into one kernel over the
+  (T, V) state (`fused`: eagerly it is eight passes over it). Its fused kernels round
+  differently from eager's: a search is
   reproducible run to run, but not bit for bit the eager path's. On this project's 2-core CPU it
   made stories260K's steps faster (benchmarks/RESULTS.md, issue 41's executors); CPUs keep
   "eager" by default, so their results stay what they were.
@@ -79,6 +81,7 @@ class Executor:
         )
         self.shapes: set[tuple[int, ...]] = set()
         self._graphs = False  # whether a build replays CUDA graphs
+        self._fused: dict[Callable[..., None], Callable[..., None]] = {}
 
     def step_begin(self) -> None:
         """Called before each step's passes: a CUDA-graph replay may then reuse the memory of
@@ -100,6 +103,17 @@ class Executor:
             fn = self._build(module, inputs.device)
         self.shapes.add(tuple(inputs.shape))
         return fn(inputs_embeds=inputs, **kwargs)
+
+    def fused(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """`fn` (an in-place elementwise update over the (T, V) state: Adam and decay) as one
+        fused kernel under "compiled", else `fn` itself. Its row count changes as searches come
+        and go, so it is built for any row count (dynamic shapes), once."""
+        if self.name != "compiled":
+            return fn
+        built = self._fused.get(fn)
+        if built is None:
+            built = self._fused[fn] = torch.compile(fn, backend="inductor", dynamic=True)
+        return built
 
     def _build(self, module: nn.Module, device: torch.device) -> Callable[..., Any]:
         chosen = backend(self.name, device)

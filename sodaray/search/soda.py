@@ -346,6 +346,35 @@ _SLOT_ARRAYS = {
 }
 
 
+def _adam_decay(
+    z: Tensor,
+    grad: Tensor,
+    m: Tensor,
+    v: Tensor,
+    learning_rate: Tensor,
+    one_minus_beta1: Tensor,
+    one_minus_beta2: Tensor,
+    eps: Tensor,
+    decay: Tensor | None,
+    correction: tuple[Tensor, Tensor] | None,
+) -> None:
+    """SODA's update in place: Adam, then the multiplicative decay (one function of tensors, so
+    that the "compiled" executor fuses the two into one kernel)."""
+    adam_step(
+        z,
+        grad,
+        m,
+        v,
+        learning_rate=learning_rate,
+        one_minus_beta1=one_minus_beta1,
+        one_minus_beta2=one_minus_beta2,
+        eps=eps,
+        correction=correction,
+    )
+    if decay is not None:
+        z.mul_(decay)
+
+
 class SodaBatch:
     """SODA searches of any lengths and configs in one batch: slot b holds `length[b]` rows of
     the packed state Z, m, v (T, V). `precision` (the gradient pass's arithmetic) is the one
@@ -675,20 +704,19 @@ class SodaBatch:
                 torch.as_tensor(first, dtype=torch.float32, device=dev)[:, None],
                 torch.as_tensor(second, dtype=torch.float32, device=dev)[:, None],
             )
-        z = self.rows.guarded("z")  # with the guard row: see `Buffers`
-        adam_step(
-            z,
+        # with the guard row: see `Buffers`
+        self.executor.fused(_adam_decay)(
+            self.rows.guarded("z"),
             grad,
             self.rows.guarded("m"),
             self.rows.guarded("v"),
-            learning_rate=h.learning_rate,
-            one_minus_beta1=h.one_minus_beta1,
-            one_minus_beta2=h.one_minus_beta2,
-            eps=h.eps,
-            correction=correction,
+            h.learning_rate,
+            h.one_minus_beta1,
+            h.one_minus_beta2,
+            h.eps,
+            h.decay,
+            correction,
         )
-        if h.decay is not None:
-            z.mul_(h.decay)
 
     @torch.no_grad()
     def check(self, tokens: Tensor) -> np.ndarray:
