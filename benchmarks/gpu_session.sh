@@ -72,7 +72,7 @@ for policy in exact static; do
         --json "$OUT/policy.jsonl" 2>&1 | grep -v -i profiler | tee -a "$OUT/policy.log"
 done
 
-# 4. A Ray sweep against its plan, priced by the costs stage 1 fit.
+# 4. A Ray sweep against its plan, priced by the costs stage 2 fit.
 costs=$OUT/costs.yaml
 [ -f "$costs" ] || costs=h100
 timeout "${PLAN_S:-100}" python3 benchmarks/plan_vs_wall.py --device cuda --costs "$costs" 2>&1 \

@@ -127,9 +127,14 @@ def _causal_bias(
 ) -> Tensor:
     """(groups * width, width): 0 where query i (at position offset + i) may see key j, else
     -inf (keys past `keys` are padding), once per query head of a key head. Cached: a search
-    asks for the same few widths every step."""
+    asks for the same few widths every step. Not while torch.compile traces (a replaying
+    executor, `sodaray.search.executor`): there the bias is part of the built pass (its
+    values are exact: 0 and -inf), and a cache written from inside a trace would make the
+    tensor a graph output, rebuild the pass when the cache changes, and, under CUDA graphs,
+    keep memory the next replay overwrites."""
     key = (width, offset, keys, groups, str(device), dtype)
-    bias = _BIAS.get(key)
+    tracing = torch.compiler.is_compiling()
+    bias = None if tracing else _BIAS.get(key)
     if bias is None:
         rows = torch.arange(width, device=device)[:, None] + offset
         cols = torch.arange(width, device=device)[None, :]
@@ -137,9 +142,11 @@ def _causal_bias(
         bias = torch.zeros(width, width, dtype=dtype, device=device).masked_fill(
             blocked, -torch.inf
         )
-        if len(_BIAS) > 256:
-            _BIAS.clear()
-        _BIAS[key] = bias = bias.repeat(groups, 1)
+        bias = bias.repeat(groups, 1)
+        if not tracing:
+            if len(_BIAS) > 256:
+                _BIAS.clear()
+            _BIAS[key] = bias
     return bias
 
 

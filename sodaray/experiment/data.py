@@ -100,7 +100,7 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
     from sodaray.results import config_hash
 
     build = dict(spec.build or {})
-    key = config_hash({"model": model.identity(), "build": build, "name": spec.name})
+    key = config_hash({"model": model.weights(), "build": build, "name": spec.name})
     path = inside(
         root, *DATASET_CACHE.parts, f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
     )

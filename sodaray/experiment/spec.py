@@ -149,11 +149,16 @@ class ModelSpec:
         """What one replica asks Ray for, as the resource checks take it: (label, CPUs, GPUs)."""
         return (f"model {self.label}", self.num_cpus, self.num_gpus)
 
+    def weights(self) -> dict[str, Any]:
+        """Which model this is, as what it computes from (a dataset built for its tokenizer
+        depends on this and nothing else)."""
+        return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+
     def identity(self) -> dict[str, Any]:
         """What decides results (resources do not). The executor only where it is not eager:
         a replayed or compiled pass may round otherwise (a GPU's graph, inductor's kernels),
         and jobs from before it existed keep their hashes."""
-        identity = {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+        identity = self.weights()
         if self.executor != "eager":
             identity["executor"] = self.executor
         return identity

@@ -5,8 +5,11 @@ Executors (`EXECUTORS`):
   always has.
 - "graph": the pass, forward and backward, is traced once per shape (torch.compile's AOT
   autograd) and replayed from the trace. On CUDA the trace replays as a CUDA graph (the
-  "cudagraphs" backend): one launch for the whole pass where the eager step launches about 584
-  kernels and idles between them (issue 41). Elsewhere the trace runs the same ATen kernels
+  "cudagraphs" backend): meant as one launch for the pass where the eager step launches about
+  584 kernels and idles between them (issue 41); not yet measured on a GPU. That backend (torch
+  2.13's source) counts no weight as a fixed address, so each replay may first copy the weights
+  into the graph's memory: `bench_invert.py --executor graph` prints the inputs copied.
+  Elsewhere the trace runs the same ATen kernels
   eager runs ("aot_eager"), so on a CPU every bit is eager's (`tests/test_executor.py`); what a
   replay saves is launches, so there it only costs the trace. On a GPU, the H100 prototype's
   captured step (`benchmarks/graph_step.py`) rounded otherwise than the eager one (RESULTS.md):
@@ -27,7 +30,6 @@ never run through an executor: it keeps the model's own kernels, so a reported m
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -76,9 +78,9 @@ class Executor:
 
     def __init__(self, name: str | None = None) -> None:
         self.name = resolve_executor(name)
-        self._built: weakref.WeakKeyDictionary[nn.Module, Callable[..., Any]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Per module (the model, its bf16 copy): kept as long as the executor, as the engine
+        # keeps its model.
+        self._built: dict[nn.Module, Callable[..., Any]] = {}
         self.shapes: set[tuple[int, ...]] = set()
         self._graphs = False  # whether a build replays CUDA graphs
         self._fused: dict[Callable[..., None], Callable[..., None]] = {}
