@@ -103,7 +103,16 @@ class Executor:
         fn = self._built.get(module)
         if fn is None:
             fn = self._build(module, inputs.device)
-        self.shapes.add(tuple(inputs.shape))
+        shape = tuple(inputs.shape)
+        if shape not in self.shapes:
+            self.shapes.add(shape)
+            if len(self.shapes) == MAX_SHAPES:  # torch.compile's limit is per function
+                log.warning(
+                    "executor %s: %d shapes built; torch.compile runs further ones eagerly "
+                    "(fewer batch sizes or lengths per replica keep them replayed)",
+                    self.name,
+                    MAX_SHAPES,
+                )
         return fn(inputs_embeds=inputs, **kwargs)
 
     def fused(self, fn: Callable[..., None]) -> Callable[..., None]:
