@@ -70,6 +70,18 @@ def static(batch: int) -> bool:
     return batch >= MIN_BATCH and batch & (batch - 1) == 0
 
 
+def search(model, tokens, cfg, executor: str):
+    """The engine under `executor`, after searching `tokens`' targets at their true lengths,
+    and each result's (tokens, found, steps, final loss)."""
+    from sodaray.search.engine import Engine, Work
+
+    engine = Engine(model, executor=executor)
+    work = Work(sodaray.make_targets(model, tokens), cfg, [(len(t),) for t in tokens])
+    engine.submit(work)
+    engine.run()
+    return engine, [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "gpt-neo"])
 def test_the_replayed_pass_gives_the_eager_results(kind, one_thread):
     """Mixed-length searches with resets, re-draws and finds, run eagerly and through the
@@ -80,21 +92,13 @@ def test_the_replayed_pass_gives_the_eager_results(kind, one_thread):
     it runs one pass per length."""
     from torch._dynamo.utils import counters
 
-    from sodaray.search.engine import Engine, Work
-
     model = tiny_model(kind)
     tokens = [[(7 * i + 3 * j) % 64 for j in range(1 + i % 3)] for i in range(9)]
-    targets = sodaray.make_targets(model, tokens)
     cfg = sodaray.SodaConfig(max_steps=60, reinit_period=25, reset_period=10, seed=5)
     outcomes, engines = {}, {}
     graphs = counters["stats"]["unique_graphs"]
     for executor in ("eager", "graph"):
-        engine = Engine(model, executor=executor)
-        work = Work(targets, cfg, [(len(t),) for t in tokens])
-        engine.submit(work)
-        engine.run()
-        engines[executor] = engine
-        outcomes[executor] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+        engines[executor], outcomes[executor] = search(model, tokens, cfg, executor)
     assert outcomes["graph"] == outcomes["eager"]
     assert any(o[1] for o in outcomes["eager"]) and not all(o[1] for o in outcomes["eager"])
     assert engines["eager"].executor.shapes == set()  # eager builds nothing
@@ -115,7 +119,6 @@ def test_the_cuda_backend_traces_and_marks_steps_on_a_cpu_too(one_thread, monkey
     from torch._dynamo.utils import counters
 
     import sodaray.search.executor as executor_module
-    from sodaray.search.engine import Engine, Work
 
     real = executor_module.backend
     monkeypatch.setattr(
@@ -128,16 +131,11 @@ def test_the_cuda_backend_traces_and_marks_steps_on_a_cpu_too(one_thread, monkey
     )
     model = tiny_model("qwen2")
     tokens = [[(5 * i + 2 * j) % 64 for j in range(1 + i % 3)] for i in range(6)]
-    targets = sodaray.make_targets(model, tokens)
     cfg = sodaray.SodaConfig(max_steps=30, reinit_period=12, seed=3)
     outcomes, counts = {}, {}
     skips = counters["inductor"]["cudagraph_skips"]
     for executor in ("eager", "graph"):
-        engine = Engine(model, executor=executor)
-        work = Work(targets, cfg, [(len(t),) for t in tokens])
-        engine.submit(work)
-        engine.run()
-        outcomes[executor] = [(r.tokens, r.found, r.steps, r.final_loss) for r in work.ordered()]
+        engine, outcomes[executor] = search(model, tokens, cfg, executor)
         counts[executor] = (len(marks), engine.take_occupancy().steps)
         marks.clear()
     assert outcomes["graph"] == outcomes["eager"]
@@ -202,19 +200,9 @@ def test_compiled_fuses_the_update_once_for_any_row_count(one_thread):
 def test_compiled_searches_are_reproducible(one_thread):
     """The "compiled" executor end to end (inductor's pass and fused update): two engines, the
     same results, and inputs found (the match check, eager, confirms them)."""
-    from sodaray.search.engine import Engine, Work
-
     model = tiny_model("qwen2")
     tokens = [[(11 * i) % 64] for i in range(4)]  # one length: one shape to build
-    targets = sodaray.make_targets(model, tokens)
     cfg = sodaray.SodaConfig(max_steps=40, seed=2)
-    outcomes = []
-    for _ in range(2):
-        engine = Engine(model, executor="compiled")
-        work = Work(targets, cfg, [(len(t),) for t in tokens])
-        engine.submit(work)
-        engine.run()
-        results = work.ordered()
-        outcomes.append([(r.tokens, r.found, r.steps, r.final_loss) for r in results])
+    outcomes = [search(model, tokens, cfg, "compiled")[1] for _ in range(2)]
     assert outcomes[0] == outcomes[1]
-    assert any(r.found for r in results)
+    assert any(found for _, found, _, _ in outcomes[0])
