@@ -16,6 +16,7 @@ import sodaray
 from sodaray.search.executor import (
     DEFAULT_EXECUTOR,
     EXECUTORS,
+    MAX_SHAPES,
     Executor,
     backend,
     default_policy,
@@ -156,6 +157,7 @@ def test_an_executor_builds_each_module_once(one_thread):
     again = ex.run(module, x, use_cache=False).last_hidden_state
     wider = ex.run(module, torch.randn(MIN_BATCH, 4, x.shape[-1]), use_cache=False)
     assert len(ex._built) == 1  # noqa: SLF001
+    assert torch._dynamo.config.recompile_limit >= MAX_SHAPES  # the static shapes fit
     assert ex.shapes == {(MIN_BATCH, 3, x.shape[-1]), (MIN_BATCH, 4, x.shape[-1])}
     assert torch.equal(first, again) and wider.last_hidden_state.shape[1] == 4
     eager = Executor().run(module, x, use_cache=False).last_hidden_state

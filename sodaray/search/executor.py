@@ -134,8 +134,10 @@ class Executor:
 
         # A documented torch.compile knob (its troubleshooting guide): how many shapes of one
         # function it builds before running the rest eagerly. Raised, never lowered.
+        # (`cache_size_limit` before torch renamed it.)
         config = torch._dynamo.config
-        config.recompile_limit = max(config.recompile_limit, MAX_SHAPES)
+        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, limit, max(getattr(config, limit), MAX_SHAPES))
         log.info("executor %s: building %s with torch.compile(%s)", self.name, type(module), name)
         fn = torch.compile(module, backend=name, mode=mode, dynamic=False)
         self._graphs = self._graphs or name == "cudagraphs" or mode == "reduce-overhead"
