@@ -420,13 +420,11 @@ def gpu_suite(args, device: str) -> None:
 
     from sodaray.cost import shape_from_config
     from sodaray.device_costs import MeasuredStep, costs_to_data, fit_device
-    from sodaray.search.executor import default_policy, resolve_executor
-    from sodaray.search.scheduler import resolve_policy
+    from sodaray.search.executor import policy_for, resolve_executor
 
     cuda = device.startswith("cuda")
     executor = resolve_executor(args.executor)
-    # The executor's policy where none was asked for (static under one that replays).
-    policy = resolve_policy(default_policy(executor) if args.policy is None else args.policy)
+    policy = policy_for(executor, args.policy)  # the executor's where none was asked for
     cases = args.case or (SUITES["gpu"] if cuda else GPU_SUITE_ON_CPU)
     default = CUDA_PRECISIONS if cuda else PRECISIONS
     precisions = [args.precision] if args.precision else list(default)

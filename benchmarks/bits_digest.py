@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import sodaray
+from sodaray.search.executor import EXECUTORS
 
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
 
@@ -27,7 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument(
         "--executor",
-        choices=("eager", "graph", "compiled"),
+        choices=EXECUTORS,
         help="what runs SODA's passes (default: the engine's, eager; a tree before executors "
         "existed takes no such option)",
     )

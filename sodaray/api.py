@@ -13,9 +13,8 @@ from sodaray.models import LoadedModel
 from sodaray.search.base import InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingConfig
 from sodaray.search.engine import Engine, Work
-from sodaray.search.executor import default_policy, resolve_executor
+from sodaray.search.executor import policy_for
 from sodaray.search.gcg import GcgConfig
-from sodaray.search.scheduler import resolve_policy
 from sodaray.search.soda import SodaConfig
 from sodaray.targets import TargetSet
 
@@ -95,8 +94,7 @@ def invert(
     executor's, "exact" under "eager" and "static" under the others).
     """
     config = config or SodaConfig()
-    executor = resolve_executor(executor)  # both before any work, and for every algorithm
-    policy = resolve_policy(default_policy(executor) if policy is None else policy)
+    policy_for(executor, policy)  # both checked before any work, and for every algorithm
     if config.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {config.algorithm!r}")
     plans = length_plans(model, targets, length, max_length)

@@ -56,8 +56,10 @@ def test_the_engine_and_invert_check_their_executor():
         Engine(gpu, executor="cuda-graph")
     model = tiny_model("qwen2")
     targets = sodaray.make_targets(model, [[3, 5]])
-    with pytest.raises(ValueError, match="unknown executor 'jit'"):
-        sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=2), executor="jit")
+    for policy in (None, "exact"):  # checked whether or not a policy is asked for
+        with pytest.raises(ValueError, match="unknown executor 'jit'"):
+            cfg = sodaray.SodaConfig(max_steps=2)
+            sodaray.invert(model, targets, cfg, executor="jit", policy=policy)
     parser = build_parser()
     invert = next(
         a

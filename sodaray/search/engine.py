@@ -48,10 +48,10 @@ import torch
 from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
 from sodaray.search.embedding import EmbeddingBatch
-from sodaray.search.executor import Executor, default_policy
+from sodaray.search.executor import Executor, policy_for
 from sodaray.search.gcg import GcgBatch
 from sodaray.search.scan import position_scan
-from sodaray.search.scheduler import admit, capacity, resolve_policy
+from sodaray.search.scheduler import admit, capacity
 from sodaray.search.slots import apply_plan, removal_plan
 from sodaray.search.soda import SodaBatch
 from sodaray.targets import TargetSet
@@ -256,9 +256,7 @@ class Engine:
         # executor, a few static shapes under one that builds a step per shape. Both checked
         # here, not at the first batch: an error now.
         self.executor = Executor(executor)
-        self.policy = resolve_policy(
-            default_policy(self.executor.name) if policy is None else policy
-        )
+        self.policy = policy_for(executor, policy)
         self.on_batch = on_batch
         self.pools: dict[str, _Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share

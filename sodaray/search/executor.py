@@ -9,22 +9,23 @@ Executors (`EXECUTORS`):
   584 kernels and idles between them (issue 41); not yet measured on a GPU. That backend (torch
   2.13's source) counts no weight as a fixed address, so each replay may first copy the weights
   into the graph's memory: `bench_invert.py --executor graph` prints the inputs copied.
-  Elsewhere the trace runs the same ATen kernels
-  eager runs ("aot_eager"), so on a CPU every bit is eager's (`tests/test_executor.py`); what a
-  replay saves is launches, so there it only costs the trace. On a GPU, the H100 prototype's
+  Elsewhere the trace runs the same ATen kernels eager runs ("aot_eager"), so on a CPU every
+  bit is eager's (`tests/test_executor.py`); what a replay saves is launches, so there it only
+  costs the trace. On a GPU, the H100 prototype's
   captured step (`benchmarks/graph_step.py`) rounded otherwise than the eager one (RESULTS.md):
   a replayed search may keep its own trajectory there; the match check stays exact.
 - "compiled": torch.compile's inductor (on CUDA in its "reduce-overhead" mode: fused kernels,
   replayed as CUDA graphs), and the Adam and decay update fused into one kernel over the
   (T, V) state (`fused`: eagerly it is eight passes over it). Its fused kernels round
-  differently from eager's: a search is
-  reproducible run to run, but not bit for bit the eager path's. On this project's 2-core CPU it
-  made stories260K's steps faster (benchmarks/RESULTS.md, issue 41's executors); CPUs keep
-  "eager" by default, so their results stay what they were.
+  differently from eager's: a search is reproducible run to run, but not bit for bit the eager
+  path's. On this project's 2-core CPU it made stories260K's steps faster and the Qwen2.5-0.5B
+  shape's slower (benchmarks/RESULTS.md, issue 41's executors); CPUs keep "eager" by default,
+  so their results stay what they were.
 
 A build is per shape, so both run under the scheduler's "static" policy unless told otherwise
-(`default_policy`): a few bucketed shapes instead of one per batch size. The hard-max check is
-never run through an executor: it keeps the model's own kernels, so a reported match is exact.
+(`default_policy`, `policy_for`): a few bucketed shapes instead of one per batch size. The
+hard-max check is never run through an executor: it keeps the model's own kernels, so a
+reported match is exact.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from sodaray.search.scheduler import resolve_policy
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,12 @@ def default_policy(executor: str) -> str:
     return "exact" if resolve_executor(executor) == "eager" else "static"
 
 
+def policy_for(executor: str | None, policy: str | None) -> str:
+    """The scheduler policy a run takes: the one asked for, else `executor`'s (both checked)."""
+    executor = resolve_executor(executor)  # checked whether or not a policy was asked for
+    return resolve_policy(default_policy(executor) if policy is None else policy)
+
+
 def backend(executor: str, device: torch.device) -> tuple[str, str | None] | None:
     """torch.compile's (backend, mode) for `executor` on `device`; None: run eagerly."""
     executor = resolve_executor(executor)
@@ -74,7 +83,7 @@ def backend(executor: str, device: torch.device) -> tuple[str, str | None] | Non
 
 class Executor:
     """Runs a module's forward under one executor, building it once per module (and torch.compile
-    once per shape under it). `shapes` counts the input shapes each built module has seen."""
+    once per shape under it). `shapes`: the input shapes its built modules have run at."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = resolve_executor(name)
