@@ -41,6 +41,18 @@ BAD_SWEEPS = [
         "models[0].executor: must be one of eager, graph, compiled, not 'cudagraph'",
     ),
     (
+        {"models": [{"id": str(STORIES), "executor": "../graph"}]},
+        "models[0].executor: must be one of eager, graph, compiled, not '../graph'",
+    ),
+    (
+        {"models": [{"id": str(STORIES), "executor": ["graph"]}]},
+        "models[0].executor: must be one of eager, graph, compiled, not ['graph']",
+    ),
+    (
+        {"models": [{"id": str(STORIES), "executor": 1}]},
+        "models[0].executor: must be one of eager, graph, compiled, not 1",
+    ),
+    (
         {"algorithms": [{"name": "soda", "max_steps": 0}]},
         "algorithms[0].max_steps: must be at least 1, not 0",
     ),
