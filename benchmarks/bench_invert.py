@@ -99,6 +99,14 @@ FREE_OPS = frozenset(
 ) | {"detach"}
 
 
+# Qwen2.5 shapes (hidden, MLP, layers, heads; 2 KV heads, vocab 151936, tied): the scaling
+# study's 0.5B and 3B ends, from the released configs.
+QWEN_SHAPES = {
+    "qwen": (896, 4864, 24, 14, "qwen2.5-0.5b-shape"),
+    "qwen3b": (2048, 11008, 36, 16, "qwen2.5-3b-shape"),
+}
+
+
 def build_model(name: str, device: str, dtype: str):
     import torch
 
@@ -122,25 +130,26 @@ def build_model(name: str, device: str, dtype: str):
         if dtype != "float32":
             model = model.to(getattr(torch, dtype))
         return sodaray.wrap_model(model, None, name="tinystories-33m-shape")
-    if name == "qwen":
+    if name in QWEN_SHAPES:
         from transformers import AutoModelForCausalLM, Qwen2Config
 
         torch.manual_seed(0)
+        hidden, mlp, layers, heads, label = QWEN_SHAPES[name]
         cfg = Qwen2Config(
             vocab_size=151936,
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
+            hidden_size=hidden,
+            intermediate_size=mlp,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
             num_key_value_heads=2,
             max_position_embeddings=32768,
             tie_word_embeddings=True,
         )
-        with torch.device(device):  # 0.5B parameters: initialised where they will run
+        with torch.device(device):  # 0.5B-3B parameters: initialised where they will run
             model = AutoModelForCausalLM.from_config(cfg)
         if dtype != "float32":
             model = model.to(getattr(torch, dtype))
-        return sodaray.wrap_model(model, None, name="qwen2.5-0.5b-shape")
+        return sodaray.wrap_model(model, None, name=label)
     if name == "stories":
         return sodaray.load_model(str(SHARED / "models/stories260K"), device=device, dtype=dtype)
     if name == "smollm":

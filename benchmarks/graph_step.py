@@ -36,8 +36,11 @@ def decoder(hf):
     raise SystemExit("no decoder found")
 
 
-def make_step(hf, n: int, batch: int, precision: str, device: str):
-    """The static tensors and one step's function over them."""
+def make_step(hf, n: int, batch: int, precision: str, device: str, full: bool = False):
+    """The static tensors and one step's function over them. `full` adds what issue 52's whole
+    step must carry on the device: per-slot hyperparameters as tensors, an on-device step count
+    with Adam's bias correction, a temperature schedule, and a status tensor (tokens changed and
+    loss per search) written for the host to copy out asynchronously."""
     import torch
 
     vocab = hf.get_input_embeddings().weight.shape[0]
@@ -47,30 +50,50 @@ def make_step(hf, n: int, batch: int, precision: str, device: str):
     head = run.get_output_embeddings().weight.detach()
     body = decoder(run)
     gen = torch.Generator(device="cpu").manual_seed(3)
+    rows = batch * n
     state = {
-        "z": torch.zeros(batch * n, vocab, device=device),
-        "m": torch.zeros(batch * n, vocab, device=device),
-        "v": torch.zeros(batch * n, vocab, device=device),
+        "z": torch.zeros(rows, vocab, device=device),
+        "m": torch.zeros(rows, vocab, device=device),
+        "v": torch.zeros(rows, vocab, device=device),
         "target": torch.softmax(torch.randn(batch, vocab, generator=gen), -1).to(device),
-        "tokens": torch.zeros(batch * n, dtype=torch.long, device=device),
+        "tokens": torch.zeros(rows, dtype=torch.long, device=device),
+        "t": torch.zeros((), device=device),
+        "lr": torch.full((rows, 1), 0.065, device=device),
+        "tau": torch.full((rows, 1), 0.05, device=device),
+        "status": torch.zeros(batch, 2, device=device),
     }
     lr, b1, b2, eps, tau, decay = 0.065, 0.9, 0.995, 1e-8, 0.05, 0.9
 
     def step() -> None:
         z = state["z"].detach().requires_grad_(True)
+        temp = state["tau"] * (0.999 ** state["t"]) if full else tau
         with torch.enable_grad():
-            probs = torch.softmax(z / tau, -1).to(dtype)
+            probs = torch.softmax(z / temp, -1).to(dtype)
             x = (probs @ emb).view(batch, n, -1)
             hidden = body(inputs_embeds=x, use_cache=False).last_hidden_state[:, -1]
             logp = torch.log_softmax((hidden @ head.T).float(), -1)
-            loss = torch.nn.functional.kl_div(logp, state["target"], reduction="sum")
-            (grad,) = torch.autograd.grad(loss, z)
+            per = torch.nn.functional.kl_div(logp, state["target"], reduction="none").sum(-1)
+            (grad,) = torch.autograd.grad(per.sum(), z)
         with torch.no_grad():
             state["m"].lerp_(grad, 1 - b1)
             state["v"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            state["z"].addcdiv_(state["m"], state["v"].sqrt().add_(eps), value=-lr)
+            if full:
+                state["t"].add_(1)
+                c1 = 1 - b1 ** state["t"]
+                c2 = (1 - b2 ** state["t"]).sqrt()
+                denom = (state["v"].sqrt() / c2).add_(eps)
+                state["z"].sub_(state["m"] / denom * (state["lr"] / c1))
+            else:
+                state["z"].addcdiv_(state["m"], state["v"].sqrt().add_(eps), value=-lr)
             state["z"].mul_(decay)
-            torch.argmax(state["z"], -1, out=state["tokens"])
+            if full:
+                new = torch.argmax(state["z"], -1)
+                changed = (new != state["tokens"]).view(batch, n).sum(-1)
+                state["tokens"].copy_(new)
+                state["status"][:, 0].copy_(changed)
+                state["status"][:, 1].copy_(per.detach())
+            else:
+                torch.argmax(state["z"], -1, out=state["tokens"])
 
     return state, step
 
@@ -107,29 +130,35 @@ def timed(fn, steps: int, cuda: bool) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def graph_case(model, spec: str, precision: str, steps: int, device: str) -> str:
+def reset(state) -> None:
+    for key in ("z", "m", "v", "t"):
+        state[key].zero_()
+
+
+def graph_case(model, spec: str, precision: str, steps: int, device: str, full: bool) -> str:
     import torch
 
     _, n, batch = spec.split(":")
     n, batch = int(n), int(batch)
     cuda = device.startswith("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     hf = model.model
-    state, step = make_step(hf, n, batch, precision, device)
+    state, step = make_step(hf, n, batch, precision, device, full)
     for _ in range(3):
         step()
-    for key in ("z", "m", "v"):
-        state[key].zero_()
+    reset(state)
     eager = timed(step, steps, cuda)
     eager_tokens = state["tokens"].clone()
-    for key in ("z", "m", "v"):
-        state[key].zero_()
+    reset(state)
     timed(step, steps, cuda)  # again: is the eager step itself repeatable here?
     again = bool(torch.equal(state["tokens"], eager_tokens))
-    line = f"{spec:>14} {precision:<8} eager {1000 * eager:8.2f} ms/step (repeat same: {again})"
+    kind = "full" if full else "bare"
+    line = (
+        f"{spec:>14} {precision:<8} {kind} eager {1000 * eager:8.2f} ms/step (repeat same: {again})"
+    )
     if not cuda:
         return line + "  (no CUDA: no graph)"
-    for key in ("z", "m", "v"):
-        state[key].zero_()
+    reset(state)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -142,13 +171,16 @@ def graph_case(model, spec: str, precision: str, steps: int, device: str) -> str
             step()
     except Exception as exc:  # report and go on: this is a measurement, not the product
         return line + f"  graph capture FAILED: {type(exc).__name__}: {str(exc)[:200]}"
-    for key in ("z", "m", "v"):
-        state[key].zero_()
+    reset(state)
     graphed = timed(graph.replay, steps, cuda)
     same = bool(torch.equal(state["tokens"], eager_tokens))
+    graph_tokens = state["tokens"].clone()
+    reset(state)
+    timed(graph.replay, steps, cuda)  # a replayed search run twice: the same tokens?
+    replay_again = bool(torch.equal(state["tokens"], graph_tokens))
     return line + (
         f"  graphed {1000 * graphed:8.2f} ms/step  x{eager / graphed:.2f}  "
-        f"same tokens after {steps} steps: {same}"
+        f"same tokens as eager after {steps} steps: {same}; replay repeat same: {replay_again}"
     )
 
 
@@ -206,7 +238,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--case", action="append", help="model:n:B (repeatable)")
-    p.add_argument("--precision", action="append", choices=("float32", "bfloat16"))
+    p.add_argument("--precision", action="append", choices=("float32", "tf32", "bfloat16"))
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the step with issue 52's on-device state (bias correction, schedule, status)",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
@@ -232,7 +269,8 @@ def main() -> None:
                 continue
         for precision in precisions:
             try:
-                print(graph_case(current[1], spec, precision, args.steps, args.device), flush=True)
+                line = graph_case(current[1], spec, precision, args.steps, args.device, args.full)
+                print(line, flush=True)
             except Exception as exc:
                 print(f"{spec:>14} {precision:<8} FAILED: {type(exc).__name__}: {exc}"[:300])
             if args.profile:
