@@ -127,14 +127,10 @@ def _causal_bias(
 ) -> Tensor:
     """(groups * width, width): 0 where query i (at position offset + i) may see key j, else
     -inf (keys past `keys` are padding), once per query head of a key head. Cached: a search
-    asks for the same few widths every step. Not while torch.compile traces (a replaying
-    executor, `sodaray.search.executor`): there the bias is part of the built pass (its
-    values are exact: 0 and -inf), and a cache written from inside a trace would make the
-    tensor a graph output, rebuild the pass when the cache changes, and, under CUDA graphs,
-    keep memory the next replay overwrites."""
+    asks for the same few widths every step (a captured step reads the cached tensor where it
+    lies: `executor.pinned_caches` keeps it alive)."""
     key = (width, offset, keys, groups, str(device), dtype)
-    tracing = torch.compiler.is_compiling()
-    bias = None if tracing else _BIAS.get(key)
+    bias = _BIAS.get(key)
     if bias is None:
         rows = torch.arange(width, device=device)[:, None] + offset
         cols = torch.arange(width, device=device)[None, :]
@@ -143,10 +139,9 @@ def _causal_bias(
             blocked, -torch.inf
         )
         bias = bias.repeat(groups, 1)
-        if not tracing:
-            if len(_BIAS) > 256:
-                _BIAS.clear()
-            _BIAS[key] = bias
+        if len(_BIAS) > 256:
+            _BIAS.clear()
+        _BIAS[key] = bias
     return bias
 
 

@@ -265,24 +265,19 @@ class LoadedModel:
         items: int = 0,
         *,
         prepadded: bool = False,
-        executor: Any = None,
     ) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
         `items`: run as a batch of that many (a static shape; see `pad_rows`). `prepadded`: the
         inputs already end with those padding items (`scoring.sequence_embeds(items=...)`,
         `scoring.prepared_sequences`: what they hold is any, no item reads another's), and
         the states come back with their rows too (a caller that reads only its own rows saves
-        the padding's copy and the slice, and in a backward the two operations undoing it).
-        `executor`: what runs the forward (`sodaray.search.executor.Executor`; None: eagerly)."""
+        the padding's copy and the slice, and in a backward the two operations undoing it)."""
         inputs = inputs_embeds
         if not prepadded:
             inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
         prepared = self._prepared(inputs)
         module = self.model.base_model if self.split_forward else self.model
-        if executor is None:
-            out = module(inputs_embeds=inputs, use_cache=False, **prepared)
-        else:
-            out = executor.run(module, inputs, use_cache=False, **prepared)
+        out = module(inputs_embeds=inputs, use_cache=False, **prepared)
         states = out.last_hidden_state if self.split_forward else out.logits
         return states if prepadded else states[: inputs_embeds.shape[0]]
 

@@ -318,24 +318,58 @@ def check_sequences(
         near = near[ok]
         if len(near) == 0:
             return torch.zeros_like(passed)
+    host, where_near = sequences[near].cpu().numpy(), near.cpu().numpy()
+    sizes = lengths[near].cpu().numpy() if isinstance(lengths, Tensor) else lengths[where_near]
+    candidates = [host[i, : n + m - 1] for i, n in enumerate(sizes.tolist())]
+    ok = confirm(
+        model,
+        objective,
+        candidates,
+        batch,
+        take(near),
+        atol,
+        rtol,
+        None if misses is None else [misses[c] for c in where_near.tolist()],
+    )
     found = torch.zeros_like(passed)
-    lengths = torch.as_tensor(lengths, device=ids.device)
-    keys: dict[int, bytes] = {}
-    if misses is not None:  # what the confirm turned down before is not confirmed again
-        host = sequences[near].cpu().numpy()
-        for i, (c, n) in enumerate(zip(near.tolist(), lengths[near].tolist(), strict=True)):
-            keys[c] = host[i, : n + m - 1].tobytes()
-        fresh = [keys[c] not in misses[c] for c in keys]
-        near = near[torch.tensor(fresh, dtype=torch.bool, device=near.device)]
-    near_lengths = lengths[near]
-    for n in near_lengths.unique().tolist():
-        group = near[near_lengths == n]
-        logits = model.canonical_logits(sequences[group, : n + m - 1], m)
-        ok = kind.compare(objective, logits, batch, take(group), atol, rtol)
+    found[near] = torch.as_tensor(ok, device=found.device)
+    return found
+
+
+def confirm(
+    model: LoadedModel,
+    objective: Objective,
+    candidates: Sequence[np.ndarray],
+    batch: BatchTargets,
+    rows: Tensor,
+    atol: float,
+    rtol: float,
+    misses: Sequence[set[bytes]] | None = None,
+) -> np.ndarray:
+    """The match check's second stage, (C,) bool on the host: candidate c (its input tokens and
+    its continuation but the last observed token, on the host) against row `rows[c]` of
+    `batch`, in the canonical shape (`LoadedModel.canonical_logits`), where targets were
+    recorded, so a true input reproduces its target bit for bit (issue 37). `misses[c]` holds
+    the sequences this search's confirm turned down before: the computation is deterministic,
+    so one seen there is not computed again, and one turned down now joins it (up to
+    `MISS_MEMORY` a search)."""
+    kind = observation(objective.kind)
+    m = objective.output_tokens
+    found = np.zeros(len(candidates), dtype=bool)
+    keys = [np.ascontiguousarray(c, dtype=np.int64).tobytes() for c in candidates]
+    fresh = [c for c in range(len(candidates)) if misses is None or keys[c] not in misses[c]]
+    by_length: dict[int, list[int]] = {}
+    for c in fresh:
+        by_length.setdefault(len(candidates[c]), []).append(c)
+    for group in by_length.values():
+        tokens = torch.as_tensor(np.stack([candidates[c] for c in group]), device=rows.device)
+        logits = model.canonical_logits(tokens, m)
+        index = torch.as_tensor(group, device=rows.device)
+        ok = kind.compare(objective, logits, batch, rows[index], atol, rtol).cpu().numpy()
         found[group] = ok
         if misses is not None:
-            for c in group[~ok].tolist():
-                if len(misses[c]) < MISS_MEMORY:
+            for c, hit in zip(group, ok.tolist(), strict=True):
+                if not hit and len(misses[c]) < MISS_MEMORY:
                     misses[c].add(keys[c])
     return found
 

@@ -20,6 +20,16 @@ SMOLLM = SHARED / "models" / "smollm2-135m-instruct-q4_1"
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """`cuda`-marked tests need a CUDA GPU: skipped, and said so, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def one_line_error(args: list[str], capsys) -> str:
     """Run the CLI on `args` and return its stderr, which must be one line, with exit code 2
     and no traceback (argparse's own errors count: they exit through SystemExit)."""

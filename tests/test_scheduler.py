@@ -132,17 +132,19 @@ def test_static_shapes_change_no_result(kind, one_thread):
 
 
 def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkeypatch):
-    """Static shapes are padding until an executor replays them (an H100 step took 2.5x at
-    Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, on any
-    device; `invert(policy=...)` reaches the engine, and a policy it does not know is a
-    one-line error."""
+    """Static shapes are padding until a step is captured and replayed (an H100 step took 2.5x
+    at Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, or unless
+    its steps are captured (the "graph" executor on CUDA); `invert(policy=...)` reaches the
+    engine, and a policy it does not know is a one-line error."""
     from sodaray.search.engine import Engine
 
     model = tiny_model("qwen2")
     assert DEFAULT_POLICY == "exact" and Engine(model).policy == "exact"
-    # A model on a GPU, as the engine's constructor sees it (it reads nothing else there): the
-    # default no longer depends on the device.
-    assert Engine(SimpleNamespace(device=torch.device("cuda"))).policy == "exact"
+    # A model on a GPU, as the engine's constructor sees it (it reads nothing else there):
+    # captured there by default, so a few static shapes; eager, each pass at its own.
+    gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert Engine(gpu).policy == "static"
+    assert Engine(gpu, executor="eager").policy == "exact"
     targets = sodaray.make_targets(model, [[3, 5, 7], [9]])
     cfg = sodaray.SodaConfig(max_steps=3, seed=1)
     with pytest.raises(ValueError, match="policy must be one of exact, static, not 'fastest'"):

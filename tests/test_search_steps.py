@@ -46,7 +46,7 @@ def test_first_bias_corrected_soda_step(tiny_llama):
     batch.step(np.array([1, 1]))
     expected = -0.065 * grad / (grad.abs() + 1e-8) * 0.9
     torch.testing.assert_close(batch.z, expected)
-    assert list(batch.host["age"]) == [1, 1]
+    assert batch.state.column("hi", "step", 4)[:, 0].tolist() == [1, 1, 1, 1]  # each row's
 
 
 def test_soda_fluency_gradient_uses_the_temperature(tiny_llama):
@@ -137,6 +137,7 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
     z = torch.zeros_like(batch.z).view(3, 2, -1)
     m, v = torch.zeros_like(z), torch.zeros_like(z)
     compared = 0
+    before: tuple[torch.Tensor, torch.Tensor] | None = None  # the last step's tokens, checked
     for step in range(1, 13):
         grads = []
         for row in range(3):
@@ -160,7 +161,10 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
             )
         batch.step(np.full(3, step))
         torch.testing.assert_close(batch.z.view(3, 2, -1), z, rtol=1e-3, atol=1e-4, msg=f"{step}")
-        tokens = torch.tensor(batch.candidates(np.arange(3)))
-        assert torch.equal(tokens[clear], expected_tokens[clear]), f"step {step}"
-        compared += int(clear.sum())
-    assert compared >= 30  # most of the 72 candidate tokens were clear enough to compare
+        if before is not None:  # an outcome reaches the host a step late: the last step's tokens
+            tokens = torch.tensor(batch.candidates(np.arange(3)))
+            expected, sure = before
+            assert torch.equal(tokens[sure], expected[sure]), f"step {step - 1}"
+            compared += int(sure.sum())
+        before = (expected_tokens, clear)
+    assert compared >= 30  # most of the 66 candidate tokens were clear enough to compare

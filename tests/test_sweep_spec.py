@@ -38,19 +38,19 @@ BAD_SWEEPS = [
     ),
     (
         {"models": [{"id": str(STORIES), "executor": "cudagraph"}]},
-        "models[0].executor: must be one of eager, graph, compiled, not 'cudagraph'",
+        "models[0].executor: must be one of eager, graph, not 'cudagraph'",
     ),
     (
         {"models": [{"id": str(STORIES), "executor": "../graph"}]},
-        "models[0].executor: must be one of eager, graph, compiled, not '../graph'",
+        "models[0].executor: must be one of eager, graph, not '../graph'",
     ),
     (
         {"models": [{"id": str(STORIES), "executor": ["graph"]}]},
-        "models[0].executor: must be one of eager, graph, compiled, not ['graph']",
+        "models[0].executor: must be one of eager, graph, not ['graph']",
     ),
     (
         {"models": [{"id": str(STORIES), "executor": 1}]},
-        "models[0].executor: must be one of eager, graph, compiled, not 1",
+        "models[0].executor: must be one of eager, graph, not 1",
     ),
     (
         {"algorithms": [{"name": "soda", "max_steps": 0}]},
@@ -81,10 +81,11 @@ def test_invalid_sweeps_fail_before_ray_starts(tmp_path, capsys, override, messa
     assert not ray.is_initialized()
 
 
-def test_a_model_entry_names_its_executor_in_the_job_hash_unless_eager(tmp_path):
-    """`executor: graph` reaches the replica's engine (replayed passes may round otherwise on
-    a GPU, so it is a job of its own), `eager` is the entry left unset: the same job folder as
-    before the field existed. `--model` keeps the entry's executor."""
+def test_a_model_entry_names_its_executor_in_the_job_hash_unless_the_default(tmp_path):
+    """`executor: eager` reaches the replica's engine (a captured step may round otherwise on
+    a GPU, so an eager run is a job of its own), `graph` is the entry left unset: the same job
+    folder as before the field existed. `--model` keeps the entry's executor. On a CPU both
+    run each pass at its own shape (nothing is captured there)."""
     from sodaray.experiment.replica import ReplicaWorker
 
     names, specs = {}, {}
@@ -96,12 +97,12 @@ def test_a_model_entry_names_its_executor_in_the_job_hash_unless_eager(tmp_path)
         sweep = load_sweep(write_sweep(folder, models=models))
         names[executor] = {j.name for j in sweep.jobs()}
         specs[executor] = sweep.jobs()[0].model
-    assert names[None] == names["eager"] and names["graph"].isdisjoint(names["eager"])
-    assert specs["graph"].executor == "graph"
-    assert specs["graph"].with_id(str(STORIES)).executor == "graph"
-    worker = ReplicaWorker(specs["graph"], 1)
+    assert names[None] == names["graph"] and names["eager"].isdisjoint(names["graph"])
+    assert specs["eager"].executor == "eager"
+    assert specs["eager"].with_id(str(STORIES)).executor == "eager"
+    worker = ReplicaWorker(specs["eager"], 1)
     try:
-        assert worker.engine.executor.name == "graph" and worker.engine.policy == "static"
+        assert worker.engine.executor.name == "eager" and worker.engine.policy == "exact"
     finally:
         worker.stop()
 

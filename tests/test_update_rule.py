@@ -54,7 +54,7 @@ def test_adam_update_matches_formula(tiny_llama, bias_correction, use_decay):
     g = torch.randn_like(z0)
     view(batch, "z").copy_(z0), view(batch, "m").copy_(m0), view(batch, "v").copy_(v0)
     age = np.array([1, 2, 7])
-    batch.host["age"][:] = age
+    batch.set_steps(age - 1)  # the update advances each count: these are the moments' ages
     batch.update(g.clone().view(-1, g.shape[-1]))  # update() consumes (overwrites) its gradient
     m = 0.9 * m0 + 0.1 * g
     v = 0.995 * v0 + 0.005 * g * g
@@ -84,7 +84,7 @@ def test_each_slot_steps_by_its_own_config(tiny_llama):
     z0 = torch.randn_like(view(batch, "z"))
     m0, v0, g = torch.randn_like(z0), torch.rand_like(z0), torch.randn_like(z0)
     view(batch, "z").copy_(z0), view(batch, "m").copy_(m0), view(batch, "v").copy_(v0)
-    batch.host["age"][:] = [3, 3, 3]
+    batch.set_steps([2, 2, 2])  # age 3 at the update
     batch.update(g.clone().view(-1, g.shape[-1]))
     for i, c in enumerate(cfgs):
         m = c.beta1 * m0[i] + (1 - c.beta1) * g[i]
@@ -122,7 +122,6 @@ def test_resets_and_reinit_follow_each_samples_own_steps(tiny_llama):
     z, m, v = view(batch, "z"), view(batch, "m"), view(batch, "v")
     z0 = torch.full_like(z, 3.0)
     z.copy_(z0), m.fill_(1.0), v.fill_(1.0)
-    batch.host["age"][:] = 4
     batch.apply_schedules(np.array([5, 7, 30]))  # slot 0: reset; 1: nothing; 2: reset + reinit
     assert m[0].abs().sum() == 0 and v[0].abs().sum() == 0
     assert torch.all(m[1] == 1) and torch.all(v[1] == 1)
@@ -131,7 +130,6 @@ def test_resets_and_reinit_follow_each_samples_own_steps(tiny_llama):
     redrawn = z[2]
     assert not torch.equal(redrawn, z0[2])
     assert abs(redrawn.mean().item()) < 0.05 and abs(redrawn.std().item() - 0.1) < 0.02
-    assert list(batch.host["age"]) == [0, 4, 0]
 
 
 def test_schedules_follow_each_slots_own_periods(tiny_llama):
@@ -261,7 +259,7 @@ def test_mean_reduction_is_the_authors_batch_averaged_loss(tiny_llama):
         batch.z.copy_(torch.randn_like(batch.z))
         grad, _ = batch.gradient()
         steps[reduction] = grad[:6].clone()
-        batch.host["age"][:] = 1
+        batch.set_steps([0, 0, 0])
         batch.update(grad)
         steps[reduction + "_z"] = batch.z.clone()
     torch.testing.assert_close(steps["mean"] * 3, steps["sum"], rtol=1e-4, atol=1e-7)

@@ -163,11 +163,10 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     run.add_argument(
         "--executor",
-        choices=["eager", "graph", "compiled"],
+        choices=["eager", "graph"],
         default=None,
-        help="what runs SODA's transformer passes: eager (default: op by op), graph (built once "
-        "per shape and replayed, a CUDA graph on a GPU; on a CPU every bit is eager's) or "
-        "compiled (torch.compile's fused kernels: faster, rounds differently)",
+        help="how a SODA step runs: graph (default: on a GPU the whole step captured once per "
+        "shape and replayed as a CUDA graph; on a CPU the same as eager) or eager (op by op)",
     )
     run.add_argument(
         "--bos",

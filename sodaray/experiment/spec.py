@@ -77,9 +77,9 @@ class ModelSpec:
     # Inputs of every length in one batch, split into passes by cost (the default), or a pass
     # per length; results are the same bit for bit either way (see `sodaray.search.passes`).
     mix_lengths: bool = True
-    # What runs SODA's transformer passes on each replica (`sodaray.search.executor`): eager,
-    # or built once per static shape and replayed (graph: a CUDA graph on a GPU) or compiled.
-    executor: Literal["eager", "graph", "compiled"] = "eager"
+    # How each replica runs a SODA step (`sodaray.search.executor`): captured once per shape
+    # and replayed as a CUDA graph on a GPU ("graph", the default; eagerly on a CPU), or eager.
+    executor: Literal["eager", "graph"] = "graph"
     # Sweeps only: the dataset entries (by name) this model runs on; empty: every one.
     datasets: list[str] = field(default_factory=list, hash=False)
     # Not a file field: where actors load the model from, set on the driver by `resolved()` to
@@ -155,11 +155,11 @@ class ModelSpec:
         return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
 
     def identity(self) -> dict[str, Any]:
-        """What decides results (resources do not). The executor only where it is not eager:
-        a replayed or compiled pass may round otherwise (a GPU's graph, inductor's kernels),
-        and jobs from before it existed keep their hashes."""
+        """What decides results (resources do not). The executor only where it is not the
+        default: on a GPU a replayed step may round otherwise than an eager one, and on a CPU the
+        two are the same step (jobs from before it existed keep their hashes)."""
         identity = self.weights()
-        if self.executor != "eager":
+        if self.executor != "graph":
             identity["executor"] = self.executor
         return identity
 

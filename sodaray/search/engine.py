@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
@@ -119,12 +120,14 @@ class _Pool:
         self.engine, self.family, self.batch = engine, family, batch
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
         self.works: list[Work] = []  # per slot
+        self.clock = time.perf_counter()  # when the last step was launched
         self.slot = {
             name: np.zeros(0, dtype=kind)
             for name, kind in (
                 ("row", np.int64),
                 ("stage", np.int64),
-                ("steps", np.int64),
+                ("steps", np.int64),  # steps run
+                ("settled", np.int64),  # steps whose outcome was read (a `lag` behind)
                 ("base", np.int64),  # steps taken at earlier lengths
                 ("max_steps", np.int64),
                 ("started", np.float64),
@@ -163,6 +166,7 @@ class _Pool:
                 ("row", row),
                 ("stage", stage),
                 ("steps", 0),
+                ("settled", 0),
                 ("base", work._partial.get(row, (0, 0.0, []))[0]),
                 ("max_steps", work.config.step_budget()),
                 ("started", now),
@@ -182,9 +186,16 @@ class _Pool:
         s = self.slot
         out = self.batch.step(s["steps"] + 1)
         s["steps"] += 1
-        now = time.perf_counter()
+        # The outcome's step: this one, or the one before where the batch reports a step late
+        # (a search that ended there took this step too; its results are dropped).
+        settled = np.ones(count, dtype=bool) if out.settled is None else out.settled
+        lag = getattr(self.batch, "lag", 0)
+        s["settled"] = np.where(settled, s["steps"] - lag, s["settled"])
+        # The outcome's time: when its step was launched (the last call's clock, a step late).
+        now, self.clock = (self.clock, time.perf_counter()) if lag else (time.perf_counter(),) * 2
         cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
-        done = out.found | (s["steps"] >= s["max_steps"]) | (now >= s["deadline"]) | cancelled
+        ended = out.found | (s["settled"] >= s["max_steps"]) | (now >= s["deadline"])
+        done = (settled & ended) | cancelled
         if done.any():
             self.finish(np.flatnonzero(done), cancelled, out, now)
         return out.positions, out.useful
@@ -195,12 +206,15 @@ class _Pool:
         live = slots[~cancelled[slots]]
         if len(live):
             tokens = self.batch.candidates(live)
-            loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
-            losses = loss.float().cpu().numpy()
+            if isinstance(out.loss, Tensor):
+                loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
+                losses = loss.float().cpu().numpy()
+            else:  # on the host already, or read from there for these slots only
+                losses = out.loss[live]
             for j, slot in enumerate(live):
                 work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
                 seconds = now - float(s["started"][slot])
-                spent = s["steps"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
+                spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
                 if not found and spent and getattr(work.config, "scan_positions", False):
                     began = time.perf_counter()
                     hit = position_scan(self.engine.model, work.targets, row, tokens[j])
@@ -213,7 +227,7 @@ class _Pool:
                     tokens[j],
                     found,
                     float(losses[j]),
-                    int(s["steps"][slot]),
+                    int(s["settled"][slot]),
                     seconds,
                 )
         left, holes, movers = removal_plan(count, slots)
@@ -231,7 +245,7 @@ class _Pool:
     def progress(self) -> dict[int, int]:
         """Each work's least steps over its running targets (earlier lengths included)."""
         out: dict[int, int] = {}
-        total = self.slot["base"] + self.slot["steps"]
+        total = self.slot["base"] + self.slot["settled"]
         for work, steps in zip(self.works, total, strict=True):
             key = id(work)
             out[key] = min(out.get(key, int(steps)), int(steps))
@@ -256,7 +270,7 @@ class Engine:
         # executor, a few static shapes under one that builds a step per shape. Both checked
         # here, not at the first batch: an error now.
         self.executor = Executor(executor)
-        self.policy = policy_for(executor, policy)
+        self.policy = policy_for(executor, policy, model.device)
         self.on_batch = on_batch
         self.pools: dict[str, _Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
@@ -315,7 +329,7 @@ class Engine:
         }
         for pool in self.pools.values():
             # A slot's `steps` count its current length only: earlier ones are in `_partial`.
-            for work, steps in zip(pool.works, pool.slot["steps"].tolist(), strict=True):
+            for work, steps in zip(pool.works, pool.slot["settled"].tolist(), strict=True):
                 taken[work] = taken.get(work, 0) + steps
         return taken
 
@@ -370,7 +384,8 @@ class Engine:
                 sized.positions += sizes[0]
                 sized.useful += sizes[1]
             if not len(pool) and not pool.queue:
-                del self.pools[key]  # its state's memory goes back
+                del self.pools[key]  # its state's memory goes back, and its captures'
+                getattr(pool.batch, "close", lambda: None)()
         with self._lock:
             self.occupancy.add(sized)
         self._checkpoints()

@@ -1,52 +1,45 @@
-"""How a SODA step's transformer pass runs: op by op, or built once per shape and replayed.
+"""How a SODA step runs: eagerly, or captured once per shape as a CUDA graph and replayed.
 
 Executors (`EXECUTORS`):
-- "eager" (the default, on every device): PyTorch runs the pass's kernels one by one, as it
-  always has.
-- "graph": the pass, forward and backward, is traced once per shape (torch.compile's AOT
-  autograd) and replayed from the trace. On CUDA the trace replays as a CUDA graph (the
-  "cudagraphs" backend): meant as one launch for the pass where the eager step launches about
-  584 kernels and idles between them (issue 41); not yet measured on a GPU. That backend (torch
-  2.13's source) counts no weight as a fixed address, so each replay may first copy the weights
-  into the graph's memory: `bench_invert.py --executor graph` prints the inputs copied.
-  Elsewhere the trace runs the same ATen kernels eager runs ("aot_eager"), so on a CPU every
-  bit is eager's (`tests/test_executor.py`); what a replay saves is launches, so there it only
-  costs the trace. On a GPU, the H100 prototype's
-  captured step (`benchmarks/graph_step.py`) rounded otherwise than the eager one (RESULTS.md):
-  a replayed search may keep its own trajectory there; the match check stays exact.
-- "compiled": torch.compile's inductor (on CUDA in its "reduce-overhead" mode: fused kernels,
-  replayed as CUDA graphs), and the Adam and decay update fused into one kernel over the
-  (T, V) state (`fused`: eagerly it is eight passes over it). Its fused kernels round
-  differently from eager's: a search is reproducible run to run, but not bit for bit the eager
-  path's. On this project's 2-core CPU it made stories260K's steps faster and the Qwen2.5-0.5B
-  shape's slower (benchmarks/RESULTS.md, issue 41's executors); CPUs keep "eager" by default,
-  so their results stay what they were.
+- "graph" (the default): on CUDA, the whole step (`soda_step.soda_step`: relaxation, passes,
+  loss, backward, update, argmax, screen, schedules) is captured once per shape with
+  `torch.cuda.graph` and replayed: one launch where the eager step launches thousands of kernels,
+  the weights read where they lie (no copy), every other input a persistent buffer the host
+  writes between replays (issue 52; the whole-network capture of PyTorch's CUDA-graph notes, the
+  capture sizes of vLLM's and SGLang's runners). The first step at a shape runs eagerly on a
+  side stream (the warm-up capture asks for), then the shape is captured. A model whose step
+  cannot be captured (GPT-Neo's attention copies a host scalar to the device on every forward)
+  runs eagerly, with one warning. Elsewhere (a CPU) the same function runs eagerly.
+- "eager": the step's kernels one by one on every device.
 
-A build is per shape, so both run under the scheduler's "static" policy unless told otherwise
-(`default_policy`, `policy_for`): a few bucketed shapes instead of one per batch size. The
-hard-max check is never run through an executor: it keeps the model's own kernels, so a
-reported match is exact.
+The two run the same function, so on a CPU they agree bit for bit. On a GPU a captured kernel
+may round otherwise than its eager twin (measured on an H100 and an H200: RESULTS.md), so a
+replayed search keeps a trajectory of its own there, repeated exactly from run to run; the
+match check's confirm never runs in a graph, so a reported match is exact either way.
+
+Captured shapes come from the scheduler's "static" policy (a few bucketed shapes); "exact"
+remains the default wherever nothing is captured (`default_policy`, `policy_for`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 import torch
-from torch import nn
 
 from sodaray.search.scheduler import resolve_policy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-EXECUTORS = ("eager", "graph", "compiled")
-DEFAULT_EXECUTOR = "eager"  # results identical to every earlier sodaray's; see the docstring
-# Built shapes per model: torch.compile keeps a few builds of one function (8 by default) and
-# runs any further shape eagerly. The static policy's shapes (powers of two from 8 up to the
-# batch cap, times a few widths) fit in this.
-MAX_SHAPES = 64
+EXECUTORS = ("eager", "graph")
+DEFAULT_EXECUTOR = "graph"  # captured on CUDA; on a CPU the same step as "eager"
+# Captured shapes kept per executor: a run uses a handful (static_batch x static_rows buckets);
+# past this the oldest is dropped (its memory with it) and built again if it comes back.
+MAX_SHAPES = 32
 
 
 def resolve_executor(name: str | None) -> str:
@@ -58,97 +51,112 @@ def resolve_executor(name: str | None) -> str:
     return name
 
 
-def default_policy(executor: str) -> str:
-    """The scheduler policy an executor runs under when none is asked for: replaying executors
-    build one step per shape, so they want the static policy's few shapes."""
-    return "exact" if resolve_executor(executor) == "eager" else "static"
+def captures(executor: str | None, device: torch.device | str | None) -> bool:
+    """Whether `executor` captures steps on `device` (CUDA graphs: CUDA only)."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    return resolve_executor(executor) == "graph" and kind == "cuda"
 
 
-def policy_for(executor: str | None, policy: str | None) -> str:
-    """The scheduler policy a run takes: the one asked for, else `executor`'s (both checked)."""
-    executor = resolve_executor(executor)  # checked whether or not a policy was asked for
-    return resolve_policy(default_policy(executor) if policy is None else policy)
+def default_policy(executor: str | None, device: torch.device | str | None = None) -> str:
+    """The scheduler policy a run takes when none is asked for: "static" (a few bucketed
+    shapes) where steps are captured, else "exact"."""
+    return "static" if captures(executor, device) else "exact"
 
 
-def backend(executor: str, device: torch.device) -> tuple[str, str | None] | None:
-    """torch.compile's (backend, mode) for `executor` on `device`; None: run eagerly."""
-    executor = resolve_executor(executor)
-    cuda = device.type == "cuda"
-    if executor == "graph":
-        return ("cudagraphs" if cuda else "aot_eager", None)
-    if executor == "compiled":
-        return ("inductor", "reduce-overhead" if cuda else None)
-    return None
+def policy_for(
+    executor: str | None, policy: str | None, device: torch.device | str | None = None
+) -> str:
+    """The scheduler policy a run takes: the one asked for, else `executor`'s on `device`
+    (both checked)."""
+    default = default_policy(executor, device)  # checks the executor whatever the policy
+    return resolve_policy(default if policy is None else policy)
 
 
 class Executor:
-    """Runs a module's forward under one executor, building it once per module (and torch.compile
-    once per shape under it). `shapes`: the input shapes its built modules have run at."""
+    """Runs a step function under one executor: eagerly, or (on CUDA, "graph") captured once per
+    key and replayed. `builds` lists each capture's key and seconds (warm-up step included)."""
 
     def __init__(self, name: str | None = None) -> None:
         self.name = resolve_executor(name)
-        # Per module (the model, its bf16 copy): kept as long as the executor, as the engine
-        # keeps its model.
-        self._built: dict[nn.Module, Callable[..., Any]] = {}
-        self.shapes: set[tuple[int, ...]] = set()
-        self._graphs = False  # whether a build replays CUDA graphs
-        self._fused: dict[Callable[..., None], Callable[..., None]] = {}
+        self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any, tuple[Any, ...]]] = {}
+        self._pool: object | None = None
+        self._side: torch.cuda.Stream | None = None
+        self.builds: list[tuple[Hashable, float]] = []
+        self.replays = 0
+        self.refused: str | None = None  # why this run's steps could not be captured
 
-    def step_begin(self) -> None:
-        """Called before each step's passes: a CUDA-graph replay may then reuse the memory of
-        the last step's outputs (all read by now), and a step of several passes is one
-        generation, not a new recording each (`torch.compiler.cudagraph_mark_step_begin`)."""
-        if self._graphs:
-            torch.compiler.cudagraph_mark_step_begin()
+    def captures(self, device: torch.device) -> bool:
+        return self.refused is None and captures(self.name, device)
 
-    @property
-    def eager(self) -> bool:
-        return self.name == "eager"
+    def run(self, key: Hashable | None, step: Callable[[], T], device: torch.device) -> T:
+        """`step()` once, and what it returns: replayed from its capture under `key` (the
+        tensors the capture returned, written again), or captured now (after running it for
+        real, eagerly, as the warm-up), or eagerly (key None, or no capture here)."""
+        if key is None or not self.captures(device):
+            return step()
+        held = self._graphs.get(key)
+        if held is not None:
+            held[0].replay()
+            self.replays += 1
+            return held[1]
+        began = time.perf_counter()
+        if self._side is None:  # one warm-up stream: each new stream gets its own cuBLAS workspace
+            self._side = torch.cuda.Stream(device)
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            out = step()  # this step's real work, and the warm-up the capture needs
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # Every intermediate of a step is dead when it ends (what the host reads is copied
+            # out before the next replay), so the shapes' graphs share one memory pool.
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = step()
+        except Exception as exc:  # a model whose forward cannot be captured: eager from now
+            torch.cuda.synchronize(device)
+            self.refused = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            self._graphs.clear()
+            self._pool = None
+            log.warning(
+                "SODA steps run eagerly: this model's step cannot be captured (%s)", self.refused
+            )
+            return out
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - began
+        if len(self._graphs) >= MAX_SHAPES:  # others stay: the shared pool keeps a user
+            self._graphs.pop(next(iter(self._graphs)))
+        # The caches a step reads (attention biases, masks, zero rows, positions) are pinned
+        # with its graph: a replay reads them where the capture found them.
+        self._graphs[key] = (graph, outputs, pinned_caches())
+        self.builds.append((key, seconds))
+        log.info(
+            "captured a SODA step (shape %s) in %.2f s; %d shapes held",
+            key[:3] if isinstance(key, tuple) else key,
+            seconds,
+            len(self._graphs),
+        )
+        return out
 
-    def run(self, module: nn.Module, inputs: torch.Tensor, **kwargs: Any) -> Any:
-        """`module(inputs_embeds=inputs, **kwargs)`, under this executor."""
-        if self.eager:
-            return module(inputs_embeds=inputs, **kwargs)
-        fn = self._built.get(module)
-        if fn is None:
-            fn = self._build(module, inputs.device)
-        shape = tuple(inputs.shape)
-        if shape not in self.shapes:
-            self.shapes.add(shape)
-            if len(self.shapes) == MAX_SHAPES:  # torch.compile's limit is per function
-                log.warning(
-                    "executor %s: %d shapes built; torch.compile runs further ones eagerly "
-                    "(fewer batch sizes or lengths per replica keep them replayed)",
-                    self.name,
-                    MAX_SHAPES,
-                )
-        return fn(inputs_embeds=inputs, **kwargs)
+    def forget(self, owner: Hashable) -> None:
+        """Drop `owner`'s captures (the buffers they read were reallocated, or it is gone):
+        keys begin with their owner. Where no capture is left, the next one takes a fresh pool:
+        the allocator drops a pool with its last graph, and a capture into a dropped pool's
+        handle fails (`use_count > 0`, CUDACachingAllocator), as a lease of 2026-11-27 saw."""
+        for key in [k for k in self._graphs if isinstance(k, tuple) and k[:1] == (owner,)]:
+            del self._graphs[key]
+        if not self._graphs:
+            self._pool = None
 
-    def fused(self, fn: Callable[..., None]) -> Callable[..., None]:
-        """`fn` (an in-place elementwise update over the (T, V) state: Adam and decay) as one
-        fused kernel under "compiled", else `fn` itself. Its row count changes as searches come
-        and go, so it is built for any row count (dynamic shapes), once."""
-        if self.name != "compiled":
-            return fn
-        built = self._fused.get(fn)
-        if built is None:
-            built = self._fused[fn] = torch.compile(fn, backend="inductor", dynamic=True)
-        return built
 
-    def _build(self, module: nn.Module, device: torch.device) -> Callable[..., Any]:
-        chosen = backend(self.name, device)
-        assert chosen is not None
-        name, mode = chosen
-        import torch._dynamo
+def pinned_caches() -> tuple[Any, ...]:
+    """The tensors the model code caches between calls (`sodaray.attention`, `sodaray.models`),
+    held so that a cache cleared or regrown later cannot free memory a captured step reads."""
+    from sodaray import attention, models
 
-        # A documented torch.compile knob (its troubleshooting guide): how many shapes of one
-        # function it builds before running the rest eagerly. Raised, never lowered.
-        # (`cache_size_limit` before torch renamed it.)
-        config = torch._dynamo.config
-        limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-        setattr(config, limit, max(getattr(config, limit), MAX_SHAPES))
-        log.info("executor %s: building %s with torch.compile(%s)", self.name, type(module), name)
-        fn = torch.compile(module, backend=name, mode=mode, dynamic=False)
-        self._graphs = self._graphs or name == "cudagraphs" or mode == "reduce-overhead"
-        self._built[module] = fn
-        return fn
+    return tuple(
+        tuple(cache.values())
+        for cache in (attention._BIAS, attention._PREPARED, models._ZEROS, models._POSITIONS)
+    )

@@ -20,13 +20,13 @@ Policies (`POLICIES`):
   is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
   results are bit for bit those of "exact".
 
-Static shapes pay for themselves only under an executor that builds a shape's step once and
-replays it (`sodaray.search.executor`: "graph" and "compiled" bring this policy with them).
-Under the eager executor they are padding. When static widths were multiples of 16, the
-engine's Qwen2.5-0.5B-shape step on an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024)
-took 731.8 ms in float32: 2.5x the 288 ms issue 41 measured there before static shapes existed;
-on a CPU, 2.0-3.0x the exact step. With today's widths (3 -> 4) the CPU step still took
-1.10-1.34x (benchmarks/RESULTS.md, issue 41 on an H100). So "exact" is the eager default.
+Static shapes pay for themselves only where a step is captured once per shape and replayed
+(`sodaray.search.executor`: the "graph" executor on CUDA brings this policy with it). Elsewhere
+they are padding. When static widths were multiples of 16, the engine's Qwen2.5-0.5B-shape step
+on an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the
+288 ms issue 41 measured there before static shapes existed; on a CPU, 2.0-3.0x the exact step.
+With today's widths (3 -> 4) the CPU step still took 1.10-1.34x (benchmarks/RESULTS.md, issue 41
+on an H100). So "exact" is the default wherever nothing is captured.
 """
 
 from __future__ import annotations
@@ -93,6 +93,17 @@ def resolve_policy(policy: str | None) -> str:
 def static_batch(count: int) -> int:
     """The static batch a pass of `count` slots runs at: the next power of two from MIN_BATCH."""
     return max(MIN_BATCH, 1 << max(count - 1, 0).bit_length())
+
+
+def static_rows(count: int) -> int:
+    """The rows a captured step runs over for `count` live rows (a slot of length n has n):
+    rounded up to one of eight sizes per power of two, so a bucket wastes at most an eighth of
+    the (rows, V) state's arithmetic while a batch's rows come and go, and a handful of buckets
+    (a capture each) covers a run."""
+    if count <= MIN_BATCH:
+        return MIN_BATCH
+    step = 1 << max(count.bit_length() - 4, 0)
+    return -(-count // step) * step
 
 
 def static_width(longest: int) -> int:

@@ -57,6 +57,31 @@ class Buffers:
         """The live rows and the guard rows after them."""
         return self._buffers[name][: self.count + self.guard]
 
+    def view(self, name: str, rows: int) -> Tensor:
+        """Rows [0, rows) of a buffer, live or not (a step at a bucketed shape reads rows past
+        the live ones: whatever they hold, their results are dropped)."""
+        buf = self._buffers[name]
+        if rows > buf.shape[0]:
+            raise ValueError(f"{rows} rows of {name!r} asked for, {buf.shape[0]} held")
+        return buf[:rows]
+
+    @property
+    def capacity(self) -> int:
+        """Rows every buffer holds, spare and guard rows included (0 before the first append)."""
+        return min((b.shape[0] for b in self._buffers.values()), default=0)
+
+    def reserve(self, rows: int) -> None:
+        """Grow every buffer to hold at least `rows` rows (their addresses then change)."""
+        for name, buf in self._buffers.items():
+            if buf.shape[0] < rows:
+                grown = buf.new_zeros((rows, *buf.shape[1:]))
+                grown[: buf.shape[0]] = buf
+                self._buffers[name] = grown
+
+    def addresses(self) -> tuple[int, ...]:
+        """The buffers' data pointers: what a captured step read, and must find again."""
+        return tuple(b.data_ptr() for b in self._buffers.values())
+
     def append(self, values: dict[str, Tensor]) -> None:
         """Add rows: every buffer gets the same number, and a first append names the buffers."""
         added = {len(v) for v in values.values()}
