@@ -16,6 +16,7 @@ from sodaray.files import read_json
 from sodaray.report.render import FORMATS, RENDERERS
 from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
 from sodaray.results import JOB_FILE, META_DIR, read_results
+from sodaray.writes import make_folder, write_file
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def build_report(
             "each trial is its own configuration, picked by the study, not samples of one rate."
         )
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, out)  # the folder the user gave; every file in it by the rule for writes
     report.tables, report.skipped = build_tables(df)
     found = []
     if extrapolate is not None:
@@ -129,7 +130,7 @@ def build_report(
         for fmt in formats:
             render, ext = RENDERERS[fmt]
             path = out / f"{table.name}.{ext}"
-            path.write_text(render(table), encoding="utf-8")
+            write_file(out, path, render(table))
             report.files.append(path)
     if figures:
         from sodaray.report.figures import build_figures
@@ -150,7 +151,7 @@ def build_report(
                 report.files.append(path)
                 report.captions[path.name] = plot.caption
     index = out / "README.md"
-    index.write_text(_index(report), encoding="utf-8")
+    write_file(out, index, _index(report))
     report.files.append(index)
     return report
 

@@ -31,11 +31,13 @@ from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     ask_trial,
+    open_storage,
     open_study,
     storage_url,
     trial_value,
     write_preset,
 )
+from sodaray.writes import make_folder
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +100,16 @@ def run_tuning(
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
-    out = study_folder(out, spec)
+    base = Path(out)  # the folder the user gave: nothing below it is written through a link
+    out = study_folder(base, spec)
     url = storage_url(spec, out, storage)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(base, out)
     study_name = spec.study_name or spec.name
-    study, stale = open_study(spec, url, study_name)
+    # The default journal lies in the study's folder; a storage the user named is theirs.
+    journal_base = base if storage is None and spec.storage is None else None
+    study, stale = open_study(spec, url, study_name, open_storage(url, journal_base))
     run = TuneRun(study_name, url, out, stale_failed=stale)
-    rows, identity = validation_rows(spec, study, out)
+    rows, identity = validation_rows(spec, study, out, base)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
     with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
         # A batch's worth of trials on each replica, and the next one waiting.
@@ -125,9 +130,9 @@ def run_tuning(
     if complete:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
+        run.preset_path = write_preset(spec, best, out / "best_preset.yaml", base)
     run.plots, skipped = save_plots(
-        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric
+        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
     )
     run.plots_skipped = {s.name: s.reason for s in skipped}
     return run
@@ -144,11 +149,12 @@ def trial_file(folder: Path, number: int) -> Path:
 
 
 def validation_rows(
-    spec: TuningSpec, study: Any, out: Path
+    spec: TuningSpec, study: Any, out: Path, base: Path | None = None
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
-    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/)
-    and the data's identity; the data's hash is recorded in the study."""
-    table = dataset_table(spec.model, spec.data, out)
+    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/;
+    `base`: OUT, default `out`'s parent) and the data's identity; the data's hash is recorded
+    in the study."""
+    table = dataset_table(spec.model, spec.data, out, base)
     identity = dataset_identity(table)
     if identity.hash and "dataset_hash" not in study.user_attrs:
         # The rows the trials ran on: the data spec names a build, the hash its result.
@@ -295,7 +301,7 @@ class _Trials:
         del self.live[unit.key]
         table = output.table
         path = trial_file(self.run.out, trial.number)
-        write_table_atomic(table, path)
+        write_table_atomic(table, path, self.run.out.parent)  # OUT, the folder the user gave
         exact = sum(bool(x) for x in table.column("exact").to_pylist())
         losses = table.column("final_loss").to_pylist()
         value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)

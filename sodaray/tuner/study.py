@@ -16,6 +16,7 @@ import yaml
 from sodaray.errors import first_line
 from sodaray.objectives import PRESET_FIELDS, Objective
 from sodaray.tuner.spec import TuningSpec
+from sodaray.writes import LINK, UnsafeWrite, prepare_file, what_is_at, write_file
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
@@ -26,15 +27,26 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
     return url
 
 
-def open_storage(url: str):
-    """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
+def open_storage(url: str, base: Path | None = None):
+    """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file.
+    Optuna opens a journal by name itself, so it is checked by the rule for every file
+    sodaray writes first (`writes`): its folders below `base` (the folder the user gave;
+    default: the journal's own) made and none a link, the journal a regular file (made empty
+    when missing), and its lock nothing or the link Optuna makes (a folder there would keep
+    Optuna waiting for ever)."""
     if "://" in url:
         _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    journal = Path(url)
+    base = journal.parent if base is None else base
+    prepare_file(base, journal)
+    lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
+    kind = what_is_at(base, lock)
+    if kind not in (None, LINK):
+        raise UnsafeWrite(f"{lock} is {kind}, not the link Optuna locks the journal with")
     return JournalStorage(JournalFileBackend(url))
 
 
@@ -222,9 +234,10 @@ def study_attrs(spec: TuningSpec) -> dict[str, Any]:
     }
 
 
-def write_preset(spec: TuningSpec, best, path: Path) -> Path:
+def write_preset(spec: TuningSpec, best, path: Path, base: Path | None = None) -> Path:
     """The best parameters as a preset YAML (`sodaray invert --preset-file`, sweeps'
-    `preset_file:`)."""
+    `preset_file:`), written by the rule for writes (`base`: the folder the user gave,
+    default the file's own)."""
     # The trial's whole config (the model's preset, `fixed`, the sampled values), so the file
     # reproduces the trial on its own; budget and batching stay the caller's.
     budget = ("max_steps", "seed", "max_batch_size", "max_seconds")
@@ -244,5 +257,5 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
     settings = {k: objective[k] for k in PRESET_FIELDS if objective[k] != default[k]}
     if settings:  # not SODA parameters: kept apart so the file loads as a preset
         doc["objective"] = settings
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_file(path.parent if base is None else base, path, yaml.safe_dump(doc, sort_keys=False))
     return path
