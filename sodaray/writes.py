@@ -28,7 +28,7 @@ import contextlib
 import errno
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -79,6 +79,17 @@ def write_file(
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=fd)
+
+
+def check_places(base: str | os.PathLike, paths: Iterable[str | os.PathLike]) -> None:
+    """Refuse now what `write_file` would refuse later at any of `paths` (a folder on the way
+    that is a link or not a folder, anything but a regular file at the name), so that a
+    command fails before its work, not after it. Nothing is made; a missing folder is fine
+    (made by the rule when written)."""
+    for path in paths:
+        top, parts = _parts(base, path)
+        with contextlib.suppress(FileNotFoundError), _folder(top, parts[:-1], False) as fd:
+            _check_replaceable(fd, parts[-1], path)
 
 
 def make_folder(base: str | os.PathLike, path: str | os.PathLike) -> Path:

@@ -47,7 +47,16 @@ from sodaray.files import read_json, what_is
 from sodaray.paths import brief, inside
 from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
 from sodaray.runner.spec import Job
-from sodaray.writes import make_folder, move_file, remove_file, touch_file, write_file
+from sodaray.writes import (
+    LINK,
+    check_places,
+    make_folder,
+    move_file,
+    remove_file,
+    touch_file,
+    what_is_at,
+    write_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -323,10 +332,10 @@ def acquire_lock(folder: Path, base: Path | None = None) -> dict[str, Any] | Non
             return owner
         if why is not None:  # else it is this process's own (or just released): taken again
             log.warning("breaking the lock %s: %s", path, why)
-        if path.is_dir() and not path.is_symlink():  # a folder in its place: moved, kept
-            move_file(base, path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
-        else:  # a link is removed itself, never followed
+        if what_is_at(base, path) in (REGULAR, LINK, None):  # a link is removed itself
             remove_file(base, path)
+        else:  # a folder, a FIFO, a device in its place: moved aside and kept, never deleted
+            move_file(base, path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
     return lock_owner(folder) or {"host": "?"}
 
 
@@ -382,70 +391,90 @@ def plan_jobs(
     sweep's folder in `base`, the output folder the user gave (default: `root`'s parent),
     below which nothing is written through a link (`writes`)."""
     base = Path(root).parent if base is None else Path(base)
-    plans = []
-    for job in jobs:
-        table = dataset_table(job.model, job.dataset, root, base)
-        identity = dataset_identity(table)
-        if job.dataset.path is not None:  # its rows decide the results, not its path
-            job = dataclasses.replace(job, dataset_hash=identity.hash or "")
-        folder = inside(root, job.name)
-        meta = meta_folder(root, job.name)
-        rows = select_rows(table, job.samples_per_length, job.limit)
-        n = len(rows["sample_id"])
-        shards = (n + job.shard_size - 1) // job.shard_size
-        make_folder(base, folder)
-        make_folder(base, meta)
-        info = {
-            "sweep": job.sweep,
-            "job": job.name,
-            "config_hash": job.config_hash,
-            "samples": n,
-            "shards": shards,
-            "shard_size": job.shard_size,
-            "config": job.config(),
-            "overrides": list(overrides or []),
-            # The family defaults a model entry without a preset got, and why (not hashed).
-            "defaults": None if job.defaults is None else job.defaults.to_dict(),
-        }
-        if lock and (owner := acquire_lock(meta, base)) is not None:
-            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
-            plans.append(
-                JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity, base=base)
-            )
-            continue
-        write_file(base, meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
-        plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, base=base)
-        for i in range(shards):
-            path = shard_path(folder, i)
-            lo, hi = shard_bounds(plan, i)
-            ids = rows["sample_id"][lo:hi]
-            kept = kept_path(meta, i)
-            if path.exists() or path.is_symlink():
-                why = shard_problem(path, ids, config_hash=job.config_hash)
-                if why is None:  # kept rows left by a driver that stopped between the two
-                    if kept.is_symlink() or what_is(kept) == REGULAR:
-                        remove_file(base, kept)  # a link is removed itself
-                    elif kept.exists():
-                        set_aside(
-                            kept, f"{what_is(kept)}, not a file of kept rows", meta, base=base
-                        )
-                    continue
-                plan.corrupt.append(set_aside(path, why, meta, _suffix(why), base).name)
-            if kept.exists() or kept.is_symlink():
-                table, why = read_kept(kept, ids, job.config_hash)
-                if table is None:
-                    why = str(why)
-                    plan.corrupt.append(set_aside(kept, why, meta, _suffix(why), base).name)
-                elif len(table) == len(ids) and lock:  # it stopped before writing the shard
-                    write_table_atomic(shard_table(plan, i, [table]), path, base)
-                    remove_file(base, kept)
-                    remove_file(base, error_path(meta, i))
-                    continue
-                else:
-                    plan.kept[i] = table
-            plan.pending.append(i)
-        plans.append(plan)
+    plans: list[JobPlan] = []
+    held: list[Path] = []
+    try:
+        for job in jobs:
+            plans.append(_plan_job(job, root, base, lock, overrides, held))
+    except BaseException:
+        # A job that cannot be planned (a link where its job.json goes) ends the run: the
+        # locks taken so far are given back, not left for the next run to break.
+        for meta in held:
+            release_lock(meta, base)
+        raise
     return plans
+
+
+def _plan_job(
+    job: Job,
+    root: Path,
+    base: Path,
+    lock: bool,
+    overrides: list[str] | None,
+    held: list[Path],
+) -> JobPlan:
+    """One job's plan (`plan_jobs`); the meta folder of a lock it takes is added to `held`."""
+    table = dataset_table(job.model, job.dataset, root, base)
+    identity = dataset_identity(table)
+    if job.dataset.path is not None:  # its rows decide the results, not its path
+        job = dataclasses.replace(job, dataset_hash=identity.hash or "")
+    folder = inside(root, job.name)
+    meta = meta_folder(root, job.name)
+    rows = select_rows(table, job.samples_per_length, job.limit)
+    n = len(rows["sample_id"])
+    shards = (n + job.shard_size - 1) // job.shard_size
+    make_folder(base, folder)
+    make_folder(base, meta)
+    info = {
+        "sweep": job.sweep,
+        "job": job.name,
+        "config_hash": job.config_hash,
+        "samples": n,
+        "shards": shards,
+        "shard_size": job.shard_size,
+        "config": job.config(),
+        "overrides": list(overrides or []),
+        # The family defaults a model entry without a preset got, and why (not hashed).
+        "defaults": None if job.defaults is None else job.defaults.to_dict(),
+    }
+    if lock:
+        owner = acquire_lock(meta, base)
+        if owner is not None:
+            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
+            return JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity, base=base)
+        held.append(meta)
+    write_file(base, meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
+    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, base=base)
+    for i in range(shards):
+        path = shard_path(folder, i)
+        lo, hi = shard_bounds(plan, i)
+        ids = rows["sample_id"][lo:hi]
+        kept = kept_path(meta, i)
+        if path.exists() or path.is_symlink():
+            why = shard_problem(path, ids, config_hash=job.config_hash)
+            if why is None:  # kept rows left by a driver that stopped between the two
+                if kept.is_symlink() or what_is(kept) == REGULAR:
+                    remove_file(base, kept)  # a link is removed itself
+                elif kept.exists():
+                    set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, base=base)
+                continue
+            plan.corrupt.append(set_aside(path, why, meta, _suffix(why), base).name)
+        if kept.exists() or kept.is_symlink():
+            table, why = read_kept(kept, ids, job.config_hash)
+            if table is None:
+                why = str(why)
+                plan.corrupt.append(set_aside(kept, why, meta, _suffix(why), base).name)
+            elif len(table) == len(ids) and lock:  # it stopped before writing the shard
+                write_table_atomic(shard_table(plan, i, [table]), path, base)
+                remove_file(base, kept)
+                remove_file(base, error_path(meta, i))
+                continue
+            else:
+                plan.kept[i] = table
+        plan.pending.append(i)
+    # A pending shard's error file is written when it fails: a link there is refused now.
+    check_places(base, [error_path(meta, i) for i in plan.pending])
+    return plan
 
 
 def _suffix(why: str) -> str:
