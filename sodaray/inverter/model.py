@@ -38,6 +38,14 @@ log = logging.getLogger(__name__)
 META = "inverter.json"
 LOGITS_ENCODER = "logits_encoder.safetensors"
 OBSERVATIONS = ("text", "logits")
+# What `save_inverter` writes in a checkpoint folder (the first three by transformers).
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    META,
+    LOGITS_ENCODER,
+)
 
 # d_model, d_ff, layers, heads: "small" is T5-Small's shape; the others fit 2-core CPU budgets.
 SHAPES: dict[str, tuple[int, int, int, int]] = {

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from sodaray.files import read_json_object
 from sodaray.inverter.data import build_pairs, encode_targets
 from sodaray.inverter.model import (
+    CHECKPOINT_FILES,
     Inverter,
     InverterMeta,
     build_inverter,
@@ -28,7 +29,7 @@ from sodaray.inverter.model import (
     save_inverter,
 )
 from sodaray.models import LoadedModel
-from sodaray.writes import write_file
+from sodaray.writes import check_places, write_file
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,12 @@ FIXED_ON_RESUME = (
 
 
 def check_resumable(cfg: TrainConfig, out: Path) -> None:
-    """A folder holding a run made with other data or shape settings is refused, by name."""
+    """A folder holding a run made with other data or shape settings is refused, by name; so
+    is one where a file the run writes is a link or not a regular file (`writes`), before any
+    training rather than at the first checkpoint."""
+    folders = [out / "best", out / "last"]
+    files = [out / n for n in ("train_config.json", "state.json", "optim.safetensors")]
+    check_places(out, [*files, *(f / name for f in folders for name in CHECKPOINT_FILES)])
     path = out / "train_config.json"
     if not (out / "state.json").is_file() or not path.is_file():
         return

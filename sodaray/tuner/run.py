@@ -25,7 +25,7 @@ from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_t
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
-from sodaray.report.study import save_plots
+from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
@@ -37,9 +37,12 @@ from sodaray.tuner.study import (
     trial_value,
     write_preset,
 )
-from sodaray.writes import make_folder
+from sodaray.writes import check_places, make_folder
 
 log = logging.getLogger(__name__)
+
+PRESET_FILE = "best_preset.yaml"
+MAX_CHECKED_TRIALS = 1000  # trial files checked before a run: the next ones, at most so many
 
 
 @dataclass
@@ -108,6 +111,7 @@ def run_tuning(
     # The default journal lies in the study's folder; a storage the user named is theirs.
     journal_base = base if storage is None and spec.storage is None else None
     study, stale = open_study(spec, url, study_name, open_storage(url, journal_base))
+    check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
     run = TuneRun(study_name, url, out, stale_failed=stale)
     rows, identity = validation_rows(spec, study, out, base)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
@@ -130,7 +134,7 @@ def run_tuning(
     if complete:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, out / "best_preset.yaml", base)
+        run.preset_path = write_preset(spec, best, out / PRESET_FILE, base)
     run.plots, skipped = save_plots(
         study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
     )
@@ -141,6 +145,15 @@ def run_tuning(
 def study_folder(out: str | Path, spec: TuningSpec) -> Path:
     """Where a study writes: OUT/<name>/."""
     return inside(out, spec.name)
+
+
+def study_files(folder: Path, first: int, trials: int) -> list[Path]:
+    """The files a run of `trials` trials from trial number `first` writes in its study's
+    folder: checked before any trial runs (`writes.check_places`), so that a link or a device
+    where one of them goes is one line at once, not after the trials' hours."""
+    plots = [folder / "plots" / f"{name}.png" for name in PLOTS]
+    shown = range(first, first + min(trials, MAX_CHECKED_TRIALS))
+    return [folder / PRESET_FILE, *plots, *(trial_file(folder, n) for n in shown)]
 
 
 def trial_file(folder: Path, number: int) -> Path:

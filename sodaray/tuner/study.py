@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 
 from sodaray.errors import first_line
 from sodaray.objectives import PRESET_FIELDS, Objective
+from sodaray.paths import brief
 from sodaray.tuner.spec import TuningSpec
 from sodaray.writes import LINK, UnsafeWrite, prepare_file, what_is_at, write_file
 
@@ -45,6 +47,13 @@ def open_storage(url: str, base: Path | None = None):
     prepare_file(base, journal)
     lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
     kind = what_is_at(base, lock)
+    # Optuna's lock is a link to the journal (a stale one it breaks after 30 s); anything
+    # else there would keep it waiting, a folder for ever.
+    if kind == LINK and os.path.abspath(os.readlink(lock)) != os.path.abspath(journal):
+        raise UnsafeWrite(
+            f"{lock} is a symbolic link to {brief(os.readlink(lock))}, not Optuna's lock of "
+            f"{journal} (a link to it); remove it"
+        )
     if kind not in (None, LINK):
         raise UnsafeWrite(f"{lock} is {kind}, not the link Optuna locks the journal with")
     return JournalStorage(JournalFileBackend(url))
