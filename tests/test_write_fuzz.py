@@ -24,15 +24,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import signal
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import STORIES
-
-from sodaray.cli import main
+from conftest import STORIES, cli_outcome
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -98,25 +95,6 @@ class Scratch:
 _SCRATCH: dict[str, Scratch] = {}
 
 
-def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    """The CLI in this process: its exit code and stderr. A run still going after
-    `CASE_SECONDS` blocked (an open of a FIFO waits for a writer): SIGALRM ends it."""
-
-    def blocked(signum, frame):
-        raise TimeoutError(f"blocked for {CASE_SECONDS}s: {' '.join(argv)}")
-
-    previous = signal.signal(signal.SIGALRM, blocked)
-    signal.alarm(CASE_SECONDS)
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    return code, capsys.readouterr().err
-
-
 def argv_for(name: str, inputs: Path, out: Path, request) -> list[str]:
     rows = str(scratch(name="sweep-run", request=request).out / "s") if name == "report" else ""
     fill = {"{in}": str(inputs), "{o}": str(out), "{rows}": rows}
@@ -141,7 +119,7 @@ def scratch(name: str, request) -> Scratch:
     (inputs / "s.yaml").write_text(SWEEP)
     (inputs / "t.yaml").write_text(TUNE)
     capsys = request.getfixturevalue("capsys")
-    code, err = run_cli(argv_for(name, inputs, out, request), capsys)
+    code, err, _ = cli_outcome(argv_for(name, inputs, out, request), capsys, CASE_SECONDS)
     assert code == 0, err
     if name == "sweep-run":  # its shard's rows also kept, as a run stopped before the rename
         (shard,) = out.glob("s/*/shard-00000.parquet")
@@ -244,12 +222,9 @@ def run_case(
     for rel in where:
         place(hazard, out / rel.rstrip("/"), outside, source.out / rel.rstrip("/"))
     before, nodes = snapshot(outside), specials(work)
-    code, err = run_cli(argv_for(name, source.inputs, out, request), capsys)
-    problems = []
-    if code not in (0, 2) or "Traceback" in err:
-        problems.append(f"exit {code}: {err[-300:]!r}")
-    if code == 2 and len(err.strip().splitlines()) != 1:
-        problems.append(f"not one line: {err[-300:]!r}")
+    code, err, problems = cli_outcome(
+        argv_for(name, source.inputs, out, request), capsys, CASE_SECONDS
+    )
     if hazard == "read-only" and len(where) > 1 and code != 0:
         problems.append(f"read-only files must be replaced: {err.strip()!r}")
     if snapshot(outside) != before:
