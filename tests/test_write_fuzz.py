@@ -281,3 +281,47 @@ def test_the_issues_escapes_end_in_one_line_and_change_nothing_outside(
     code, err, problems = run_case(name, hazard, (match,), tmp_path, request, capsys)
     assert problems == []
     assert code == 2 and f"{Path(match).name} {MESSAGES[hazard]}" in err, err
+
+
+# ---- the rule itself, where no command reaches -------------------------------------------------
+def test_the_rule_refuses_names_outside_and_links_anywhere_below_the_given_folder(tmp_path):
+    from sodaray.paths import PathEscape
+    from sodaray.writes import UnsafeWrite, move_file, remove_file, touch_file, write_file
+
+    base, elsewhere = tmp_path / "o", tmp_path / "elsewhere"
+    (base / "a").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "f").write_text("kept\n")
+    for escape in (base / ".." / "elsewhere" / "f", elsewhere / "f", Path("/") / "f"):
+        with pytest.raises(PathEscape, match="would be written outside"):
+            write_file(base, escape, "x")
+    # A link below the folder is refused even where it points back inside it.
+    (base / "back").symlink_to(base / "a")
+    with pytest.raises(UnsafeWrite, match="back is a symbolic link"):
+        write_file(base, base / "back" / "f", "x")
+    with pytest.raises(UnsafeWrite, match="back is a symbolic link"):
+        remove_file(base, base / "back" / "f")
+    (base / "dev").symlink_to(elsewhere / "f")
+    with pytest.raises(UnsafeWrite, match="dev is a symbolic link"):
+        move_file(base, base / "a", base / "dev")
+    before = (elsewhere / "f").stat().st_mtime_ns
+    time_before = os.stat(base / "dev", follow_symlinks=False).st_mtime_ns
+    touch_file(base, base / "dev")  # a link's target is never touched, nor the link
+    assert (elsewhere / "f").stat().st_mtime_ns == before
+    assert os.stat(base / "dev", follow_symlinks=False).st_mtime_ns == time_before
+    assert (elsewhere / "f").read_text() == "kept\n" and sorted(os.listdir(elsewhere)) == ["f"]
+    # The folder the user gave may itself be a link they chose.
+    (tmp_path / "chosen").symlink_to(elsewhere)
+    assert write_file(tmp_path / "chosen", tmp_path / "chosen" / "new" / "g", b"y")
+    assert (elsewhere / "new" / "g").read_bytes() == b"y"
+
+
+def test_an_exclusive_write_never_replaces_what_is_there(tmp_path):
+    from sodaray.writes import write_file
+
+    assert write_file(tmp_path, tmp_path / "lock", "first", exclusive=True)
+    assert not write_file(tmp_path, tmp_path / "lock", "second", exclusive=True)
+    os.mkfifo(tmp_path / "fifo")  # never opened: it would block
+    assert not write_file(tmp_path, tmp_path / "fifo", "x", exclusive=True)
+    assert (tmp_path / "lock").read_text() == "first"
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "lock"]  # no temporary file left
