@@ -253,8 +253,9 @@ def test_the_table_covers_every_place_each_command_writes(request):
     counts = {name: len(scratch(name, request).places) for name in COMMANDS}
     assert counts["sweep-run"] >= 10 and counts["tune"] >= 10 and counts["train-inverter"] >= 13
     assert all(n >= 1 for n in counts.values()), counts
-    total = sum(case_count(scratch(n, request).places, h) for n in COMMANDS for h in HAZARDS)
-    print(f"write fuzzer: {total} cases over {sum(counts.values())} places")  # -s shows it
+    by = {n: sum(case_count(scratch(n, request).places, h) for h in HAZARDS) for n in COMMANDS}
+    total = sum(by.values())
+    print(f"write fuzzer: {total} cases over {sum(counts.values())} places: {by}")  # with -s
     assert total >= 200
 
 
