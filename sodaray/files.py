@@ -41,8 +41,16 @@ def what_is(path: str | os.PathLike) -> str | None:
         return None
     except (OSError, ValueError):  # a name too long, a NUL byte, a loop of links
         return None
+    return kind_of(mode)
+
+
+def kind_of(mode: int) -> str:
+    """What a `stat` mode names: "a regular file", "a symbolic link" (from `lstat`), "a
+    directory", "a FIFO (named pipe)", ..."""
     if stat.S_ISREG(mode):
         return "a regular file"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 

@@ -55,10 +55,8 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import platform
 import socket
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -72,6 +70,7 @@ import pyarrow.parquet as pq
 from sodaray.errors import first_line
 from sodaray.files import what_is
 from sodaray.search.base import InversionResult
+from sodaray.writes import write_file
 
 log = logging.getLogger(__name__)
 
@@ -288,19 +287,13 @@ def result_rows(
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
-def write_table_atomic(table: pa.Table, path: str | Path) -> Path:
-    """Write Parquet under a temporary name in the same folder, then rename: a reader (or a
-    resumed sweep) never sees a partial file."""
+def write_table_atomic(table: pa.Table, path: str | Path, base: str | Path | None = None) -> Path:
+    """Write Parquet by the rule for every file sodaray writes (`writes.write_file`: a
+    temporary file in the same folder, then a rename; never through a link or over anything
+    but a regular file): a reader (or a resumed sweep) never sees a partial file. `base`: the
+    folder the user gave, below which nothing may be a link (default: the file's folder)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file(path.parent if base is None else base, path, lambda f: pq.write_table(table, f))
     return path
 
 

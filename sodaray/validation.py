@@ -291,10 +291,17 @@ def make_objective(data: dict[str, Any]) -> Objective:
 
 # ---- output paths -----------------------------------------------------------------------------
 def check_output_file(path: str | Path, what: str = "--out") -> Path:
-    """A file we are about to write: not a directory, its folder creatable and writable."""
+    """A file we are about to write: not a directory, its folder creatable and writable, and
+    nothing there but a regular file (a link, a device node, a FIFO): said before the work,
+    as `writes.write_file` would refuse it after."""
+    from sodaray.writes import REGULAR, refusal, what_is_at
+
     if not str(path).strip():  # Path("") is ".", a folder: say what is wrong
         raise ValueError(f"{what}: empty path")
     path = Path(path).expanduser()
+    kind = what_is_at(path.parent, path) if path.parent.is_dir() else None
+    if kind not in (None, REGULAR, "a directory"):
+        raise ValueError(f"{what} {refusal(path, kind)}")
     if path.is_dir():
         raise ValueError(f"{what} {path}: is a directory, not a file")
     _check_writable_folder(path.parent, f"{what} {path}")

@@ -46,6 +46,36 @@ def one_line_error(args: list[str], capsys) -> str:
     return err
 
 
+def cli_outcome(argv: list[str], capsys, seconds: int) -> tuple[int, str, list[str]]:
+    """Run the CLI in this process on `argv`, ended by SIGALRM after `seconds` (an open of a
+    FIFO waits for a writer; a parse may never end): its exit code, its stderr, and how it
+    broke the rule for hostile input (exit 0, or 2 with one line on stderr; never a
+    traceback), [] where it kept it."""
+    import signal
+
+    from sodaray.cli import main
+
+    def hung(*_):
+        raise TimeoutError(f"{' '.join(argv)[:200]} took more than {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    err = capsys.readouterr().err
+    broken = []
+    if code not in (0, 2) or "Traceback" in err:
+        broken.append(f"exit {code}: {err[-300:]!r}")
+    if code == 2 and len(err.strip().splitlines()) != 1:
+        broken.append(f"not one line: {err[-300:]!r}")
+    return code, err, broken
+
+
 def finish_all(plans) -> None:
     """Compute every pending shard of sweep `plans` in this process (a real replica worker on
     stories260K, no Ray) and write each file as the driver does."""

@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from sodaray.data.tokenizer import DatasetError
 from sodaray.files import regular_file
+from sodaray.writes import write_file
 
 FORMAT_VERSION = "1"
 VERSION_KEY = b"sodaray.dataset.version"
@@ -104,21 +105,24 @@ def dataset_metadata(table: pa.Table) -> dict[str, Any]:
     }
 
 
-def write_dataset(table: pa.Table, path: str | os.PathLike) -> Path:
-    """Write atomically (a temporary file in the same folder, then a rename), with fixed writer
-    settings so that the same table gives the same bytes."""
+def write_dataset(
+    table: pa.Table, path: str | os.PathLike, base: str | os.PathLike | None = None
+) -> Path:
+    """Write by the rule for every file sodaray writes (`writes.write_file`: atomically, never
+    through a link or over anything but a regular file), with fixed writer settings so that
+    the same table gives the same bytes. `base`: the folder the user gave, below which
+    nothing may be a link (default: the file's folder)."""
     out = Path(path)
     check_rows(table, f"the dataset for {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     metadata = dict(table.schema.metadata or {})
     metadata.setdefault(VERSION_KEY, FORMAT_VERSION.encode())
     metadata[HASH_KEY] = content_hash(table).encode()  # always matches what is written
     table = table.replace_schema_metadata(metadata)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+
+    def parquet(f: BinaryIO) -> None:
         pq.write_table(
             table,
-            tmp,
+            f,
             compression="zstd",
             compression_level=3,
             use_dictionary=True,
@@ -126,10 +130,8 @@ def write_dataset(table: pa.Table, path: str | os.PathLike) -> Path:
             row_group_size=1 << 20,
             version="2.6",
         )
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    write_file(out.parent if base is None else base, out, parquet)
     return out
 
 

@@ -90,9 +90,12 @@ def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
     return counts
 
 
-def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
+def dataset_table(
+    model: ModelSpec, spec: DatasetSpec, root: Path, base: Path | None = None
+) -> pa.Table:
     """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
-    under `root/.sodaray/datasets/`)."""
+    under `root/.sodaray/datasets/`; `base`: the output folder `root` lies in, default its
+    parent, below which the cache is never written through a link)."""
     from sodaray.data import read_dataset
 
     if spec.location is not None:
@@ -120,5 +123,5 @@ def dataset_table(model: ModelSpec, spec: DatasetSpec, root: Path) -> pa.Table:
             vocab=build.get("vocab", "tokenizer"),
             records=build.get("records", "whole"),
         )
-        write_dataset(table, path)
+        write_dataset(table, path, Path(root).parent if base is None else base)
     return read_dataset(path)

@@ -14,25 +14,38 @@ Two observations, as in the paper's appendix (after Morris et al. 2023):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import shutil
+import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from sodaray.errors import first_line
 from sodaray.files import read_json_object, what_is
+from sodaray.writes import write_file
 
 log = logging.getLogger(__name__)
 
 META = "inverter.json"
 LOGITS_ENCODER = "logits_encoder.safetensors"
 OBSERVATIONS = ("text", "logits")
+# What `save_inverter` writes in a checkpoint folder (the first three by transformers).
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    META,
+    LOGITS_ENCODER,
+)
 
 # d_model, d_ff, layers, heads: "small" is T5-Small's shape; the others fit 2-core CPU budgets.
 SHAPES: dict[str, tuple[int, int, int, int]] = {
@@ -158,14 +171,28 @@ def build_inverter(meta: InverterMeta) -> Inverter:
     return Inverter(build_model(meta.llm_vocab_size, meta.shape), meta)
 
 
-def save_inverter(path: str | Path, net: Inverter, meta: InverterMeta) -> None:
+def save_inverter(
+    path: str | Path, net: Inverter, meta: InverterMeta, base: str | Path | None = None
+) -> None:
+    """A checkpoint folder: the T5 (safetensors: no pickle), the logits encoder and
+    `inverter.json`, each file by the rule for every file sodaray writes (`writes`; `base`:
+    the folder the user gave, default `path`'s parent). transformers writes by name, so the T5
+    is saved into a fresh temporary folder and copied from there."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    net.t5.save_pretrained(path)  # safetensors: no pickle
+    base = path.parent if base is None else base
+    with tempfile.TemporaryDirectory(prefix="sodaray-t5-") as tmp:
+        net.t5.save_pretrained(tmp)
+        for file in sorted(Path(tmp).iterdir()):
+            write_file(base, path / file.name, functools.partial(_copy, file))
     if net.logits_encoder is not None:
         tensors = {k: v.detach().contiguous() for k, v in net.logits_encoder.state_dict().items()}
-        save_file(tensors, str(path / LOGITS_ENCODER))
-    (path / META).write_text(json.dumps(asdict(meta), indent=2))
+        write_file(base, path / LOGITS_ENCODER, save(tensors))
+    write_file(base, path / META, json.dumps(asdict(meta), indent=2))
+
+
+def _copy(source: Path, f: BinaryIO) -> None:
+    with source.open("rb") as src:
+        shutil.copyfileobj(src, f, 1 << 20)
 
 
 def read_meta(path: Path) -> InverterMeta:

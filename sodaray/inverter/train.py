@@ -15,12 +15,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from tqdm import tqdm
 
 from sodaray.files import read_json_object
 from sodaray.inverter.data import build_pairs, encode_targets
 from sodaray.inverter.model import (
+    CHECKPOINT_FILES,
     Inverter,
     InverterMeta,
     build_inverter,
@@ -28,6 +29,7 @@ from sodaray.inverter.model import (
     save_inverter,
 )
 from sodaray.models import LoadedModel
+from sodaray.writes import check_places, write_file
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +143,12 @@ FIXED_ON_RESUME = (
 
 
 def check_resumable(cfg: TrainConfig, out: Path) -> None:
-    """A folder holding a run made with other data or shape settings is refused, by name."""
+    """A folder holding a run made with other data or shape settings is refused, by name; so
+    is one where a file the run writes is a link or not a regular file (`writes`), before any
+    training rather than at the first checkpoint."""
+    folders = [out / "best", out / "last"]
+    files = [out / n for n in ("train_config.json", "state.json", "optim.safetensors")]
+    check_places(out, [*files, *(f / name for f in folders for name in CHECKPOINT_FILES)])
     path = out / "train_config.json"
     if not (out / "state.json").is_file() or not path.is_file():
         return
@@ -207,8 +214,8 @@ def train_inverter(
     )
     if state_path.is_file() and (out / "optim.safetensors").is_file():
         _load_optim(opt, sched, out / "optim.safetensors", state)
-    (out).mkdir(parents=True, exist_ok=True)
-    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    # Every file under `out`, the folder the user gave, by the rule for writes (`writes`).
+    write_file(out, out / "train_config.json", json.dumps(asdict(cfg), indent=2))
 
     gen = torch.Generator().manual_seed(cfg.seed + state["epoch"])
     for epoch in range(state["epoch"], cfg.epochs):
@@ -246,7 +253,7 @@ def train_inverter(
         state["epoch"] = epoch + 1
         save_inverter(out / "last", net, meta)
         _save_optim(opt, sched, out / "optim.safetensors", state)
-        state_path.write_text(json.dumps(state, indent=2))
+        write_file(out, state_path, json.dumps(state, indent=2))
         if on_epoch is not None:
             on_epoch(row)
         if cfg.max_seconds is not None and state["seconds"] >= cfg.max_seconds:
@@ -263,7 +270,7 @@ def _save_optim(opt, sched, path: Path, state: dict) -> None:
         tensors[f"{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
         state["adam_step"] = float(st["step"])
     state["sched_step"] = sched.last_epoch
-    save_file(tensors, str(path))
+    write_file(path.parent, path, save(tensors))
 
 
 def _load_optim(opt, sched, path: Path, state: dict) -> None:

@@ -16,8 +16,11 @@ from sodaray.files import read_json
 from sodaray.report.render import FORMATS, RENDERERS
 from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
 from sodaray.results import JOB_FILE, META_DIR, read_results
+from sodaray.writes import check_places, make_folder, write_file
 
 log = logging.getLogger(__name__)
+
+INDEX = "README.md"  # the report's index of its tables and figures
 
 
 @dataclass
@@ -114,7 +117,7 @@ def build_report(
             "each trial is its own configuration, picked by the study, not samples of one rate."
         )
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, out)  # the folder the user gave; every file in it by the rule for writes
     report.tables, report.skipped = build_tables(df)
     found = []
     if extrapolate is not None:
@@ -125,12 +128,19 @@ def build_report(
         report.tables += made
         if not made:
             report.skipped.append(Skipped("budget", "needs SODA rows with known inputs"))
-    for table in report.tables:
-        for fmt in formats:
-            render, ext = RENDERERS[fmt]
-            path = out / f"{table.name}.{ext}"
-            path.write_text(render(table), encoding="utf-8")
-            report.files.append(path)
+    tables = [
+        (out / f"{t.name}.{RENDERERS[fmt][1]}", RENDERERS[fmt][0], t)
+        for t in report.tables
+        for fmt in formats
+    ]
+    from sodaray.report.figures import FIGURES
+
+    pictures = [out / f"{name}.png" for name in [*FIGURES, "budget"]] if figures else []
+    # Whatever the report may write, checked before any figure is drawn (`writes`).
+    check_places(out, [*(path for path, _, _ in tables), *pictures, out / INDEX])
+    for path, render, table in tables:
+        write_file(out, path, render(table))
+        report.files.append(path)
     if figures:
         from sodaray.report.figures import build_figures
 
@@ -149,8 +159,8 @@ def build_report(
                 path = _save(plot.figure, out / "budget.png")
                 report.files.append(path)
                 report.captions[path.name] = plot.caption
-    index = out / "README.md"
-    index.write_text(_index(report), encoding="utf-8")
+    index = out / INDEX
+    write_file(out, index, _index(report))
     report.files.append(index)
     return report
 

@@ -20,6 +20,7 @@ import pandas as pd
 
 from sodaray import metrics
 from sodaray.report.tables import Skipped, by_setting, named, standard_rows, tuning_rows
+from sodaray.writes import write_file
 
 
 @dataclass
@@ -59,11 +60,13 @@ def _clear_suptitle(fig) -> None:
 
 
 def _save(fig, path: Path) -> Path:
+    """The figure as PNG at `path`, in the folder the user gave (`report --out`), by the rule
+    for every file sodaray writes (`writes.write_file`)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()  # the legends beside the axes are part of each axes' tight box
     _clear_suptitle(fig)
-    fig.savefig(path, dpi=120)
+    write_file(path.parent, path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
     return path
 

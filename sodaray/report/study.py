@@ -10,6 +10,7 @@ from typing import Any
 
 from sodaray.errors import first_line
 from sodaray.report.tables import Skipped
+from sodaray.writes import write_file
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +108,19 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
 
 
 def save_plots(
-    study: Any, folder: Path, value_label: str = "objective value", metric: str = "exact"
+    study: Any,
+    folder: Path,
+    value_label: str = "objective value",
+    metric: str = "exact",
+    base: Path | None = None,
 ) -> tuple[list[Path], list[Skipped]]:
     """The study's history (`history_figure`; `value_label` names its y axis, the metric the
     trials maximise) and, with enough completed trials, Optuna's parameter importances and
     parallel coordinates, as PNG in `folder`. Returns the files and each plot not made with
-    the reason (also logged), so a caller can say why a plot it promised is missing."""
+    the reason (also logged), so a caller can say why a plot it promised is missing. `base`:
+    the output folder `folder` lies in (default: `folder`), below which nothing is written
+    through a link (`writes.write_file`)."""
+    base = folder if base is None else base
     import optuna
 
     fig = history_figure(study, value_label, metric)
@@ -120,8 +128,7 @@ def save_plots(
         reason = "no completed trial yet"
         log.info("plots skipped: %s", reason)
         return [], [Skipped(name, reason) for name in PLOTS]
-    folder.mkdir(parents=True, exist_ok=True)
-    made = [_save(fig, folder / "history.png")]
+    made = [_save(fig, folder / "history.png", base)]
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
         reason = (
@@ -145,7 +152,7 @@ def save_plots(
             fig.set_size_inches(10, 5.5)
             for label in fig.axes[0].get_xticklabels():
                 label.set_rotation(20)
-            made.append(_save(fig, folder / f"{name}.png"))
+            made.append(_save(fig, folder / f"{name}.png", base))
         except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
             log.info("plot %s skipped: %s", name, exc)
             skipped.append(Skipped(name, f"Optuna could not draw it: {first_line(exc)}"))
@@ -156,10 +163,10 @@ def save_plots(
 PLOTS = ("history", "importances", "parallel_coordinate")
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, base: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_file(base, path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
     return path

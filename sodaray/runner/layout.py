@@ -32,7 +32,6 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,16 @@ from sodaray.files import read_json, what_is
 from sodaray.paths import brief, inside
 from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
 from sodaray.runner.spec import Job
+from sodaray.writes import (
+    LINK,
+    check_places,
+    make_folder,
+    move_file,
+    remove_file,
+    touch_file,
+    what_is_at,
+    write_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +172,14 @@ def read_kept(
     return table, None
 
 
-def set_aside(path: Path, why: str, meta: Path, suffix: str = ".corrupt") -> Path:
+def set_aside(
+    path: Path, why: str, meta: Path, suffix: str = ".corrupt", base: Path | None = None
+) -> Path:
     """Move an untrusted shard file to `meta/*.corrupt` (or `suffix`: `.foreign` for another
-    job's rows), kept for inspection, never read."""
+    job's rows), kept for inspection, never read. `base`: the output folder (by the rule for
+    writes, nothing below it is a link; default: `meta`)."""
     target = meta / (path.name + suffix)
-    meta.mkdir(parents=True, exist_ok=True)
-    os.replace(path, target)
+    move_file(meta if base is None else base, path, target)
     log.warning("%s: %s; moved to %s, computing it again", path, why, target)
     return target
 
@@ -305,52 +316,31 @@ def describe_owner(owner: dict[str, Any]) -> str:
     return f"{owner.get('host', '?')} pid {owner.get('pid', '?')}{when}"
 
 
-def _create_lock(path: Path, text: str) -> bool:
-    """Write `path` with `text` only if it does not exist; False if it does. The text is
-    written to a temporary file first and linked into place, so no reader ever sees a lock
-    half written (which it could not tell from garbage)."""
-    fd, tmp = tempfile.mkstemp(prefix=".job.lock.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # a filesystem without hard links: exclusive create instead
-            try:
-                out = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(out, "w", encoding="utf-8") as f:
-                f.write(text)
-            return True
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def acquire_lock(folder: Path) -> dict[str, Any] | None:
-    """Take the job's lock; returns the other live owner instead when there is one."""
+def acquire_lock(folder: Path, base: Path | None = None) -> dict[str, Any] | None:
+    """Take the job's lock; returns the other live owner instead when there is one. The lock
+    is written whole and linked into place only where nothing is (`write_file`'s
+    `exclusive`): no reader sees it half written, which it could not tell from garbage.
+    `base`: the output folder, below which nothing may be a link (default: `folder`)."""
+    base = folder if base is None else base
     path = folder / LOCK_FILE
     text = json.dumps(_me()) + "\n"
     for _ in range(2):
-        if _create_lock(path, text):
+        if write_file(base, path, text, exclusive=True):
             return None
         owner, why = lock_state(folder)
         if owner is not None:
             return owner
         if why is not None:  # else it is this process's own (or just released): taken again
             log.warning("breaking the lock %s: %s", path, why)
-        if path.is_dir() and not path.is_symlink():  # a folder in its place: moved, kept
-            os.replace(path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
-        else:
-            path.unlink(missing_ok=True)
+        if what_is_at(base, path) in (REGULAR, LINK, None):  # a link is removed itself
+            remove_file(base, path)
+        else:  # a folder, a FIFO, a device in its place: moved aside and kept, never deleted
+            move_file(base, path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
     return lock_owner(folder) or {"host": "?"}
 
 
-def release_lock(folder: Path) -> None:
-    """Remove the job's lock if it is this process's own."""
+def release_lock(folder: Path, base: Path | None = None) -> None:
+    """Remove the job's lock if it is this process's own (`base`: as `acquire_lock`'s)."""
     path = folder / LOCK_FILE
     try:
         owner = read_json(path, "lock file")
@@ -361,15 +351,14 @@ def release_lock(folder: Path) -> None:
         and owner["host"] == socket.gethostname()
         and owner["pid"] == os.getpid()
     ):
-        path.unlink(missing_ok=True)
+        remove_file(folder if base is None else base, path)
 
 
-def refresh_locks(folders: list[Path]) -> None:
+def refresh_locks(folders: list[Path], base: Path | None = None) -> None:
+    """Touch each held lock (a regular file only: a link's target is never touched)."""
     for folder in folders:
-        try:
-            os.utime(folder / LOCK_FILE)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError, ValueError):
+            touch_file(folder if base is None else base, folder / LOCK_FILE)
 
 
 # ---- planning (no Ray) --------------------------------------------------------------------------
@@ -385,73 +374,107 @@ class JobPlan:
     corrupt: list[str] = field(default_factory=list)
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
     kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
+    base: Path = Path()  # the output folder: nothing below it is written through a link
 
 
 def plan_jobs(
-    jobs: list[Job], root: Path, *, lock: bool = False, overrides: list[str] | None = None
+    jobs: list[Job],
+    root: Path,
+    *,
+    lock: bool = False,
+    overrides: list[str] | None = None,
+    base: Path | None = None,
 ) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
     job another live driver holds comes back with no pending shards and `locked_by` set.
-    `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`."""
-    plans = []
-    for job in jobs:
-        table = dataset_table(job.model, job.dataset, root)
-        identity = dataset_identity(table)
-        if job.dataset.path is not None:  # its rows decide the results, not its path
-            job = dataclasses.replace(job, dataset_hash=identity.hash or "")
-        folder = inside(root, job.name)
-        meta = meta_folder(root, job.name)
-        rows = select_rows(table, job.samples_per_length, job.limit)
-        n = len(rows["sample_id"])
-        shards = (n + job.shard_size - 1) // job.shard_size
-        folder.mkdir(parents=True, exist_ok=True)
-        meta.mkdir(parents=True, exist_ok=True)
-        info = {
-            "sweep": job.sweep,
-            "job": job.name,
-            "config_hash": job.config_hash,
-            "samples": n,
-            "shards": shards,
-            "shard_size": job.shard_size,
-            "config": job.config(),
-            "overrides": list(overrides or []),
-            # The family defaults a model entry without a preset got, and why (not hashed).
-            "defaults": None if job.defaults is None else job.defaults.to_dict(),
-        }
-        if lock and (owner := acquire_lock(meta)) is not None:
-            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
-            plans.append(JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity))
-            continue
-        (meta / JOB_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity)
-        for i in range(shards):
-            path = shard_path(folder, i)
-            lo, hi = shard_bounds(plan, i)
-            ids = rows["sample_id"][lo:hi]
-            kept = kept_path(meta, i)
-            if path.exists() or path.is_symlink():
-                why = shard_problem(path, ids, config_hash=job.config_hash)
-                if why is None:  # kept rows left by a driver that stopped between the two
-                    if kept.is_symlink() or what_is(kept) == REGULAR:
-                        kept.unlink()
-                    elif kept.exists():
-                        set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta)
-                    continue
-                plan.corrupt.append(set_aside(path, why, meta, _suffix(why)).name)
-            if kept.exists() or kept.is_symlink():
-                table, why = read_kept(kept, ids, job.config_hash)
-                if table is None:
-                    plan.corrupt.append(set_aside(kept, str(why), meta, _suffix(str(why))).name)
-                elif len(table) == len(ids) and lock:  # it stopped before writing the shard
-                    write_table_atomic(shard_table(plan, i, [table]), path)
-                    kept.unlink()
-                    error_path(meta, i).unlink(missing_ok=True)
-                    continue
-                else:
-                    plan.kept[i] = table
-            plan.pending.append(i)
-        plans.append(plan)
+    `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`. `root`: the
+    sweep's folder in `base`, the output folder the user gave (default: `root`'s parent),
+    below which nothing is written through a link (`writes`)."""
+    base = Path(root).parent if base is None else Path(base)
+    plans: list[JobPlan] = []
+    held: list[Path] = []
+    try:
+        for job in jobs:
+            plans.append(_plan_job(job, root, base, lock, overrides, held))
+    except BaseException:
+        # A job that cannot be planned (a link where its job.json goes) ends the run: the
+        # locks taken so far are given back, not left for the next run to break.
+        for meta in held:
+            release_lock(meta, base)
+        raise
     return plans
+
+
+def _plan_job(
+    job: Job,
+    root: Path,
+    base: Path,
+    lock: bool,
+    overrides: list[str] | None,
+    held: list[Path],
+) -> JobPlan:
+    """One job's plan (`plan_jobs`); the meta folder of a lock it takes is added to `held`."""
+    table = dataset_table(job.model, job.dataset, root, base)
+    identity = dataset_identity(table)
+    if job.dataset.path is not None:  # its rows decide the results, not its path
+        job = dataclasses.replace(job, dataset_hash=identity.hash or "")
+    folder = inside(root, job.name)
+    meta = meta_folder(root, job.name)
+    rows = select_rows(table, job.samples_per_length, job.limit)
+    n = len(rows["sample_id"])
+    shards = (n + job.shard_size - 1) // job.shard_size
+    make_folder(base, folder)
+    make_folder(base, meta)
+    info = {
+        "sweep": job.sweep,
+        "job": job.name,
+        "config_hash": job.config_hash,
+        "samples": n,
+        "shards": shards,
+        "shard_size": job.shard_size,
+        "config": job.config(),
+        "overrides": list(overrides or []),
+        # The family defaults a model entry without a preset got, and why (not hashed).
+        "defaults": None if job.defaults is None else job.defaults.to_dict(),
+    }
+    if lock:
+        owner = acquire_lock(meta, base)
+        if owner is not None:
+            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
+            return JobPlan(job, folder, meta, rows, shards, [], owner, identity=identity, base=base)
+        held.append(meta)
+    write_file(base, meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
+    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, base=base)
+    for i in range(shards):
+        path = shard_path(folder, i)
+        lo, hi = shard_bounds(plan, i)
+        ids = rows["sample_id"][lo:hi]
+        kept = kept_path(meta, i)
+        if path.exists() or path.is_symlink():
+            why = shard_problem(path, ids, config_hash=job.config_hash)
+            if why is None:  # kept rows left by a driver that stopped between the two
+                if kept.is_symlink() or what_is(kept) == REGULAR:
+                    remove_file(base, kept)  # a link is removed itself
+                elif kept.exists():
+                    set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, base=base)
+                continue
+            plan.corrupt.append(set_aside(path, why, meta, _suffix(why), base).name)
+        if kept.exists() or kept.is_symlink():
+            table, why = read_kept(kept, ids, job.config_hash)
+            if table is None:
+                why = str(why)
+                plan.corrupt.append(set_aside(kept, why, meta, _suffix(why), base).name)
+            elif len(table) == len(ids) and lock:  # it stopped before writing the shard
+                write_table_atomic(shard_table(plan, i, [table]), path, base)
+                remove_file(base, kept)
+                remove_file(base, error_path(meta, i))
+                continue
+            else:
+                plan.kept[i] = table
+        plan.pending.append(i)
+    # A pending shard's error file is written when it fails: a link there is refused now.
+    check_places(base, [error_path(meta, i) for i in plan.pending])
+    return plan
 
 
 def _suffix(why: str) -> str:

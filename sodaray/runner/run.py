@@ -56,6 +56,7 @@ from sodaray.runner.layout import (
 )
 from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Job, Sweep
+from sodaray.writes import remove_file, write_file
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ def run_sweep(
     root = inside(out, sweep.name)
     jobs = sweep.jobs(limit=limit, model=model)
     check_jobs_fit(jobs, sweep.path)  # on the driver, before a lock, a build or an actor
-    plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides)
+    plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides, base=Path(out))
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
@@ -265,14 +266,14 @@ def run_sweep(
                         ray_session(requests, address, wait_for_nodes)
                     )
                 shards = _Shards(pending, run, max_attempts, placement, keep_every)
-                shards.drain(on_shard, on_progress, held)
+                shards.drain(on_shard, on_progress, held, Path(out))
     except KeyboardInterrupt as exc:
         run.interrupted = True
         raise SweepInterrupted(run) from exc
     finally:
         run.seconds = time.perf_counter() - started
         for folder in held:
-            release_lock(folder)
+            release_lock(folder, Path(out))
     return run
 
 
@@ -322,15 +323,16 @@ class _Shards:
         on_shard: Callable[[ShardDone], None] | None,
         on_progress: Callable[[JobProgress], None] | None,
         held: list[Path],
+        base: Path,
     ) -> None:
-        """Until every shard is written or failed for good, keeping `held` locks fresh; Ctrl-C
-        or a run that cannot go on kills the replicas."""
+        """Until every shard is written or failed for good, keeping `held` locks (in the
+        output folder `base`) fresh; Ctrl-C or a run that cannot go on kills the replicas."""
         try:
             refreshed = time.monotonic()
             while any(len(g) for g in self.groups):
                 event = next_event(self.groups, timeout=LOCK_REFRESH_SECONDS)
                 if time.monotonic() - refreshed >= LOCK_REFRESH_SECONDS:
-                    refresh_locks(held)  # our locks stay fresh for other hosts' drivers
+                    refresh_locks(held, base)  # our locks stay fresh for other hosts' drivers
                     refreshed = time.monotonic()
                 if event is None:
                     continue
@@ -395,17 +397,18 @@ class _Shards:
         have = {s for t in [*before, *tables] for s in t["sample_id"].to_pylist()}
         new = pc.invert(pc.is_in(output.table["sample_id"], pa.array(sorted(have), pa.int64())))
         tables.append(output.table.filter(new))  # a unit tried again sends its rows again
-        write_table_atomic(pa.concat_tables([*before, *tables]), kept_path(plan.meta, index))
+        kept = pa.concat_tables([*before, *tables])
+        write_table_atomic(kept, kept_path(plan.meta, index), plan.base)
 
     def write(self, plan: JobPlan, index: int, output: Finished) -> ShardDone:
         """The shard's file, from the run's rows and those an earlier run kept; its kept rows
         then go (a stop between the two leaves both: the next run trusts the shard file)."""
         kept = plan.kept.get(index)
         table = shard_table(plan, index, [t for t in [kept, output.table] if t is not None])
-        write_table_atomic(table, shard_path(plan.folder, index))
-        kept_path(plan.meta, index).unlink(missing_ok=True)
+        write_table_atomic(table, shard_path(plan.folder, index), plan.base)
+        remove_file(plan.base, kept_path(plan.meta, index))
         self.kept.pop(output.key, None)
-        error_path(plan.meta, index).unlink(missing_ok=True)
+        remove_file(plan.base, error_path(plan.meta, index))
         done = ShardDone(
             plan.job.name,
             index,
@@ -425,4 +428,5 @@ class _Shards:
     def fail(self, plan: JobPlan, index: int, failure: Failure) -> None:
         failed = ShardFailed(plan.job.name, index, failure.attempts, failure.error)
         self.run.failed.append(failed)
-        error_path(plan.meta, index).write_text(json.dumps(failed.__dict__, indent=2) + "\n")
+        text = json.dumps(failed.__dict__, indent=2) + "\n"
+        write_file(plan.base, error_path(plan.meta, index), text)

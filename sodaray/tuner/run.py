@@ -25,19 +25,24 @@ from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_t
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
-from sodaray.report.study import save_plots
+from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     ask_trial,
+    open_storage,
     open_study,
     storage_url,
     trial_value,
     write_preset,
 )
+from sodaray.writes import check_places, make_folder
 
 log = logging.getLogger(__name__)
+
+PRESET_FILE = "best_preset.yaml"
+MAX_CHECKED_TRIALS = 1000  # trial files checked before a run: the next ones, at most so many
 
 
 @dataclass
@@ -98,13 +103,17 @@ def run_tuning(
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
-    out = study_folder(out, spec)
+    base = Path(out)  # the folder the user gave: nothing below it is written through a link
+    out = study_folder(base, spec)
     url = storage_url(spec, out, storage)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(base, out)
     study_name = spec.study_name or spec.name
-    study, stale = open_study(spec, url, study_name)
+    # The default journal lies in the study's folder; a storage the user named is theirs.
+    journal_base = base if storage is None and spec.storage is None else None
+    study, stale = open_study(spec, url, study_name, open_storage(url, journal_base))
+    check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
     run = TuneRun(study_name, url, out, stale_failed=stale)
-    rows, identity = validation_rows(spec, study, out)
+    rows, identity = validation_rows(spec, study, out, base)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
     with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
         # A batch's worth of trials on each replica, and the next one waiting.
@@ -125,9 +134,9 @@ def run_tuning(
     if complete:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, out / "best_preset.yaml")
+        run.preset_path = write_preset(spec, best, out / PRESET_FILE, base)
     run.plots, skipped = save_plots(
-        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric
+        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
     )
     run.plots_skipped = {s.name: s.reason for s in skipped}
     return run
@@ -138,17 +147,27 @@ def study_folder(out: str | Path, spec: TuningSpec) -> Path:
     return inside(out, spec.name)
 
 
+def study_files(folder: Path, first: int, trials: int) -> list[Path]:
+    """The files a run of `trials` trials from trial number `first` writes in its study's
+    folder: checked before any trial runs (`writes.check_places`), so that a link or a device
+    where one of them goes is one line at once, not after the trials' hours."""
+    plots = [folder / "plots" / f"{name}.png" for name in PLOTS]
+    shown = range(first, first + min(trials, MAX_CHECKED_TRIALS))
+    return [folder / PRESET_FILE, *plots, *(trial_file(folder, n) for n in shown)]
+
+
 def trial_file(folder: Path, number: int) -> Path:
     """A trial's result rows in its study's folder."""
     return folder / "trials" / f"trial-{number:05d}.parquet"
 
 
 def validation_rows(
-    spec: TuningSpec, study: Any, out: Path
+    spec: TuningSpec, study: Any, out: Path, base: Path | None = None
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
-    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/)
-    and the data's identity; the data's hash is recorded in the study."""
-    table = dataset_table(spec.model, spec.data, out)
+    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/;
+    `base`: OUT, default `out`'s parent) and the data's identity; the data's hash is recorded
+    in the study."""
+    table = dataset_table(spec.model, spec.data, out, base)
     identity = dataset_identity(table)
     if identity.hash and "dataset_hash" not in study.user_attrs:
         # The rows the trials ran on: the data spec names a build, the hash its result.
@@ -295,7 +314,7 @@ class _Trials:
         del self.live[unit.key]
         table = output.table
         path = trial_file(self.run.out, trial.number)
-        write_table_atomic(table, path)
+        write_table_atomic(table, path, self.run.out.parent)  # OUT, the folder the user gave
         exact = sum(bool(x) for x in table.column("exact").to_pylist())
         losses = table.column("final_loss").to_pylist()
         value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)

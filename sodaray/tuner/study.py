@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import yaml
 
 from sodaray.errors import first_line
 from sodaray.objectives import PRESET_FIELDS, Objective
+from sodaray.paths import brief
 from sodaray.tuner.spec import TuningSpec
+from sodaray.writes import LINK, UnsafeWrite, prepare_file, what_is_at, write_file
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
@@ -26,15 +29,33 @@ def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str
     return url
 
 
-def open_storage(url: str):
-    """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file."""
+def open_storage(url: str, base: Path | None = None):
+    """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file.
+    Optuna opens a journal by name itself, so it is checked by the rule for every file
+    sodaray writes first (`writes`): its folders below `base` (the folder the user gave;
+    default: the journal's own) made and none a link, the journal a regular file (made empty
+    when missing), and its lock nothing or the link Optuna makes (a folder there would keep
+    Optuna waiting for ever)."""
     if "://" in url:
         _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    Path(url).parent.mkdir(parents=True, exist_ok=True)
+    journal = Path(url)
+    base = journal.parent if base is None else base
+    prepare_file(base, journal)
+    lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
+    kind = what_is_at(base, lock)
+    # Optuna's lock is a link to the journal (a stale one it breaks after 30 s); anything
+    # else there would keep it waiting, a folder for ever.
+    if kind == LINK and os.path.abspath(os.readlink(lock)) != os.path.abspath(journal):
+        raise UnsafeWrite(
+            f"{lock} is a symbolic link to {brief(os.readlink(lock))}, not Optuna's lock of "
+            f"{journal} (a link to it); remove it"
+        )
+    if kind not in (None, LINK):
+        raise UnsafeWrite(f"{lock} is {kind}, not the link Optuna locks the journal with")
     return JournalStorage(JournalFileBackend(url))
 
 
@@ -222,9 +243,10 @@ def study_attrs(spec: TuningSpec) -> dict[str, Any]:
     }
 
 
-def write_preset(spec: TuningSpec, best, path: Path) -> Path:
+def write_preset(spec: TuningSpec, best, path: Path, base: Path | None = None) -> Path:
     """The best parameters as a preset YAML (`sodaray invert --preset-file`, sweeps'
-    `preset_file:`)."""
+    `preset_file:`), written by the rule for writes (`base`: the folder the user gave,
+    default the file's own)."""
     # The trial's whole config (the model's preset, `fixed`, the sampled values), so the file
     # reproduces the trial on its own; budget and batching stay the caller's.
     budget = ("max_steps", "seed", "max_batch_size", "max_seconds")
@@ -244,5 +266,5 @@ def write_preset(spec: TuningSpec, best, path: Path) -> Path:
     settings = {k: objective[k] for k in PRESET_FIELDS if objective[k] != default[k]}
     if settings:  # not SODA parameters: kept apart so the file loads as a preset
         doc["objective"] = settings
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_file(path.parent if base is None else base, path, yaml.safe_dump(doc, sort_keys=False))
     return path
