@@ -87,11 +87,12 @@ def invert(
     from inputs); an int searches that length; "auto" tries 1..`max_length`, shortest first,
     and keeps the first length that matches. Targets of every length share the batch. Callbacks
     run as each target finishes: `on_result(result)`, and `on_target(row, result)` with the
-    target's row in `targets`. `on_batch(active)` runs after every step with the number of
-    searches that step advanced (the batch occupancy is `active / config.max_batch_size`).
-    `executor`: what runs SODA's transformer passes (`sodaray.search.executor.EXECUTORS`; None:
-    "eager"). `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None: the
-    executor's, "exact" under "eager" and "static" under the others).
+    target's row in `targets`. `on_batch(active)` runs at every step with the number of
+    searches whose step it read (the batch occupancy is `active / config.max_batch_size`; a
+    SODA step's outcome is read while the next step runs). `executor`: how a SODA step runs
+    (`sodaray.search.executor.EXECUTORS`; None: "graph", captured once per shape on CUDA and
+    eager elsewhere). `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None:
+    the executor's: "static" where steps are captured, else "exact").
     """
     config = config or SodaConfig()
     policy_for(executor, policy)  # both checked before any work, and for every algorithm

@@ -12,7 +12,7 @@ from conftest import tiny_model
 from oracle import misreports, reproduces
 
 import sodaray
-from sodaray.search import engine as pool
+from sodaray.search import pool
 from sodaray.search.soda import SodaBatch
 
 REACHABLE = [[5], [18], [33], [50]]

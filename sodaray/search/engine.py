@@ -36,25 +36,21 @@ import itertools
 import json
 import logging
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor
 
 from sodaray.models import LoadedModel
-from sodaray.search.base import BatchSearch, InversionResult, SearchConfig, SlotEntry
+from sodaray.search.base import BatchSearch, InversionResult, SearchConfig
 from sodaray.search.embedding import EmbeddingBatch
 from sodaray.search.executor import Executor, policy_for
 from sodaray.search.gcg import GcgBatch
-from sodaray.search.scan import position_scan
+from sodaray.search.pool import Pool
 from sodaray.search.scheduler import admit, capacity
-from sodaray.search.slots import apply_plan, removal_plan
 from sodaray.search.soda import SodaBatch
+from sodaray.search.work import Occupancy, Work
 from sodaray.targets import TargetSet
 
 log = logging.getLogger(__name__)
@@ -62,194 +58,7 @@ log = logging.getLogger(__name__)
 # The step-wise algorithms and their batches.
 BATCHES: dict[str, type] = {"soda": SodaBatch, "gcg": GcgBatch, "embedding": EmbeddingBatch}
 
-
-@dataclass(eq=False)
-class Work:
-    """Targets to invert with one config. `plans[row]` lists the lengths to search target `row`
-    at, in order (the next is tried when one ends unfound). `on_result(row, result)` runs as
-    each target finishes; `on_checkpoint(index, step)` once every target has finished or taken
-    `checkpoints[index]` steps; `on_done()` once every target has finished (or the work was
-    cancelled, or failed: see `error`)."""
-
-    targets: TargetSet
-    config: SearchConfig
-    plans: list[Sequence[int]]
-    on_result: Callable[[int, InversionResult], None] | None = None
-    checkpoints: tuple[int, ...] = ()
-    on_checkpoint: Callable[[int, int], None] | None = None
-    on_done: Callable[[], None] | None = None
-    # Kept by the engine:
-    results: dict[int, InversionResult] = field(default_factory=dict)
-    cancelled: bool = False
-    error: BaseException | None = None
-    reported: int = 0  # checkpoints reported so far
-    _partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
-    _queued: int = 0
-    _active: int = 0
-    _finished: bool = False
-
-    def ordered(self) -> list[InversionResult]:
-        """The results in target order (all targets must have finished)."""
-        return [self.results[i] for i in range(len(self.plans))]
-
-
-@dataclass
-class Occupancy:
-    """What the pools' steps held: searches (slot-steps) against capacity, and the sequence
-    positions the forward passes computed against those the searches' own sequences hold."""
-
-    slot_steps: int = 0
-    capacity_steps: int = 0
-    steps: int = 0
-    positions: int = 0
-    useful: int = 0
-
-    def add(self, other: Occupancy) -> None:
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    @property
-    def rate(self) -> float | None:
-        return self.slot_steps / self.capacity_steps if self.capacity_steps else None
-
-
-class _Pool:
-    """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
-
-    def __init__(self, engine: Engine, family: str, batch: BatchSearch) -> None:
-        self.engine, self.family, self.batch = engine, family, batch
-        self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
-        self.works: list[Work] = []  # per slot
-        self.clock = time.perf_counter()  # when the last step was launched
-        self.slot = {
-            name: np.zeros(0, dtype=kind)
-            for name, kind in (
-                ("row", np.int64),
-                ("stage", np.int64),
-                ("steps", np.int64),  # steps run
-                ("settled", np.int64),  # steps whose outcome was read (a `lag` behind)
-                ("base", np.int64),  # steps taken at earlier lengths
-                ("max_steps", np.int64),
-                ("started", np.float64),
-                ("deadline", np.float64),
-            )
-        }
-
-    def __len__(self) -> int:
-        return len(self.works)
-
-    def head(self) -> int | None:
-        """The arrival number of the next target to enter (None: nothing waits)."""
-        while self.queue and self.queue[0][1].cancelled:
-            self.queue.popleft()[1]._queued -= 1
-        return self.queue[0][0] if self.queue else None
-
-    def admit(self, count: int) -> None:
-        """Move the next `count` waiting targets into the batch."""
-        joined = []
-        while len(joined) < count and self.head() is not None:
-            _, work, row, stage = self.queue.popleft()
-            work._queued -= 1
-            joined.append((work, row, stage))
-        if not joined:
-            return
-        self.batch.add(
-            [SlotEntry(w.targets, row, w.plans[row][stage], w.config) for w, row, stage in joined]
-        )
-        now = time.perf_counter()
-        add: dict[str, list[Any]] = {name: [] for name in self.slot}
-        for work, row, stage in joined:
-            work._active += 1
-            self.works.append(work)
-            limit = work.config.max_seconds
-            for name, value in (
-                ("row", row),
-                ("stage", stage),
-                ("steps", 0),
-                ("settled", 0),
-                ("base", work._partial.get(row, (0, 0.0, []))[0]),
-                ("max_steps", work.config.step_budget()),
-                ("started", now),
-                ("deadline", np.inf if limit is None else now + limit),
-            ):
-                add[name].append(value)
-        for name, values in add.items():
-            column = np.asarray(values, self.slot[name].dtype)
-            self.slot[name] = np.concatenate([self.slot[name], column])
-
-    def step(self) -> tuple[int, int] | None:
-        """One step of every slot; finished searches leave. Returns the positions the forward
-        pass computed and those the searches' own sequences hold (None: no slot)."""
-        count = len(self.works)
-        if not count:
-            return None
-        s = self.slot
-        out = self.batch.step(s["steps"] + 1)
-        s["steps"] += 1
-        # The outcome's step: this one, or the one before where the batch reports a step late
-        # (a search that ended there took this step too; its results are dropped).
-        settled = np.ones(count, dtype=bool) if out.settled is None else out.settled
-        lag = getattr(self.batch, "lag", 0)
-        s["settled"] = np.where(settled, s["steps"] - lag, s["settled"])
-        # The outcome's time: when its step was launched (the last call's clock, a step late).
-        now, self.clock = (self.clock, time.perf_counter()) if lag else (time.perf_counter(),) * 2
-        cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
-        ended = out.found | (s["settled"] >= s["max_steps"]) | (now >= s["deadline"])
-        done = (settled & ended) | cancelled
-        if done.any():
-            self.finish(np.flatnonzero(done), cancelled, out, now)
-        return out.positions, out.useful
-
-    def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
-        """Deliver what `slots` found (cancelled ones aside) and remove them."""
-        s, count = self.slot, len(self.works)
-        live = slots[~cancelled[slots]]
-        if len(live):
-            tokens = self.batch.candidates(live)
-            if isinstance(out.loss, Tensor):
-                loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
-                losses = loss.float().cpu().numpy()
-            else:  # on the host already, or read from there for these slots only
-                losses = out.loss[live]
-            for j, slot in enumerate(live):
-                work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
-                seconds = now - float(s["started"][slot])
-                spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
-                if not found and spent and getattr(work.config, "scan_positions", False):
-                    began = time.perf_counter()
-                    hit = position_scan(self.engine.model, work.targets, row, tokens[j])
-                    found, tokens[j] = hit is not None, tokens[j] if hit is None else hit
-                    seconds += time.perf_counter() - began
-                self.engine.finished(
-                    work,
-                    row,
-                    int(s["stage"][slot]),
-                    tokens[j],
-                    found,
-                    float(losses[j]),
-                    int(s["settled"][slot]),
-                    seconds,
-                )
-        left, holes, movers = removal_plan(count, slots)
-        self.batch.remove(left, holes, movers)
-        gone = [self.works[i] for i in slots]
-        for name in s:
-            s[name] = apply_plan(s[name], left, holes, movers)
-        for i, j in zip(holes, movers, strict=True):
-            self.works[i] = self.works[j]
-        del self.works[left:]
-        for work in gone:
-            work._active -= 1
-            self.engine.settle(work)
-
-    def progress(self) -> dict[int, int]:
-        """Each work's least steps over its running targets (earlier lengths included)."""
-        out: dict[int, int] = {}
-        total = self.slot["base"] + self.slot["settled"]
-        for work, steps in zip(self.works, total, strict=True):
-            key = id(work)
-            out[key] = min(out.get(key, int(steps)), int(steps))
-        return out
+__all__ = ["Engine", "Occupancy", "Work", "pool_key", "params_of"]
 
 
 class Engine:
@@ -272,7 +81,7 @@ class Engine:
         self.executor = Executor(executor)
         self.policy = policy_for(executor, policy, model.device)
         self.on_batch = on_batch
-        self.pools: dict[str, _Pool] = {}
+        self.pools: dict[str, Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
         self.works: list[Work] = []
         self._arrivals = itertools.count()
@@ -310,6 +119,16 @@ class Engine:
         with self._lock:
             self._inbox.append(("cancel", work))
         self._wake.set()
+
+    def settled(self, slot_steps: int) -> None:
+        """A pool read the outcome of `slot_steps` slot-steps, before it counts them or delivers
+        their results (a caller woken by one must find its steps counted), and `on_batch`
+        hears of them: a search's every step, once (a step a lagging batch runs past a search's
+        end is never read)."""
+        with self._lock:
+            self.occupancy.slot_steps += slot_steps
+        if self.on_batch is not None:
+            self.on_batch(slot_steps)
 
     def take_occupancy(self) -> Occupancy:
         """The counts since the last take."""
@@ -368,13 +187,11 @@ class Engine:
         step = Occupancy()
         for family, count in active.items():
             if count:  # a family's batches are one batch's worth of slots
-                step.slot_steps += count
                 step.capacity_steps += self.capacity[family]
                 step.steps += 1
-                if self.on_batch is not None:
-                    self.on_batch(count)
         # Counted before the step: a search finishing in it wakes its caller, who takes the
-        # occupancy so far (`take_occupancy`), and must find this step's slots in it.
+        # occupancy so far (`take_occupancy`), and must find this step's slots in it (its
+        # slot-steps are counted by the pool, as their outcomes are read: `settled`).
         with self._lock:
             self.occupancy.add(step)
         sized = Occupancy()
@@ -392,7 +209,7 @@ class Engine:
 
     def _fill(self) -> None:
         """Each family's free slots go to its waiting targets in the order they arrived."""
-        families: dict[str, list[_Pool]] = {}
+        families: dict[str, list[Pool]] = {}
         for pool in self.pools.values():
             families.setdefault(pool.family, []).append(pool)
         for family, pools in families.items():
@@ -428,7 +245,7 @@ class Engine:
         family, key = pool_key(work.config, work.targets, length)
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _Pool(self, family, self._new_batch(work, length))
+            pool = self.pools[key] = Pool(self, family, self._new_batch(work, length))
         asked = (self.capacity.get(family, 0), work.config.max_batch_size)
         self.capacity[family] = capacity(asked)
         pool.queue.append((next(self._arrivals), work, row, stage))

@@ -1,0 +1,162 @@
+"""One batch of an engine's searches and the queue of those waiting for it: who sits in which
+slot, how many steps each has taken, and what ends them (a find, the step budget, the clock,
+a cancel). A batch that reports its steps a step late (`lag`, SODA's: its status reaches the
+host while the next step runs) is read here at the step its outcome is of."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.search.base import BatchSearch, SlotEntry
+from sodaray.search.scan import position_scan
+from sodaray.search.slots import apply_plan, removal_plan
+
+if TYPE_CHECKING:
+    from sodaray.search.engine import Engine
+    from sodaray.search.work import Work
+
+
+class Pool:
+    """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
+
+    def __init__(self, engine: Engine, family: str, batch: BatchSearch) -> None:
+        self.engine, self.family, self.batch = engine, family, batch
+        self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
+        self.works: list[Work] = []  # per slot
+        self.clock = time.perf_counter()  # when the last step was launched
+        self.slot = {
+            name: np.zeros(0, dtype=kind)
+            for name, kind in (
+                ("row", np.int64),
+                ("stage", np.int64),
+                ("steps", np.int64),  # steps run
+                ("settled", np.int64),  # steps whose outcome was read (a `lag` behind)
+                ("base", np.int64),  # steps taken at earlier lengths
+                ("max_steps", np.int64),
+                ("started", np.float64),
+                ("deadline", np.float64),
+            )
+        }
+
+    def __len__(self) -> int:
+        return len(self.works)
+
+    def head(self) -> int | None:
+        """The arrival number of the next target to enter (None: nothing waits)."""
+        while self.queue and self.queue[0][1].cancelled:
+            self.queue.popleft()[1]._queued -= 1
+        return self.queue[0][0] if self.queue else None
+
+    def admit(self, count: int) -> None:
+        """Move the next `count` waiting targets into the batch."""
+        joined = []
+        while len(joined) < count and self.head() is not None:
+            _, work, row, stage = self.queue.popleft()
+            work._queued -= 1
+            joined.append((work, row, stage))
+        if not joined:
+            return
+        self.batch.add(
+            [SlotEntry(w.targets, row, w.plans[row][stage], w.config) for w, row, stage in joined]
+        )
+        now = time.perf_counter()
+        add: dict[str, list[Any]] = {name: [] for name in self.slot}
+        for work, row, stage in joined:
+            work._active += 1
+            self.works.append(work)
+            limit = work.config.max_seconds
+            for name, value in (
+                ("row", row),
+                ("stage", stage),
+                ("steps", 0),
+                ("settled", 0),
+                ("base", work._partial.get(row, (0, 0.0, []))[0]),
+                ("max_steps", work.config.step_budget()),
+                ("started", now),
+                ("deadline", np.inf if limit is None else now + limit),
+            ):
+                add[name].append(value)
+        for name, values in add.items():
+            column = np.asarray(values, self.slot[name].dtype)
+            self.slot[name] = np.concatenate([self.slot[name], column])
+
+    def step(self) -> tuple[int, int] | None:
+        """One step of every slot; finished searches leave. Returns the positions the forward
+        pass computed and those the searches' own sequences hold (None: no slot)."""
+        count = len(self.works)
+        if not count:
+            return None
+        s = self.slot
+        out = self.batch.step(s["steps"] + 1)
+        s["steps"] += 1
+        # The outcome's step: this one, or the one before where the batch reports a step late
+        # (a search that ended there took this step too; its results are dropped).
+        settled = np.ones(count, dtype=bool) if out.settled is None else out.settled
+        lag = getattr(self.batch, "lag", 0)
+        self.engine.settled(int(settled.sum()))  # a search's every step, but a lag's last
+        s["settled"] = np.where(settled, s["steps"] - lag, s["settled"])
+        # The outcome's time: when its step was launched (the last call's clock, a step late).
+        now, self.clock = (self.clock, time.perf_counter()) if lag else (time.perf_counter(),) * 2
+        cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
+        ended = out.found | (s["settled"] >= s["max_steps"]) | (now >= s["deadline"])
+        done = (settled & ended) | cancelled
+        if done.any():
+            self.finish(np.flatnonzero(done), cancelled, out, now)
+        return out.positions, out.useful
+
+    def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
+        """Deliver what `slots` found (cancelled ones aside) and remove them."""
+        s, count = self.slot, len(self.works)
+        live = slots[~cancelled[slots]]
+        if len(live):
+            tokens = self.batch.candidates(live)
+            if isinstance(out.loss, Tensor):
+                loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
+                losses = loss.float().cpu().numpy()
+            else:  # on the host already, or read from there for these slots only
+                losses = out.loss[live]
+            for j, slot in enumerate(live):
+                work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
+                seconds = now - float(s["started"][slot])
+                spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
+                if not found and spent and getattr(work.config, "scan_positions", False):
+                    began = time.perf_counter()
+                    hit = position_scan(self.engine.model, work.targets, row, tokens[j])
+                    found, tokens[j] = hit is not None, tokens[j] if hit is None else hit
+                    seconds += time.perf_counter() - began
+                self.engine.finished(
+                    work,
+                    row,
+                    int(s["stage"][slot]),
+                    tokens[j],
+                    found,
+                    float(losses[j]),
+                    int(s["settled"][slot]),
+                    seconds,
+                )
+        left, holes, movers = removal_plan(count, slots)
+        self.batch.remove(left, holes, movers)
+        gone = [self.works[i] for i in slots]
+        for name in s:
+            s[name] = apply_plan(s[name], left, holes, movers)
+        for i, j in zip(holes, movers, strict=True):
+            self.works[i] = self.works[j]
+        del self.works[left:]
+        for work in gone:
+            work._active -= 1
+            self.engine.settle(work)
+
+    def progress(self) -> dict[int, int]:
+        """Each work's least steps over its running targets (earlier lengths included)."""
+        out: dict[int, int] = {}
+        total = self.slot["base"] + self.slot["settled"]
+        for work, steps in zip(self.works, total, strict=True):
+            key = id(work)
+            out[key] = min(out.get(key, int(steps)), int(steps))
+        return out
