@@ -328,7 +328,7 @@ def measure_case(
     precision: str,
     peak: float,
     policy: str,
-    executor: str = "eager",
+    executor: str = "graph",
 ) -> dict:
     """One case of the gpu suite: a steady step's time, kernels, busy share and FLOP rate."""
     import torch
@@ -354,8 +354,7 @@ def measure_case(
             torch.cuda.synchronize()
         return time.perf_counter() - t0, sum(r.steps for r in results)
 
-    built = build_counts()
-    run(2)  # warm-up: first-call costs (allocations, kernels chosen; an executor's builds)
+    run(2)  # warm-up: first-call costs (allocations, kernels chosen)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     (short, short_steps), (long, long_steps) = run(2), run(2 + steps)
@@ -392,21 +391,6 @@ def measure_case(
         "tflops": rate * flops / 1e12,
         "share_of_peak": rate * flops / peak,
         "peak_gib": memory,
-        # What torch.compile did over the case (0 under eager): graphs built, CUDA-graph
-        # captures it skipped (then the pass ran unreplayed), and inputs it copied into a
-        # graph's memory on record (weights among them cost a copy every replay).
-        **{k: v - built[k] for k, v in build_counts().items()},
-    }
-
-
-def build_counts() -> dict[str, int]:
-    """torch.compile's running counts (its `counters`, as its own logs report them)."""
-    from torch._dynamo.utils import counters
-
-    return {
-        "graphs_built": counters["stats"]["unique_graphs"],
-        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
-        "non_static_inputs": counters["inductor"]["cudagraph_recorded_non_static_inputs"],
     }
 
 
@@ -467,11 +451,6 @@ def gpu_suite(args, device: str) -> None:
             theirs = authors.get(spec)
             row["authors_same_run"] = theirs
             extra = ""
-            if executor != "eager":
-                extra += (
-                    f"  built {row['graphs_built']} graphs, {row['cudagraph_skips']} capture "
-                    f"skips, {row['non_static_inputs']} inputs copied on record"
-                )
             if theirs:
                 times = row["sample_steps_per_s"] / theirs
                 extra += f"  authors {theirs:,.0f} sample-steps/s  x{times:.2f}"
@@ -589,16 +568,15 @@ def main() -> None:
     parser.add_argument(
         "--policy",
         choices=("exact", "static"),
-        help="--suite gpu: the scheduler's policy (default: the executor's: exact under eager, "
-        "static under graph and compiled); static pads "
-        "each pass to a power-of-two batch and width (16s above 16)",
+        help="--suite gpu: the scheduler's policy (default: the executor's: static where steps "
+        "are captured, else exact); static pads each pass to a power-of-two batch and width "
+        "(16s above 16)",
     )
     parser.add_argument(
         "--executor",
-        choices=("eager", "graph", "compiled"),
-        help="--suite gpu: what runs SODA's transformer passes (default eager; graph replays "
-        "each static shape's pass, a CUDA graph on a GPU; compiled: torch.compile's inductor). "
-        "The first run of each shape builds it (the warm-up): the timed steps replay",
+        choices=("eager", "graph"),
+        help="--suite gpu: how a SODA step runs (default graph: captured once per shape on "
+        "CUDA and replayed, eager elsewhere; each run captures its shapes in its first steps)",
     )
     parser.add_argument("--out", help="--suite gpu: write the fit costs here (YAML)")
     parser.add_argument("--threads", type=int, default=2)
