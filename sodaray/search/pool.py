@@ -7,25 +7,45 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from sodaray.models import LoadedModel
 from sodaray.search.base import BatchSearch, SlotEntry
 from sodaray.search.scan import position_scan
 from sodaray.search.slots import apply_plan, removal_plan
+from sodaray.search.work import Work
 
-if TYPE_CHECKING:
-    from sodaray.search.engine import Engine
-    from sodaray.search.work import Work
+
+class Owner(Protocol):
+    """What a pool asks of the engine that owns it (`sodaray.search.engine.Engine`)."""
+
+    model: LoadedModel
+
+    def settled(self, slot_steps: int) -> None: ...
+
+    def settle(self, work: Work) -> None: ...
+
+    def finished(
+        self,
+        work: Work,
+        row: int,
+        stage: int,
+        tokens: list[int],
+        found: bool,
+        loss: float,
+        steps: int,
+        seconds: float,
+    ) -> None: ...
 
 
 class Pool:
     """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
 
-    def __init__(self, engine: Engine, family: str, batch: BatchSearch) -> None:
+    def __init__(self, engine: Owner, family: str, batch: BatchSearch) -> None:
         self.engine, self.family, self.batch = engine, family, batch
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
         self.works: list[Work] = []  # per slot
