@@ -208,6 +208,42 @@ def test_bucketed_shapes_compute_what_the_exact_ones_do(one_thread, arch):
     assert any(o[1] for o in outcomes[False]) and not all(o[1] for o in outcomes[False])
 
 
+def test_a_bucketed_shape_follows_its_slots_objective(one_thread):
+    """A captured shape has its objective built in: when one objective's searches end and
+    another's (the same observed shape, another loss) take their slots at the same bucket, the
+    step is planned (and captured) again, not replayed with the first's loss. The bucketed run
+    gives each search what the exact one does, bit for bit."""
+    model = tiny_model("qwen2")
+    rng = np.random.default_rng(2)
+    tokens = [list(map(int, rng.integers(0, model.vocab_size, 2))) for _ in range(4)]
+    objectives = (sodaray.Objective(loss="huber"), sodaray.Objective(loss="mse"))
+    outcomes = {}
+    for bucketed in (False, True):
+        engine = Engine(model)
+        real = engine._new_batch
+
+        def new_batch(work, length, real=real, bucketed=bucketed):
+            batch = real(work, length)
+            batch.bucketed = bucketed
+            return batch
+
+        engine._new_batch = new_batch
+        from sodaray.search.engine import Work
+
+        works = []
+        for i, objective in enumerate(objectives):
+            targets = sodaray.make_targets(model, tokens, objective=objective)
+            cfg = sodaray.SodaConfig(max_steps=12 + 6 * i, seed=i, max_batch_size=4)
+            works.append(Work(targets, cfg, [(2,)] * len(tokens)))
+            engine.submit(works[-1])
+        engine.run()
+        outcomes[bucketed] = [
+            [(r.tokens, r.found, r.steps, float(r.final_loss).hex()) for r in w.ordered()]
+            for w in works
+        ]
+    assert outcomes[True] == outcomes[False]
+
+
 def test_graph_on_a_cpu_is_eager_bit_for_bit(one_thread):
     """On a CPU nothing is captured: "graph" and "eager" run the same step."""
     model = tiny_model("qwen2")

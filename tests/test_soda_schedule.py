@@ -11,13 +11,23 @@ from conftest import STORIES, tiny_model
 
 import sodaray
 from sodaray.runner import load_sweep
+from sodaray.search.base import SlotEntry
 from sodaray.search.engine import Engine, Work
-from sodaray.search.soda import annealed_temperature
+from sodaray.search.soda import SodaBatch
 
 
 def test_the_schedule_is_geometric_from_start_to_end():
-    start, end, budget = np.array([0.2]), np.array([0.02]), np.array([100])
-    at = [annealed_temperature(start, end, np.array([t]), budget)[0] for t in (0, 50, 100, 150)]
+    """The device's schedule (`soda_step.schedules`): after step t, the next step's temperature
+    is start * (end / start) ** (t / budget), held at the end past the budget."""
+    model = tiny_model("qwen2")
+    targets = sodaray.make_targets(model, [[3]])
+    cfg = sodaray.SodaConfig(temperature=0.2, temperature_end=0.02, max_steps=100)
+    batch = SodaBatch(model)
+    batch.add([SlotEntry(targets, 0, 1, cfg)])
+    at = []
+    for t in (0, 50, 100, 150):
+        batch.apply_schedules(np.array([t]))
+        at.append(batch.state.column("h32", "tau", 1).item())
     assert at[0] == pytest.approx(0.2) and at[2] == pytest.approx(0.02)
     assert at[1] == pytest.approx((0.2 * 0.02) ** 0.5)  # halfway: the geometric mean
     assert at[3] == pytest.approx(0.02)  # held at the end past the budget

@@ -28,8 +28,7 @@ def tf32(enabled: bool):
 
 
 class Workspace:
-    """Two (T, V) buffers reused every step, the probabilities and the gradient (and the
-    argmax's two (T, 1) outputs).
+    """Two (T, V) buffers reused every step, the probabilities and the gradient.
 
     A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
     the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster. They
@@ -45,7 +44,6 @@ class Workspace:
         self._probs: Tensor | None = None
         self._grad: Tensor | None = None
         self._zeroed: tuple[int, int] | None = None  # buffer rows known to hold zeros
-        self._max: tuple[Tensor, Tensor] | None = None  # the argmax's (T, 1) values and indices
         self.probs: Tensor | None = None
         self.grad: Tensor | None = None
         self.padded: Tensor | None = None
@@ -72,16 +70,6 @@ class Workspace:
         """Where the buffers are (a captured step reads them there)."""
         return tuple(t.data_ptr() for t in (self._probs, self._grad) if t is not None)
 
-    def argmax(self, z: Tensor) -> Tensor:
-        """(T,) the index of each row's largest value, the first among ties (`Tensor.max`'s).
-        Into kept (T, 1) buffers: a fresh max over a dimension that is then squeezed launched
-        four more operations (two resizes of each output) every step, and took longer."""
-        shape = (z.shape[0], 1)
-        if self._max is None or self._max[0].shape != shape or self._max[0].device != z.device:
-            self._max = (z.new_empty(shape), z.new_empty(shape, dtype=torch.long))
-        torch.max(z, -1, keepdim=True, out=self._max)
-        return self._max[1][:, 0]
-
 
 def _aten_out(name: str) -> Any:
     """The `out=` overload of an ATen kernel, or None where this torch lacks it. These are the
@@ -99,6 +87,13 @@ SOFTMAX_OUT = _aten_out("_softmax")
 SOFTMAX_BACKWARD_OUT = _aten_out("_softmax_backward_data")
 
 
+def workspace_pad(z: Tensor, embedding: Tensor) -> int:
+    """The zero rows the workspace keeps after the probabilities for the product with the
+    embedding (`Workspace.padded`): `pad_rows`'s, where the product reads the workspace
+    (the same dtype); none where a bf16 copy is made first."""
+    return padding_items(len(z), z.device) if embedding.dtype == z.dtype else 0
+
+
 class RelaxedEmbedding(torch.autograd.Function):
     """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers.
 
@@ -111,7 +106,7 @@ class RelaxedEmbedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, embedding: Tensor, temperature: Hyper, ws: Workspace) -> Tensor:
         same = embedding.dtype == z.dtype  # then the product reads the workspace's zero rows
-        ws.fit(z, padding_items(len(z), z.device) if same else 0)
+        ws.fit(z, workspace_pad(z, embedding))
         probs = torch.div(z, temperature, out=ws.probs)
         if SOFTMAX_OUT is not None:
             SOFTMAX_OUT(probs, -1, False, out=probs)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.models import LoadedModel, padding_items
+from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
 from sodaray.observations import BatchTargets
 from sodaray.scoring import confirm
@@ -48,10 +48,11 @@ from sodaray.search.relaxed import (  # noqa: F401  (their home before issue 52)
     SOFTMAX_OUT,
     RelaxedEmbedding,
     Workspace,
+    workspace_pad,
 )
 from sodaray.search.scheduler import Scheduler
 from sodaray.search.slots import Buffers
-from sodaray.search.soda_config import SodaConfig, annealed_temperature, keyed_normal  # noqa: F401
+from sodaray.search.soda_config import SodaConfig, keyed_normal  # noqa: F401
 from sodaray.search.soda_state import SodaState
 from sodaray.search.soda_step import (
     Status,
@@ -163,8 +164,8 @@ class SodaBatch:
     ) -> None:
         self.model, self.precision = model, precision
         # Steps at bucketed shapes (`soda_step.bucket`, one pass) where the executor captures
-        # them (None), or as asked: True runs a capture's shapes eagerly (tests check them on a
-        # CPU), False the slots' own shapes.
+        # them (None), or as asked: True takes a capture's shapes on any device (on a CPU,
+        # eagerly: tests check them there), False the slots' own shapes.
         self.bucketed = bucketed
         self.executor = executor if executor is not None else Executor("eager")
         # Lengths share a pass only where that changes no result (`sodaray.attention`).
@@ -282,7 +283,10 @@ class SodaBatch:
         key = None
         if x.capture:
             # The workspace at this shape's size before the step: a capture must not grow it.
-            self.workspace.fit(self.state.rows.view("z", x.rows), padding_items(x.rows, dev))
+            z = self.state.rows.view("z", x.rows)
+            self.workspace.fit(
+                z, workspace_pad(z, self.model.for_precision(self.precision).embedding_matrix)
+            )
             state = self.state
             addresses = (
                 state.rows.addresses() + state.slots.addresses() + self.workspace.addresses()
@@ -292,7 +296,7 @@ class SodaBatch:
                 self._addresses = addresses
             key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
         h = self.state.host
-        period = np.where(h["resets"], self.state.reset_period, 0)
+        period = np.where(h["resets"], h["reset"], 0)
         resetting = bool(((period > 0) & (steps_after % np.maximum(period, 1) == 0)).any())
         if key is not None:
             key = (*key, resetting)

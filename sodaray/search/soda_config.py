@@ -1,13 +1,11 @@
 """SODA's configuration: the paper's knobs (Algorithm 1 of "GPT, But Backwards", Skapars et
-al. 2025), their checks, the presets, and the two schedules a search's own numbers decide (the
-temperature's annealing and the keyed re-draws of Z)."""
+al. 2025), their checks, the presets, and the keyed draws of a search's re-initialised Z."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,7 +46,10 @@ class SodaConfig(SearchConfig):
     # over the samples in the batch, so each gradient is 1/B of its own. Adam is blind to the
     # scale of a gradient except through eps, so "mean" acts as eps * B: with B in the hundreds
     # the many low-probability coordinates fall under eps and move in proportion to their
-    # gradient instead of by about `learning_rate` each (see RESULTS.md, issue 14).
+    # gradient instead of by about `learning_rate` each (see RESULTS.md, issue 14). B counts
+    # the batch's searches of the config as a step runs, and a search stays for the one step
+    # its outcome takes to reach the host (`search/soda.py`): under "mean" a trajectory depends
+    # on its batch, and on that step, by design.
     loss_reduction: str = "sum"
     # Not in the paper: when a search ends its budget unfound, check every single-token change
     # of its final input, position by position (`sodaray.search.scan`): up to length x V exact
@@ -120,11 +121,3 @@ def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -
     Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
     """
     return torch.randn(shape, generator=keyed_generator(seed, sample_id, draw, "reinit"))
-
-
-def annealed_temperature(
-    start: np.ndarray, end: np.ndarray, step: np.ndarray, budget: np.ndarray
-) -> np.ndarray:
-    """`temperature_end`'s schedule: tau_t = start * (end / start) ** (t / T), geometric from
-    `start` at a search's step 0 to `end` at its last step T (held there after)."""
-    return start * (end / start) ** (np.minimum(step, budget) / budget)

@@ -42,14 +42,13 @@ OFF = 1 << 62  # a period no search reaches: a schedule that is off never fires
 # Per-slot host arrays, kept in slot order beside the buffers.
 HOST_ARRAYS = {
     "length": np.int64,
-    "budget": np.int64,  # max_steps: the annealing's length
     "reinit": np.int64,  # 0: no re-draws
     "reinit_std": np.float64,
     "bias": bool,
     "anneals": bool,  # temperature_end set and not the temperature
     "decays": bool,  # decay below 1
     "resets": bool,  # moment resets on
-    "reset": np.int64,  # their period
+    "reset": np.int64,  # their period (the host knows whether a step resets any slot)
     "mean": bool,  # loss_reduction "mean": the slot's loss is averaged over its config's slots
     "config": np.int64,  # index into `configs`
     "group": np.int64,  # index into `groups`: the slot's objective and tolerance
@@ -122,7 +121,6 @@ class SodaState:
             end = c.temperature if c.temperature_end is None else c.temperature_end
             for name, value in (
                 ("length", e.length),
-                ("budget", c.max_steps),
                 ("reinit", c.reinit_period if c.use_reinit else 0),
                 ("reinit_std", c.reinit_std),
                 ("bias", c.bias_correction),
@@ -194,10 +192,6 @@ class SodaState:
         for name in self.host:
             self.host[name] = apply_plan(self.host[name], left, holes, movers)
         self.dirty = True
-
-    @property
-    def reset_period(self) -> np.ndarray:
-        return self.host["reset"]
 
     def slot_rows(self) -> list[np.ndarray]:
         """Each slot's rows in input order."""

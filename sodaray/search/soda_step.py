@@ -3,8 +3,9 @@ the transformer passes at their planned shapes, the loss, the backward to Z, Ada
 (bias correction on the device), argmax, the match check's screen, and the schedules of the next
 step (annealing and moment resets), ending in a small status (tokens, screen passed, loss).
 
-No operation here reads a value back to the host or takes a shape from data, so on CUDA the whole
-step can be captured once per shape and replayed (`sodaray.search.executor`); on a CPU it runs
+No operation here reads a value back to the host or takes a shape from data (but the fluency
+penalty's, which is never captured), so on CUDA the whole step can be captured once per shape
+and replayed (`sodaray.search.executor`); on a CPU it runs
 eagerly and computes, kernel for kernel, what the engine always computed (`bits_digest.py`).
 
 What a step reads besides the buffers (`StepInputs`: index tensors, the backward's seed, the
@@ -71,6 +72,7 @@ class StepInputs:
     flags: tuple[bool, bool, bool, bool, bool]  # bias correction, annealing, decay, resets, fluency
     capture: bool = False
     serial: int = -1  # which of a batch's captured shapes these are
+    held: dict[str, Tensor] = field(default_factory=dict)  # the tensors a re-plan writes again
 
 
 @dataclass
@@ -145,7 +147,8 @@ def plan_inputs(
         "seq_rows": np.ascontiguousarray(seq_rows),
         "seq_pos": seq_pos,
     }
-    shape = (rows, slots, width, *ids.shape)
+    # A captured step has its objective built in: a shape is one objective group's.
+    shape = (rows, slots, width, *ids.shape, int(groups[0]))
     old = shapes.get(shape) if capture and shapes is not None else None
     if old is not None:
         _write(old, arrays)
@@ -180,7 +183,7 @@ def plan_inputs(
         flags=flags,
         capture=capture,
     )
-    inputs._arrays = t  # type: ignore[attr-defined]  # the tensors `_write` fills again
+    inputs.held = t
     if capture and shapes is not None:
         inputs.serial = len(shapes)  # a captured step's key: these tensors, while they live
         shapes[shape] = inputs
@@ -189,9 +192,8 @@ def plan_inputs(
 
 def _write(inputs: StepInputs, arrays: dict[str, np.ndarray]) -> None:
     """A captured shape's inputs, written where its step reads them."""
-    held: dict[str, Tensor] = inputs._arrays  # type: ignore[attr-defined]
     for name, values in arrays.items():
-        held[name].copy_(torch.as_tensor(np.array(values, order="C")), non_blocking=True)
+        inputs.held[name].copy_(torch.as_tensor(np.array(values, order="C")), non_blocking=True)
 
 
 def _passes(state: SodaState, layout: Layout, plans) -> list[Pass]:
