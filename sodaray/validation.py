@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from sodaray.files import MAX_NESTING, nesting_problem
 from sodaray.objectives import Objective
 from sodaray.paths import brief
 
@@ -80,16 +81,35 @@ MAX_NODES = 100_000
 ALIAS_GROWTH = 50
 
 
+def _compose_node(loader: _Loader, parent: Any, index: Any) -> Any:
+    """PyYAML composes a node by recursing into its children: `[` * 100000 ended in a
+    RecursionError. Refused once the document nests more than `MAX_NESTING` levels."""
+    depth = getattr(loader, "_depth", 0) + 1
+    if depth > MAX_NESTING:
+        mark = loader.peek_event().start_mark
+        raise yaml.composer.ComposerError(None, None, nesting_problem(depth), mark)
+    loader._depth = depth
+    try:
+        return yaml.SafeLoader.compose_node(loader, parent, index)
+    finally:
+        loader._depth = depth - 1
+
+
+_Loader.compose_node = _compose_node  # type: ignore[method-assign]
+
+
 def yaml_load(text: str) -> Any:
-    """`yaml.safe_load` with YAML 1.2 floats, duplicate keys refused, and a limit on how far
-    aliases may expand the document; raises `yaml.YAMLError` on bad YAML, tags or either."""
+    """`yaml.safe_load` with YAML 1.2 floats, duplicate keys refused, and bounds: at most
+    `MAX_NESTING` levels deep (as written, and as its aliases expand it), no node that contains
+    itself, and a limit on how far aliases may expand the document; raises `yaml.YAMLError` on
+    bad YAML, tags or any of these."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        size = _expanded_size(node, {})
         limit = max(MAX_NODES, ALIAS_GROWTH * len(text))
+        size = _expanded_size(node, limit)
         if size > limit:
             raise yaml.YAMLError(
                 f"its aliases expand it to {size:,} nodes (at most {limit:,}); "
@@ -100,21 +120,45 @@ def yaml_load(text: str) -> Any:
         loader.dispose()
 
 
-def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
-    """Nodes in the document as its aliases expand it, counted without expanding it (each node
-    once: an alias is the node it names)."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    memo[key] = 1  # a node that contains itself counts once
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.SequenceNode):
-        total = 1 + sum(_expanded_size(child, memo) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        total = 1 + sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
-    else:
-        total = 1
-    memo[key] = total
-    return total
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """Nodes in the document as its aliases expand it, counted without expanding it (each node
+    once: an alias is the node it names), in a loop (no recursion: aliases may chain nodes
+    deeper than Python recurses). Raises `yaml.YAMLError` where the expanded document nests
+    more than `MAX_NESTING` levels or a node contains itself (`&a [*a]`). Stops counting once
+    past `limit`."""
+    done: dict[int, tuple[int, int]] = {}  # id -> (expanded size, depth)
+    open_: set[int] = set()  # the nodes on the path being walked
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            kids = [done[id(k)] for k in _children(node)]
+            size = 1 + sum(s for s, _ in kids)
+            depth = (1 + max((d for _, d in kids), default=0)) if _children(node) else 0
+            open_.discard(key)
+            if depth > MAX_NESTING:
+                raise yaml.YAMLError(f"its aliases make it {nesting_problem(depth)}")
+            if size > limit:
+                return size
+            done[key] = (size, depth)
+            continue
+        if key in done:
+            continue
+        if key in open_:
+            raise yaml.YAMLError("a node contains itself (a recursive alias such as &a [*a])")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in done)
+    return done[id(root)][0]
 
 
 # ---- comma-separated lists on the command line ---------------------------------------------------

@@ -68,6 +68,11 @@ JOB = "s/.sodaray/jobs/j"  # a job's meta folder under a results folder
 DATA = ["data", "build", "--model", "{model}", "--dataset", "random", "--out", "{tmp}/o/d.parquet"]
 BUILD_600 = '{name: random, build: {dataset: random, lengths: "600", per_length: 1}}'
 BIG = 30_000_000  # bytes: the issue's 30 MB preset
+DEEP = "[" * 100_000 + "]" * 100_000  # issue 53's job.lock: a RecursionError in every parser
+NESTED = "nested more than 64 levels deep"
+ALIAS_CHAIN = "".join(  # each anchor 60 levels around the one before: few nodes, deep expanded
+    f"a{i}: &a{i} " + "[" * 60 + (f"*a{i - 1}" if i else "1") + "]" * 60 + "\n" for i in range(200)
+)
 
 
 def job_json(**fields) -> str:
@@ -666,6 +671,111 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "repeat",
         {"rows.parquet": "rows", "again.parquet": "rows"},
     ),
+    # ---- issue 53: every parser has a bound (`files.MAX_NESTING`, `configfile.MAX_OVERRIDE_CHARS`)
+    (
+        "sweep-yaml-nested-100000",
+        PLAN,
+        NESTED,
+        {"s.yaml": sweep_text(extra=f"description: {DEEP}\n")},
+    ),
+    (
+        "sweep-include-nested",
+        PLAN,
+        "b.yaml: not valid YAML (nested more than 64",
+        {"s.yaml": "include: [b.yaml]\n" + sweep_text(), "b.yaml": f"description: {DEEP}\n"},
+    ),
+    (
+        "sweep-block-nested",  # block style: the same bound, whatever the style
+        PLAN,
+        NESTED,
+        {
+            "s.yaml": sweep_text(
+                extra="description:\n" + "".join("  " * i + "- \n" for i in range(2000))
+            )
+        },
+    ),
+    (
+        "sweep-alias-chain-deep",  # 200 aliases, each 60 levels around the last: 12,000 deep
+        PLAN,
+        "its aliases make it nested more than 64",
+        {"s.yaml": ALIAS_CHAIN + sweep_text()},
+    ),
+    (
+        "sweep-recursive-alias-grid",
+        PLAN,
+        "a node contains itself",
+        {"s.yaml": sweep_text(algorithm="{name: soda, grid: {temperature: &a [0.1, *a]}}")},
+    ),
+    ("tune-yaml-nested", TUNE, NESTED, {"t.yaml": tune_text(extra=f"description: {DEEP}\n")}),
+    (
+        "preset-yaml-nested",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        NESTED,
+        {"p.yaml": f"soda: {{temperature: 0.1}}\nnote: {DEEP}\n"},
+    ),
+    (
+        "costs-yaml-nested",
+        [*PLAN, "--costs", f"{IN}/c.yaml"],
+        NESTED,
+        {"s.yaml": sweep_text(), "c.yaml": f"device: {DEEP}\nkind: gpu\n"},
+    ),
+    (
+        "override-value-nested",
+        [*PLAN, "description=" + "[" * 1000 + "]" * 1000],
+        NESTED,
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "override-key-1000-parts",
+        [*PLAN, "a." * 1000 + "b=1"],
+        "the key has 1,001 parts (at most 64)",
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "override-100000-characters",
+        [*PLAN, "description=" + "x" * 100_000],
+        "100,012 characters (an override is at most 65,536)",
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "tune-override-nested",
+        [*TUNE, "fixed=" + "{a: " * 1000 + "1" + "}" * 1000],
+        NESTED,
+        {"t.yaml": tune_text()},
+    ),
+    (
+        "param-nested",
+        [*INV, "--tokens", "1", "--param", "temperature=" + "[" * 1000 + "]" * 1000],
+        NESTED,
+        {},
+    ),
+    (
+        "status-job-json-nested-100000",
+        ["sweep", "status", "{tmp}/in/r"],
+        "job.json: not a readable job file (",
+        {f"r/{JOB}/job.json": DEEP},
+    ),
+    (
+        "data-jsonl-line-nested",
+        [*DATA[:5], "nl-id", "--source", f"{IN}/d.jsonl", "--out", "{tmp}/o/d.parquet"],
+        "d.jsonl:2: nested more than 64",
+        {"d.jsonl": '{"text": "a b c"}\n' + DEEP + "\n"},
+    ),
+    (
+        "report-params-nested",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o"],
+        "a result row's params: nested more than 64",
+        {"rows.parquet": "rows-params-deep"},
+    ),
+    (
+        "run-dataset-metadata-nested",
+        RUN,
+        "dataset metadata sodaray.dataset.args: nested more than 64",
+        {
+            "d.parquet": "dataset-args-deep",
+            "s.yaml": sweep_text(dataset='{name: d, path: "{tmp}/in/d.parquet"}'),
+        },
+    ),
 ]
 
 
@@ -731,6 +841,8 @@ def write_dataset(path: Path, kind: str) -> None:
         rows = {k: v[:0] for k, v in rows.items()}
     table = pa.Table.from_pydict(rows, schema=SCHEMA)
     meta = {VERSION_KEY: b"1", b"sodaray.dataset.hash": content_hash(table).encode()}
+    if kind == "dataset-args-deep":
+        meta[b"sodaray.dataset.args"] = DEEP.encode()
     pq.write_table(table.replace_schema_metadata(meta), path)
 
 
@@ -756,6 +868,9 @@ def write_rows(path: Path, kind: str) -> None:
         meta = dict(table.schema.metadata)
         meta = {k: (b"three" if b"version" in k else v) for k, v in meta.items()}
         table = table.replace_schema_metadata(meta)
+    elif kind == "rows-params-deep":
+        index = table.schema.get_field_index("params")
+        table = table.set_column(index, "params", pa.array([DEEP] * len(table)))
     elif kind == "rows-string-ids":
         index = table.schema.get_field_index("sample_id")
         table = table.set_column(index, "sample_id", pa.array(["a"] * len(table)))
@@ -944,6 +1059,9 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     ("lock-json-number", "lock:7", ([0, 1], []), "not a lock: it holds int"),
     ("lock-empty", "lock:", ([0, 1], []), "job.lock: not valid JSON"),
     ("lock-garbled", "lock:{not json", ([0, 1], []), "not valid JSON"),
+    # Issue 53: a RecursionError, and the sweep could not run; now an invalid lock, broken.
+    ("lock-nested-100000", "lock:" + DEEP, ([0, 1], []), "nested more than 64 levels deep"),
+    ("lock-object-nested", "lock:" + '{"a": ' * 5000 + "1" + "}" * 5000, ([0, 1], []), "nested"),
     ("lock-no-host", 'lock:{"pid": 5}', ([0, 1], []), "it names no host"),
     ("lock-pid-text", f'lock:{{"host": "{HOST}", "pid": "12"}}', ([0, 1], []), "its pid is '12'"),
     ("lock-pid-huge", f'lock:{{"host": "{HOST}", "pid": {2**80}}}', ([0, 1], []), "is gone"),
