@@ -91,12 +91,19 @@ def read_config(
     p = regular_file(path, what, error, where)
     suffix = f" {where}" if where else ""
     try:
-        size = p.stat().st_size
-        if size > limit:
-            raise error(
-                f"{path}: {size:,} bytes is not {_article(what)} (at most {limit:,}){suffix}"
-            )
-        with p.open("rb") as f:
+        # Opened without waiting (a FIFO put in its place since the look above would block
+        # `open` until a writer came), then looked at again through the open file.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                kind = f"not a regular file once opened: not {_article(what)}"
+                raise error(f"{path}: {kind}{suffix}")
+            if info.st_size > limit:
+                raise error(
+                    f"{path}: {info.st_size:,} bytes is not {_article(what)} "
+                    f"(at most {limit:,}){suffix}"
+                )
             data = f.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read it ({first_line(exc)}){suffix}") from exc

@@ -75,6 +75,10 @@ ALIAS_CHAIN = "".join(  # each anchor 60 levels around the one before: few nodes
 )
 
 
+SWEEP_FILE = {"s.yaml": sweep_text()}
+TUNE_FILE = {"t.yaml": tune_text()}
+
+
 def job_json(**fields) -> str:
     info = {"sweep": "s", "job": "j", "shards": 1, "shard_size": 2, "samples": 2}
     info.update(fields)
@@ -671,6 +675,33 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "repeat",
         {"rows.parquet": "rows", "again.parquet": "rows"},
     ),
+    # ---- issue 53: every wait has a bound (`waits.CHECK_SECONDS`; timed in test_bounded_waits)
+    ("run-mlflow-empty", [*RUN, "--mlflow", ""], "--mlflow: an empty tracking URI", SWEEP_FILE),
+    ("tune-mlflow-blank", [*TUNE, "--mlflow", "  "], "--mlflow: an empty tracking URI", TUNE_FILE),
+    (
+        "tune-journal-fifo",  # appending to a FIFO waits for a reader for ever
+        [*TUNE, "--storage", f"{IN}/j.journal"],
+        "j.journal is a FIFO (named pipe), not a study journal",
+        {**TUNE_FILE, "j.journal": "fifo"},
+    ),
+    (
+        "tune-journal-a-directory",
+        [*TUNE, "--storage", f"{IN}/j.journal"],
+        "j.journal is a directory, not a study journal",
+        {**TUNE_FILE, "j.journal/x": "x"},
+    ),
+    (
+        "run-address-unknown-host",
+        [*RUN, "--address", "nosuchhost.invalid:6379"],
+        "cannot reach a Ray cluster at nosuchhost.invalid:6379 (from --address)",
+        SWEEP_FILE,
+    ),
+    (
+        "tune-address-refused",
+        [*TUNE, "--address", "127.0.0.1:1"],
+        "cannot reach a Ray cluster at 127.0.0.1:1 (from --address)",
+        TUNE_FILE,
+    ),
     # ---- issue 53: every parser has a bound (`files.MAX_NESTING`, `configfile.MAX_OVERRIDE_CHARS`)
     (
         "sweep-yaml-nested-100000",
@@ -1072,6 +1103,13 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     ("lock-pid-reused", "lock-reused", ([0, 1], []), "is another process now"),
     ("lock-before-a-restart", "lock-other-boot", ([0, 1], []), "before this machine restarted"),
 ]
+NAMED = {
+    "cache-other": ".pq",
+    "cache-fifo": ".pq",
+    "cache-no": ".pq",
+    "kept": "kept.pq",
+    "lock": "job.lock",
+}
 
 
 def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> None:
@@ -1123,8 +1161,9 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     sweep, root, (a, b) = two_jobs(tmp_path, finished)
     with unrelated_process() as pid:
         tamper(how, a, b, pid)
-        if not how.startswith("lock"):  # status before any run: the bad shard is pending
-            done = {s.job: s.done for s in sweep_status(tmp_path / "out")}
+        status = {s.job: s for s in sweep_status(tmp_path / "out")}
+        if not how.startswith(("lock", "cache")):  # status before any run: the bad shard is pending
+            done = {job: s.done for job, s in status.items()}
             assert [done[a[0].name], done[b[0].name]] == [2 - len(p) for p in pending]
         with caplog.at_level(logging.WARNING):
             plans = plan_jobs(sweep.jobs(), root, lock=True)
@@ -1134,7 +1173,7 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     assert (got[a[0].name], got[b[0].name]) == pending
     assert all(p.locked_by is None for p in plans)  # nothing here is another live driver
     assert warning in caplog.text, caplog.text
-    named = "job.lock" if how.startswith("lock") else "shard-00000.parquet"
+    named = next((v for k, v in NAMED.items() if how.startswith(k)), "shard-00000.parquet")
     assert named in caplog.text
     if how == "copy-a0-to-b0":  # kept for inspection beside the job's settings, never read
         assert (b[1] / "shard-00000.parquet.foreign").is_file()

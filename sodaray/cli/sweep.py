@@ -151,7 +151,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         for label, chosen in defaults.items():
             print(f"model {label}: {chosen['why']}", flush=True)
     track = None
-    if args.mlflow:
+    if args.mlflow is not None:  # an empty URI too: check_tracking refuses it
         from sodaray.cli.tracking import sweep_logger
 
         options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs

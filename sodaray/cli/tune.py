@@ -109,7 +109,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"model {model.label}: {defaults.why()}", flush=True)
     callbacks = []
     tracker = None
-    if args.mlflow:  # the URI is checked before anything runs
+    if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
         from sodaray.cli.tracking import StudyTracker
 
         tracker = StudyTracker(

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
+import os
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sodaray.errors import first_line
+from sodaray.files import what_is
 from sodaray.objectives import PRESET_FIELDS, Objective
 from sodaray.tuner.spec import TuningSpec
+from sodaray.waits import CHECK_SECONDS
+
+log = logging.getLogger(__name__)
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
@@ -32,10 +40,43 @@ def open_storage(url: str):
         _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     Path(url).parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(url))
+    kind = what_is(url)  # opening a FIFO to append to it waits for a reader for ever
+    if kind not in (None, "a regular file"):
+        raise ValueError(f"{url} is {kind}, not a study journal")
+    check_journal_lock(url)
+    # A lock not refreshed for `CHECK_SECONDS` is broken (Optuna's default: 30 s).
+    lock = JournalFileSymlinkLock(url, grace_period=int(CHECK_SECONDS))
+    return JournalStorage(JournalFileBackend(url, lock_obj=lock))
+
+
+JOURNAL_LOCK = ".lock"  # what Optuna's journal lock adds to the journal's name
+
+
+def check_journal_lock(url: str) -> None:
+    """The journal's lock as Optuna's symlink lock leaves it: a symbolic link, held while a
+    driver appends (milliseconds). Anything else there (a directory, a FIFO, a file) is not a
+    lock, and Optuna waited 30 s before it renamed it away (a directory: in silence); a link
+    older than `CHECK_SECONDS` was left by a driver that died mid-write. Either is moved aside
+    or removed with a warning, so opening the study waits at most about `CHECK_SECONDS`."""
+    lock = Path(url + JOURNAL_LOCK)
+    try:
+        info = lock.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        age = time.time() - info.st_mtime
+        if age > CHECK_SECONDS:
+            log.warning("breaking the study journal's lock %s: left %.0f s ago", lock, age)
+            lock.unlink(missing_ok=True)
+        return
+    aside = lock.with_name(f"{lock.name}.{os.getpid()}.invalid")
+    log.warning(
+        "%s is %s, not a journal lock: moved to %s", lock, what_is(lock) or "not a lock", aside
+    )
+    os.replace(lock, aside)
 
 
 def _check_rdb_url(url: str) -> None:
