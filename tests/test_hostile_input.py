@@ -27,6 +27,7 @@ import pytest
 from conftest import STORIES, one_line_error
 
 from sodaray.cli import main
+from sodaray.experiment.data import CACHE_KEY
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -1102,6 +1103,17 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     ("lock-live-unrelated-pid", "lock-unrelated", ([0, 1], []), "is not a sodaray run ("),
     ("lock-pid-reused", "lock-reused", ([0, 1], []), "is another process now"),
     ("lock-before-a-restart", "lock-other-boot", ([0, 1], []), "before this machine restarted"),
+    # Issue 53: a cache is trusted on its content, not its name. The issue's case: the dataset
+    # cache replaced by another seed's build and A's shard 1 deleted; the resume mixed rows of
+    # two seeds. The cache is set aside and rebuilt; only A's shard 1 runs, on this seed's rows.
+    ("cache-another-seeds-build", "cache-other-seed", ([1], []), "not this entry's build"),
+    # ... and with the build's key copied in: every shard was searched on other rows: all again.
+    ("cache-key-forged", "cache-forged", ([0, 1], [0, 1]), "rows of another dataset"),
+    ("cache-a-fifo", "cache-fifo", ([1], []), "a FIFO (named pipe), not a dataset file"),
+    ("cache-no-build-recorded", "cache-no-key", ([1], []), "no build recorded"),
+    # Kept rows of another job, or of this job on another dataset: set aside, searched again.
+    ("kept-from-another-job", "kept-b1-as-a1", ([1], []), "rows of another job"),
+    ("kept-of-another-dataset", "kept-other-data", ([1], []), "rows of another dataset"),
 ]
 NAMED = {
     "cache-other": ".pq",
@@ -1112,13 +1124,48 @@ NAMED = {
 }
 
 
+_OTHER: list[pa.Table] = []
+
+
+def other_seeds_build() -> pa.Table:
+    """TWO's dataset built with another seed, as `sodaray data build` writes it: the same
+    sample ids, other inputs."""
+    if not _OTHER:
+        from sodaray.data import build_dataset
+
+        _OTHER.append(build_dataset(str(STORIES), "random", "1", 4, seed=2, progress=False))
+    return _OTHER[0]
+
+
 def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> None:
     (a_dir, a_meta), (b_dir, _) = a, b
     if how.startswith("lock") or how == "":
         for shard in a_dir.glob("shard-*.parquet"):
             shard.unlink()
     lock = a_meta / "job.lock"
-    if how == "copy-a0-to-b0":
+    [cache] = a_meta.parents[1].glob("datasets/*.pq")
+    if how.startswith(("cache", "kept")):
+        a1 = pq.read_table(a_dir / "shard-00001.parquet")
+        (a_dir / "shard-00001.parquet").unlink()
+    if how in ("cache-other-seed", "cache-forged", "cache-no-key"):
+        meta = dict(pq.read_schema(cache).metadata)
+        table = other_seeds_build() if how != "cache-no-key" else pq.read_table(cache)
+        if how != "cache-no-key":  # forged: this build's key; else the other build's own
+            key = meta[CACHE_KEY] if how == "cache-forged" else b"5eed2" + b"0" * 59
+            table = table.replace_schema_metadata({**table.schema.metadata, CACHE_KEY: key})
+        else:
+            table = table.replace_schema_metadata({k: v for k, v in meta.items() if k != CACHE_KEY})
+        pq.write_table(table, cache)
+    elif how == "cache-fifo":
+        cache.unlink()
+        os.mkfifo(cache)
+    elif how == "kept-b1-as-a1":
+        shutil.copy(b_dir / "shard-00001.parquet", a_meta / "shard-00001.kept.pq")
+    elif how == "kept-other-data":
+        i = a1.schema.get_field_index("dataset_hash")
+        a1 = a1.set_column(i, "dataset_hash", pa.array(["f" * 64] * len(a1)))
+        pq.write_table(a1.slice(0, 1), a_meta / "shard-00001.kept.pq")
+    elif how == "copy-a0-to-b0":
         shutil.copy(a_dir / "shard-00000.parquet", b_dir / "shard-00000.parquet")
     elif how == "corrupt-a0":
         corrupt_pages(a_dir / "shard-00000.parquet")
@@ -1175,6 +1222,9 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     assert warning in caplog.text, caplog.text
     named = next((v for k, v in NAMED.items() if how.startswith(k)), "shard-00000.parquet")
     assert named in caplog.text
+    # Status counted the kept rows the run keeps (issue 53: it said 7 where the run kept 3).
+    for p in plans:
+        assert status[p.job.name].kept == sum(map(len, p.kept.values())) + p.kept_whole
     if how == "copy-a0-to-b0":  # kept for inspection beside the job's settings, never read
         assert (b[1] / "shard-00000.parquet.foreign").is_file()
 
@@ -1224,6 +1274,47 @@ def test_a_lock_of_an_unrelated_pid_and_another_jobs_shard_are_computed_again(
     for job in sweep.jobs():  # every row is its own job's
         mine = rows.filter(pc.equal(rows["job"], job.name))
         assert len(mine) == 4 and set(mine["config_hash"].to_pylist()) == {job.config_hash}
+
+
+def test_a_swapped_cache_and_foreign_kept_rows_resume_as_one_seed_and_status_says_so(
+    tmp_path, finished, capsys, caplog, local_ray
+):
+    """Issue 53, end to end: the dataset cache replaced by another seed's build and a shard
+    deleted (the resume mixed 14 rows of one seed with 2 of the other, in silence), and kept
+    rows beside two pending shards, one file of them another job's (`sweep status` counted it:
+    "the next run keeps 3", and it kept 1). The cache is set aside and rebuilt, every row is
+    of this seed's inputs, and status said what the run kept."""
+    import logging
+
+    from sodaray.data import read_dataset
+    from sodaray.results import read_results
+    from sodaray.runner import sweep_status
+
+    sweep, root, (a, b) = two_jobs(tmp_path, finished)
+    [cache] = root.glob(".sodaray/datasets/*.pq")
+    truth = {r["sample_id"]: r["tokens"] for r in read_dataset(cache).to_pylist()}
+    other = other_seeds_build()
+    key = {CACHE_KEY: b"5eed2" + b"0" * 59}  # the other build's own
+    pq.write_table(other.replace_schema_metadata({**other.schema.metadata, **key}), cache)
+    b1 = pq.read_table(b[0] / "shard-00001.parquet")
+    for folder in (a[0], b[0]):
+        (folder / "shard-00001.parquet").unlink()
+    shutil.copy(b[0] / "shard-00000.parquet", a[1] / "shard-00001.kept.pq")  # another job
+    pq.write_table(b1.slice(0, 1), b[1] / "shard-00001.kept.pq")  # B's own: kept
+    status = {s.job: s.kept for s in sweep_status(tmp_path / "out")}
+    assert status == {a[0].name: 0, b[0].name: 1}
+    with caplog.at_level(logging.WARNING):
+        code = main(["sweep", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0, err + out
+    assert "1 samples of unfinished shards ended in an earlier run: kept" in err
+    assert "not this entry's build" in caplog.text and "rows of another job" in caplog.text
+    assert len(list(root.glob(".sodaray/datasets/*.foreign"))) == 1  # kept, never read
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 8
+    assert len(set(rows["dataset_hash"].to_pylist())) == 1
+    for r in rows.to_pylist():  # every row searched this seed's input for its sample id
+        assert r["true_tokens"] == truth[r["sample_id"]]
 
 
 REPORT_WARNED: list[tuple[str, str]] = [
