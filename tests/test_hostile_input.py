@@ -703,6 +703,43 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "cannot reach a Ray cluster at 127.0.0.1:1 (from --address)",
         TUNE_FILE,
     ),
+    # ---- issue 53: what sodaray says is what it does
+    (
+        "report-extrapolate-below-budget",  # the rows ran 5 steps: "extrapolated" to 1
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--extrapolate", "1"],
+        "--extrapolate 1: below the measured step budget (5 steps)",
+        {"rows.parquet": "rows"},
+    ),
+    (
+        "report-extrapolate-one-below-budget",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--extrapolate", "4"],
+        "--extrapolate 4: below the measured step budget (5 steps)",
+        {"rows.parquet": "rows"},
+    ),
+    (
+        "tune-int-step-half",  # int(0.5): the range became `step: 0`, silently
+        TUNE,
+        "space.reset_period.step: an int range's step is a whole number, not 0.5",
+        {"t.yaml": tune_text(space="{reset_period: {type: int, low: 2, high: 8, step: 0.5}}")},
+    ),
+    (
+        "tune-override-int-step-half",
+        [*TUNE, "space.reset_period={type: int, low: 2, high: 8, step: 1.5}"],
+        "an int range's step is a whole number, not 1.5",
+        TUNE_FILE,
+    ),
+    (
+        "sweep-model-name-newline",  # a folder and a label: a line break split the plan table
+        PLAN,
+        "models[0].name: must be printable",
+        {"s.yaml": sweep_text(model='{id: "{model}", name: "a\\nb"}')},
+    ),
+    (
+        "sweep-dataset-name-terminal-escape",
+        PLAN,
+        "datasets[0].name: must be printable",
+        {"s.yaml": sweep_text(dataset='{name: "d\\e[2J", build: {dataset: random, lengths: "1"}}')},
+    ),
     # ---- issue 53: every parser has a bound (`files.MAX_NESTING`, `configfile.MAX_OVERRIDE_CHARS`)
     (
         "sweep-yaml-nested-100000",
@@ -1315,6 +1352,67 @@ def test_a_swapped_cache_and_foreign_kept_rows_resume_as_one_seed_and_status_say
     assert len(set(rows["dataset_hash"].to_pylist())) == 1
     for r in rows.to_pylist():  # every row searched this seed's input for its sample id
         assert r["true_tokens"] == truth[r["sample_id"]]
+
+
+# Issue 53: labels read from files are printed as data, never as layout (`errors.shown`).
+LABELS = {
+    # A costs file's `device:` with a line break split the plan table.
+    "costs-device-newline": ("h100\nfake row", "h100\\nfake row"),
+    "costs-source-terminal-escape": ("\x1b[2Jcleared", "\\x1b[2Jcleared"),
+    "status-job-folder-newline": ("j\nx", "j\\nx"),
+    "report-model-pipe-and-newline": ("m|x\ny", "m\\|x\\ny"),
+}
+
+
+@pytest.mark.parametrize("case", list(LABELS))
+def test_labels_from_files_are_printed_as_data(tmp_path, capsys, case):
+    label, printed = LABELS[case]
+    (tmp_path / "s.yaml").write_text(sweep_text().replace("{model}", str(STORIES)))
+    if case.startswith("costs"):
+        field = "device" if "device" in case else "source"
+        costs = {"device": "d", "kind": "cpu", "source": "s", field: label}
+        costs["precisions"] = {
+            "float32": {"pass_seconds": 0.001, "layer_seconds": 0.0, "flops_per_second": 1e12}
+        }
+        (tmp_path / "c.yaml").write_text(json.dumps(costs))  # JSON is YAML: escapes kept
+        argv = ["sweep", "plan", str(tmp_path / "s.yaml"), "--no-calibrate"]
+        argv += ["--costs", str(tmp_path / "c.yaml")]
+        expect = 1 + 1 + 1 + 1 + 1  # model, sweep, priced by, header, the job
+    elif case.startswith("status"):
+        meta = tmp_path / "r" / ".sodaray" / "jobs" / label
+        meta.mkdir(parents=True)
+        (meta / "job.json").write_text(job_json(job=label))
+        argv = ["sweep", "status", str(tmp_path / "r")]
+        expect = 2
+    else:
+        rows = pq.read_table(Path(_rows_file(tmp_path)))
+        i = rows.schema.get_field_index("model_name")
+        rows = rows.set_column(i, "model_name", pa.array([label] * len(rows)))
+        pq.write_table(rows, tmp_path / "rows.parquet")
+        argv = ["report", str(tmp_path / "rows.parquet"), "--out", str(tmp_path / "rep")]
+        argv += ["--no-figures", "--format", "md"]
+        expect = None
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if expect is None:
+        out = (tmp_path / "rep" / "model.md").read_text()
+        table = [line for line in out.splitlines() if line.startswith("|")]
+        widths = {len(line.replace("\\|", "").split("|")) for line in table}
+        assert len(widths) == 1, out  # every row as many cells as the header
+    else:
+        lines = [line for line in out.splitlines() if line.strip()]
+        if case.startswith("costs"):
+            lines = lines[:5] if "device" in case else lines
+        assert len(lines) >= expect, out
+    assert printed in out, out
+    assert label not in out and "\x1b" not in out
+
+
+def _rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "made" / "rows.parquet"
+    path.parent.mkdir()
+    write_rows(path, "rows")
+    return path
 
 
 REPORT_WARNED: list[tuple[str, str]] = [

@@ -31,6 +31,7 @@ from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     ask_trial,
+    grid_left,
     open_study,
     storage_url,
     trial_value,
@@ -63,6 +64,10 @@ class TuneRun:
     plots: list[Path] = field(default_factory=list)
     # Plots not made, by name, with the reason (too few completed trials for importances).
     plots_skipped: dict[str, str] = field(default_factory=dict)
+    # A grid study: its points, and the trials it had left when this run began (None: not a
+    # grid). A run asks no more trials than are left; a covered grid runs none.
+    grid: tuple[int, int] | None = None
+    asked: int = 0  # the trials this run was asked for
 
 
 def run_tuning(
@@ -103,24 +108,28 @@ def run_tuning(
     out.mkdir(parents=True, exist_ok=True)
     study_name = spec.study_name or spec.name
     study, stale = open_study(spec, url, study_name)
-    run = TuneRun(study_name, url, out, stale_failed=stale)
+    run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
+    if spec.sampler == "grid":
+        run.grid = grid_left(spec, study)
+        n_trials = min(n_trials, run.grid[1])
     rows, identity = validation_rows(spec, study, out)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
-    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
-        # A batch's worth of trials on each replica, and the next one waiting.
-        group = ActorGroup(
-            spec.model,
-            max_attempts=max_attempts,
-            fill=1.0,
-            min_units=1,
-            replicas=workers,
-            placement=placement,
-        )
-        loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
-        try:
-            loop.drain(n_trials, on_trial, callbacks)
-        finally:
-            group.kill()
+    if n_trials:  # a covered grid runs none: no Ray, no actor
+        with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
+            # A batch's worth of trials on each replica, and the next one waiting.
+            group = ActorGroup(
+                spec.model,
+                max_attempts=max_attempts,
+                fill=1.0,
+                min_units=1,
+                replicas=workers,
+                placement=placement,
+            )
+            loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
+            try:
+                loop.drain(n_trials, on_trial, callbacks)
+            finally:
+                group.kill()
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)

@@ -101,13 +101,16 @@ def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
     import optuna
 
     seed = spec.seed
-    if trials_so_far:
+    # Not the grid's: its seed shuffles the grid, and its first trials take points by their
+    # number in that order; another seed's order gave a resumed study's trials points it had
+    # tried (the issue's resume repeated a trial).
+    if trials_so_far and spec.sampler != "grid":
         seed = int(np.random.SeedSequence([spec.seed, trials_so_far]).generate_state(1)[0])
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "grid":
         space = {p.name: p.grid_values() for p in spec.space}
-        return optuna.samplers.GridSampler(space, seed=seed)
+        return _grid_sampler()(space, seed=seed)
     if spec.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed)
     import warnings
@@ -119,6 +122,40 @@ def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
+def _grid_sampler() -> type:
+    """Optuna's grid sampler, less its stop: once its grid is covered it calls `study.stop()`,
+    which works only inside `study.optimize`; sodaray asks and tells trials, so the grid run
+    ended in a RuntimeError and wrote no best preset. `run_tuning` runs only the points left
+    (`grid_left`) instead."""
+    import optuna
+
+    class GridSampler(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return GridSampler
+
+
+def grid_left(spec: TuningSpec, study: Any) -> tuple[int, int]:
+    """(points in the grid, trials a grid study has left to run): its enqueued trials, and the
+    points no trial has taken (finished in any state, as Optuna's grid sampler counts them,
+    running, or enqueued)."""
+    import itertools
+
+    import optuna
+
+    names = [p.name for p in spec.space]
+    waiting = optuna.trial.TrialState.WAITING
+    taken, queued = set(), 0
+    for t in study.get_trials(deepcopy=False):
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        queued += t.state == waiting
+        if set(params) >= set(names):
+            taken.add(tuple(params[n] for n in names))
+    grid = set(itertools.product(*(p.grid_values() for p in spec.space)))
+    return len(grid), queued + len(grid - taken)
+
+
 SPEC_HASH_ATTR = "sodaray.spec_hash"
 
 
@@ -127,7 +164,10 @@ def spec_hash(spec: TuningSpec) -> str:
     steps, metric, checkpoints and seed (not trials, sampler, pruner or storage)."""
     from sodaray.results import config_hash
 
-    preset = {"preset": [spec.model.preset, spec.model.preset_file]}
+    # A preset file by what it holds, not where it is: a study whose preset file was edited
+    # (the same path) got the old study's hash, and its next `tune` added trials to the old
+    # study; one moved elsewhere keeps its study.
+    preset = {"preset": [spec.model.preset, preset_content(spec.model.preset_location)]}
     # With no preset, what the model's family defaults change in the trials, only where they
     # change something: a study they leave as it was keeps its hash.
     effect = spec.defaults_effect()
@@ -150,6 +190,16 @@ def spec_hash(spec: TuningSpec) -> str:
             "seed": spec.seed,
         }
     )
+
+
+def preset_content(path: str | None) -> dict[str, Any] | None:
+    """A preset file's values as a study's identity takes them: its parameters and objective
+    settings (None without a file)."""
+    if path is None:
+        return None
+    from sodaray.presets import load_preset_file, load_preset_objective
+
+    return {"params": load_preset_file(path), "objective": load_preset_objective(path)}
 
 
 def open_study(
