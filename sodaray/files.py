@@ -184,6 +184,20 @@ def read_json_object(
     return value
 
 
+def check_sqlite_url(url: str, what: str, error: type[Exception] = ValueError) -> None:
+    """A `sqlite:///PATH` URL (a tracking store, a study's storage) whose PATH exists must be
+    a regular file: SQLite opens a FIFO and then waits on it, or fails on a directory with
+    "disk I/O error". Other URLs pass."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return
+    kind = what_is(path)
+    if kind not in (None, "a regular file"):
+        raise error(f"{what} {url}: {path} is {kind}, not a database file")
+
+
 # What a model folder's weights are called: transformers' safetensors, PyTorch, TF and Flax
 # files (and their shards), or a GGUF file.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".gguf")

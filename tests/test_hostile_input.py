@@ -692,6 +692,18 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         {**TUNE_FILE, "j.journal/x": "x"},
     ),
     (
+        "tune-storage-sqlite-fifo",  # SQLite opens a FIFO, then waits on it
+        [*TUNE, "--storage", "sqlite:///{tmp}/in/s.db"],
+        "s.db is a FIFO (named pipe), not a database file",
+        {**TUNE_FILE, "s.db": "fifo"},
+    ),
+    (
+        "run-mlflow-sqlite-fifo",
+        [*RUN, "--mlflow", "sqlite:///{tmp}/in/m.db"],
+        "m.db is a FIFO (named pipe), not a database file",
+        {**SWEEP_FILE, "m.db": "fifo"},
+    ),
+    (
         "run-address-unknown-host",
         [*RUN, "--address", "nosuchhost.invalid:6379"],
         "cannot reach a Ray cluster at nosuchhost.invalid:6379 (from --address)",

@@ -368,3 +368,43 @@ def test_a_study_is_its_preset_files_values_not_its_path(tmp_path):
         load_tuning(write_tuning(tmp_path, model={**model, "preset_file": str(copy)}))
     )
     assert moved == edited
+
+
+def test_a_study_whose_data_changed_is_refused(tmp_path):
+    """Issue 53, a cache trusted on content: the study records its data's hash; data with
+    other rows under the same entry (a data file rewritten, a cache of another build) would
+    add trials that do not compare with its others. One line instead."""
+    from sodaray.data import build_dataset, write_dataset
+    from sodaray.tuner.run import validation_rows
+    from sodaray.tuner.spec import TuningError
+
+    path = tmp_path / "d.parquet"
+    write_dataset(build_dataset(str(STORIES), "random", "1", 2, seed=0, progress=False), path)
+    spec = load_tuning(write_tuning(tmp_path, data={"name": "d", "path": str(path)}))
+    study = optuna.create_study(direction="maximize")
+    rows, identity = validation_rows(spec, study, tmp_path / "out")
+    assert study.user_attrs["dataset_hash"] == identity.hash
+    write_dataset(build_dataset(str(STORIES), "random", "1", 2, seed=1, progress=False), path)
+    with pytest.raises(TuningError, match="the study's trials ran on other data"):
+        validation_rows(spec, study, tmp_path / "out")
+
+
+JOURNALS = {
+    "deep": "[" * 100_000 + "]" * 100_000 + "\n",  # a RecursionError in Optuna
+    "a-list": "[1, 2]\n",  # a TypeError in Optuna
+    "garbled": '{"op_code": 0, "study_name": \n{"op_code": 4}\n',
+    "unknown-op": '{"op_code": 99}\n',  # an AssertionError in Optuna
+}
+
+
+@pytest.mark.parametrize("kind", list(JOURNALS))
+def test_a_journal_optuna_did_not_write_is_one_line(tmp_path, capsys, kind):
+    """Issue 53, every parser has a bound: Optuna reads a journal's lines without one and
+    replays them unchecked; each of these ended in a traceback."""
+    (tmp_path / "j.journal").write_text(JOURNALS[kind])
+    path = write_tuning(tmp_path)
+    args = ["tune", str(path), "--out", str(tmp_path / "out"), "--storage"]
+    code = main([*args, str(tmp_path / "j.journal")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "j.journal" in err and "Traceback" not in err

@@ -156,9 +156,17 @@ def validation_rows(
     spec: TuningSpec, study: Any, out: Path
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
     """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/)
-    and the data's identity; the data's hash is recorded in the study."""
+    and the data's identity; the data's hash is recorded in the study, and a study whose
+    trials ran on other rows (its data file rewritten, its source changed) is refused: its
+    trials' values would not compare."""
     table = dataset_table(spec.model, spec.data, out)
     identity = dataset_identity(table)
+    recorded = study.user_attrs.get("dataset_hash")
+    if identity.hash and isinstance(recorded, str) and recorded != identity.hash:
+        raise TuningError(
+            f"{spec.path}: the study's trials ran on other data (hash {recorded[:16]}, this "
+            f"data's is {identity.hash[:16]}); give this data its own study_name or storage"
+        )
     if identity.hash and "dataset_hash" not in study.user_attrs:
         # The rows the trials ran on: the data spec names a build, the hash its result.
         study.set_user_attr("dataset_hash", identity.hash)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
-from sodaray.files import what_is
+from sodaray.files import check_sqlite_url, parse_json, what_is
 from sodaray.objectives import PRESET_FIELDS, Objective
 from sodaray.tuner.spec import TuningSpec
 from sodaray.waits import CHECK_SECONDS
@@ -46,10 +46,33 @@ def open_storage(url: str):
     kind = what_is(url)  # opening a FIFO to append to it waits for a reader for ever
     if kind not in (None, "a regular file"):
         raise ValueError(f"{url} is {kind}, not a study journal")
+    if kind is not None:
+        check_journal(url)
     check_journal_lock(url)
     # A lock not refreshed for `CHECK_SECONDS` is broken (Optuna's default: 30 s).
     lock = JournalFileSymlinkLock(url, grace_period=int(CHECK_SECONDS))
     return JournalStorage(JournalFileBackend(url, lock_obj=lock))
+
+
+def check_journal(url: str) -> None:
+    """Every line of a journal file is what Optuna writes there: a JSON object (held to
+    `files.MAX_NESTING`, as every JSON sodaray reads) with an integer `op_code`. Optuna parses
+    each line without a bound and replays it unchecked: a line of '[' * 100000 ended in a
+    RecursionError, a list or a string in a TypeError. A last line cut short (a driver killed
+    mid-write) is Optuna's to skip."""
+    with open(url, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            op = parse_json(line, "")
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: cut short
+                continue
+            raise ValueError(f"{url}: line {number}{exc}: not a study journal") from exc
+        if not isinstance(op, dict) or type(op.get("op_code")) is not int:
+            raise ValueError(f"{url}: line {number} is not a journal entry Optuna writes")
 
 
 JOURNAL_LOCK = ".lock"  # what Optuna's journal lock adds to the journal's name
@@ -81,6 +104,7 @@ def check_journal_lock(url: str) -> None:
 
 def _check_rdb_url(url: str) -> None:
     """An RDB URL whose database kind SQLAlchemy knows (the connection is tried later)."""
+    check_sqlite_url(url, "storage")
     try:
         from sqlalchemy.engine import make_url
 
@@ -211,14 +235,22 @@ def open_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=open_storage(url) if storage is None else storage,
-        sampler=make_sampler(spec),
-        pruner=make_pruner(spec),
-        direction="maximize",
-        load_if_exists=True,
-    )
+    try:
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=open_storage(url) if storage is None else storage,
+            sampler=make_sampler(spec),
+            pruner=make_pruner(spec),
+            direction="maximize",
+            load_if_exists=True,
+        )
+    except (KeyError, TypeError, IndexError, AssertionError) as exc:
+        # Optuna replays a journal's entries unchecked: one it did not write (an `op_code` of
+        # another version, an entry without its fields) fails deep inside it.
+        raise ValueError(
+            f"{url}: a study storage this Optuna cannot read ({type(exc).__name__}: "
+            f"{first_line(exc)})"
+        ) from exc
     key = spec_hash(spec)
     recorded = study.user_attrs.get(SPEC_HASH_ATTR)
     if recorded is None:

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sodaray.errors import first_line
+from sodaray.files import check_sqlite_url
 from sodaray.paths import component, inside
 from sodaray.waits import within
 
@@ -52,6 +53,7 @@ def check_tracking(uri: str) -> None:
         from mlflow.tracking import MlflowClient
     except ImportError as exc:
         raise ValueError(f"--mlflow needs the `mlflow` package ({INSTALL}): {exc}") from exc
+    check_sqlite_url(uri, "--mlflow")
     for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." etc.
         logging.getLogger(name).setLevel(logging.WARNING)
     shown = hidden_password(uri)
