@@ -1163,6 +1163,8 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     # Kept rows of another job, or of this job on another dataset: set aside, searched again.
     ("kept-from-another-job", "kept-b1-as-a1", ([1], []), "rows of another job"),
     ("kept-of-another-dataset", "kept-other-data", ([1], []), "rows of another dataset"),
+    # A kept file's footer holding a schema 1,000 lists deep: pyarrow's own bound refuses it.
+    ("kept-footer-nested-1000", "kept-deep-footer", ([1], []), "unreadable"),
 ]
 NAMED = {
     "cache-other": ".pq",
@@ -1210,6 +1212,11 @@ def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> No
         os.mkfifo(cache)
     elif how == "kept-b1-as-a1":
         shutil.copy(b_dir / "shard-00001.parquet", a_meta / "shard-00001.kept.pq")
+    elif how == "kept-deep-footer":
+        kind = pa.int64()
+        for _ in range(1000):
+            kind = pa.list_(kind)
+        pq.write_table(pa.table({"x": pa.array([None], type=kind)}), a_meta / "shard-00001.kept.pq")
     elif how == "kept-other-data":
         i = a1.schema.get_field_index("dataset_hash")
         a1 = a1.set_column(i, "dataset_hash", pa.array(["f" * 64] * len(a1)))
@@ -1483,3 +1490,21 @@ def test_the_tables_hold_every_case_of_issue_37():
     }
     assert issue <= ids
     assert len(RESUME_CASES) == len({c[0] for c in RESUME_CASES})
+
+
+def test_the_tables_hold_every_case_of_issue_53():
+    """The issue's cases that fit these tables (the rest: the timed waits in
+    test_bounded_waits.py, the grid sampler and a study's preset in test_tuner.py, the
+    100,000-job plan in test_sweep_plan.py), each a row here, with their siblings."""
+    ids = {c[0] for c in CASES} | {c[0] for c in RESUME_CASES} | set(LABELS)
+    issue = {
+        "lock-nested-100000",  # '[' * 100000 in job.lock: RecursionError
+        "cache-another-seeds-build",  # a cache swapped: two seeds' rows mixed
+        "run-mlflow-empty",  # --mlflow '': nothing logged, nothing said
+        "report-extrapolate-below-budget",
+        "costs-device-newline",  # the plan table split
+        "tune-int-step-half",  # step: 0.5 became step: 0
+        "kept-from-another-job",  # status counted kept rows the run did not keep
+    }
+    assert issue <= ids
+    assert len(ids) == len(CASES) + len(RESUME_CASES) + len(LABELS)  # no id twice

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,8 @@ def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
         raise ValueError(f"{where}: use auto, HOST:PORT or ray://HOST:PORT")
     host, _, port = (rest if sep else target).rstrip("/").rpartition(":")
     try:
-        within(lambda: _answers(host or "127.0.0.1", int(port), timeout, scheme), "it", timeout)
+        probe = partial(_answers, host or "127.0.0.1", int(port), timeout, scheme)
+        within(probe, "the address", timeout)
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"cannot reach a Ray cluster at {target} (from {where}): {exc}; {hint}"
