@@ -5,12 +5,14 @@ SQLite, PostgreSQL or MySQL) works on a cluster, and no storage port is served."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +70,22 @@ def open_storage(url: str, base: Path | None = None):
     check_journal_lock(journal, base)
     # A lock not refreshed for `CHECK_SECONDS` is broken (Optuna's default: 30 s).
     lock = JournalFileSymlinkLock(url, grace_period=int(CHECK_SECONDS))
-    return JournalStorage(JournalFileBackend(url, lock_obj=lock))
+    with unreadable_storage(url):  # JournalStorage replays the journal as it opens it
+        return JournalStorage(JournalFileBackend(url, lock_obj=lock))
+
+
+@contextlib.contextmanager
+def unreadable_storage(url: str) -> Iterator[None]:
+    """Optuna replays a journal's entries unchecked: one it did not write (an `op_code` of
+    another version, an entry without its fields) fails deep inside it, as the storage opens
+    or as a study is made in it. One line instead."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AssertionError) as exc:
+        raise ValueError(
+            f"{url}: a study storage this Optuna cannot read ({type(exc).__name__}: "
+            f"{first_line(exc)})"
+        ) from exc
 
 
 def check_journal(url: str) -> None:
@@ -257,7 +274,7 @@ def open_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
+    with unreadable_storage(url):
         study = optuna.create_study(
             study_name=study_name,
             storage=open_storage(url) if storage is None else storage,
@@ -266,13 +283,6 @@ def open_study(
             direction="maximize",
             load_if_exists=True,
         )
-    except (KeyError, TypeError, IndexError, AssertionError) as exc:
-        # Optuna replays a journal's entries unchecked: one it did not write (an `op_code` of
-        # another version, an entry without its fields) fails deep inside it.
-        raise ValueError(
-            f"{url}: a study storage this Optuna cannot read ({type(exc).__name__}: "
-            f"{first_line(exc)})"
-        ) from exc
     key = spec_hash(spec)
     recorded = study.user_attrs.get(SPEC_HASH_ATTR)
     if recorded is None:
