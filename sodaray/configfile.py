@@ -15,6 +15,8 @@ alike, and a job's hash covers the final values.
   is entered by an entry's name (`models.qwen.bos=true`: the model entry named or labelled
   `qwen`; `algorithms.soda.params.temperature=0.07`) or by its index (`models.0.bos=true`).
   Names may hold dots (`models.qwen2.5-0.5b.bos=true`): the longest name that matches wins.
+  An override is at most `MAX_OVERRIDE_CHARS` characters, its key at most `MAX_NESTING` parts
+  (and its value, as any YAML, nests at most `MAX_NESTING` levels).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
-from sodaray.files import read_config
+from sodaray.files import MAX_NESTING, read_config
 from sodaray.paths import brief, expand_path
 from sodaray.validation import yaml_load
 
 MAX_DEPTH = 8
+# A command line's KEY=VALUE (or `--param KEY=VALUE`): a value, not a file. Linux passes at most
+# 128 KiB in one argument; the Python API has no such limit.
+MAX_OVERRIDE_CHARS = 1 << 16
 
 
 def read_document(
@@ -147,11 +152,22 @@ def apply_override(data: dict, text: str) -> dict:
     parts = key.strip().split(".")
     if not key.strip() or any(not p for p in parts):
         raise ValueError("the key is empty or has an empty part")
+    if len(parts) > MAX_NESTING:
+        raise ValueError(f"the key has {len(parts):,} parts (at most {MAX_NESTING})")
+    return _set(data, parts, override_value(text, raw), [])
+
+
+def override_value(text: str, raw: str) -> Any:
+    """The YAML value of an override `text` (`raw`: its part after `=`), held to
+    `MAX_OVERRIDE_CHARS` and YAML's bounds; a one-line ValueError."""
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ValueError(
+            f"{len(text):,} characters (an override is at most {MAX_OVERRIDE_CHARS:,})"
+        )
     try:
-        value = yaml_load(raw)
+        return yaml_load(raw)
     except yaml.YAMLError as exc:
         raise ValueError(f"not a YAML value ({first_line(exc)})") from exc
-    return _set(data, parts, value, [])
 
 
 def _set(node: Any, parts: list[str], value: Any, done: list[str]) -> Any:

@@ -14,12 +14,13 @@ them).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sodaray.files import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def model_shape(model_id: str) -> ModelShape | None:
     config = Path(model_id).expanduser() / "config.json"
     if config.is_file():
         try:
-            return shape_from_config(json.loads(config.read_text(encoding="utf-8")))
+            return shape_from_config(parse_json(config.read_text(encoding="utf-8"), str(config)))
         except (ValueError, TypeError, KeyError) as exc:
             log.info("no shape from %s: %s", config, exc)
     return None

@@ -1,4 +1,6 @@
-"""Error messages as the one line a user reads. A leaf: every layer may import it."""
+"""Error messages as the one line a user reads, and text read from files or the command line
+shown as data (never as layout: a line break, a tab or a terminal escape in a label). A leaf:
+every layer may import it."""
 
 from __future__ import annotations
 
@@ -20,3 +22,19 @@ def last_line(exc: BaseException) -> str:
     whose last line is the error itself (its repr when the message is empty)."""
     text = str(exc).strip()
     return text.splitlines()[-1].strip() if text else repr(exc)
+
+
+def shown(text: object, limit: int | None = None) -> str:
+    """`text` as one printable line: each character that is not printable (line breaks, tabs,
+    carriage returns, terminal escapes, Unicode line and paragraph separators, ...) written as
+    its Python escape (`\\n`, `\\x1b`, `\\u2028`), so a label read from a file (a costs file's
+    `device`, a job's name, a trial's value) is printed as data and never splits a table or a
+    message. `limit`: cut to at most that many characters, ending in `...`."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(
+            c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+        )
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    return text

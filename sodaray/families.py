@@ -22,13 +22,13 @@ own values, which are the paper's TinyStories-33M preset, and raw logits).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
+from sodaray.files import parse_json
 from sodaray.presets import load_preset_objective, preset_params
 
 # The preset SODA's own defaults equal: `--preset tinystories-33m` keeps what a model without a
@@ -278,7 +278,7 @@ def _config_model_type(path: Path) -> str | None:
         return None  # no config.json here: loading it would say what is wrong
     if path.stat().st_size > CONFIG_LIMIT:
         raise ValueError(f"{path} is larger than {CONFIG_LIMIT >> 20} MB")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = parse_json(path.read_text(encoding="utf-8"), str(path))
     kind = data.get("model_type") if isinstance(data, dict) else None
     return kind if isinstance(kind, str) else None
 

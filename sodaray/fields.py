@@ -8,6 +8,8 @@ built, names that become paths checked by `sodaray.paths.component`.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.paths import brief, component
-from sodaray.validation import coerce_fields
+from sodaray.validation import coerce_fields, field_names
 
 Fail = Callable[[str, str], ValueError]
 
@@ -100,3 +102,28 @@ def check_grid(grid: Any, where: str, fail) -> None:
 def check_positive(value: Any, where: str, fail) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise fail(where, f"a positive integer, not {value!r}")
+
+
+# ---- dataclasses as plain data ------------------------------------------------------------------
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def plain(obj: Any) -> dict[str, Any]:
+    """`dataclasses.asdict(obj)`: the same dict (nested dataclasses, lists, tuples and dicts
+    copied as it copies them), without its deep copy of every number and string: a job's hash
+    takes its config's and objective's fields, and a plan of 100,000 jobs spent seconds there."""
+    return {name: _plain(getattr(obj, name)) for name in field_names(type(obj))}
+
+
+def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple, as asdict
+        return type(value)(*[_plain(v) for v in value])
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((_plain(k), _plain(v)) for k, v in value.items())
+    return copy.deepcopy(value)

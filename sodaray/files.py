@@ -1,6 +1,7 @@
 """The one rule for files sodaray reads: a path must name a regular file (through symlinks),
-and a configuration file (YAML or JSON: sweep, tuning, include, preset, job and lock files) is
-read only up to `MAX_CONFIG_BYTES`.
+a configuration file (YAML or JSON: sweep, tuning, include, preset, costs, job and lock files)
+is read only up to `MAX_CONFIG_BYTES`, and nothing parsed (those files, `KEY=VALUE` overrides,
+JSON in a dataset's or result file's metadata and columns) nests deeper than `MAX_NESTING`.
 
 Why: `Path.is_file()` is false for a directory, `/dev/zero` and a FIFO alike, so each was
 reported as "no such file" though it exists; and opening a FIFO or a device blocks or never
@@ -8,12 +9,18 @@ ends. `regular_file` says what the path is instead, before anything opens it. Sw
 stopped at 4 MB while a 30 MB preset was parsed (seconds of YAML, hundreds of MB of memory):
 `read_config` holds every configuration file to the same limit, reading at most one byte
 past it whatever the file's size claims (a file may grow between `stat` and `read`).
+
+Nesting: a `job.lock` holding `'[' * 100000 + ']' * 100000` ended in a RecursionError (the JSON
+parser recurses per level), so the sweep could not run. `parse_json` counts a text's brackets
+before `json.loads` sees it, in a loop that does not recurse; YAML is held to the same bound as
+it is composed (`validation.yaml_load`). Past either bound the error is one line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -21,6 +28,9 @@ from typing import Any
 from sodaray.errors import first_line
 
 MAX_CONFIG_BYTES = 4 << 20  # a configuration file larger than this is not a configuration file
+# Levels of lists and mappings any parsed text may nest: sodaray's own files nest under ten; a
+# deeper one was written to exhaust a parser (and the code that walks what it returns).
+MAX_NESTING = 64
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -89,12 +99,19 @@ def read_config(
     p = regular_file(path, what, error, where)
     suffix = f" {where}" if where else ""
     try:
-        size = p.stat().st_size
-        if size > limit:
-            raise error(
-                f"{path}: {size:,} bytes is not {_article(what)} (at most {limit:,}){suffix}"
-            )
-        with p.open("rb") as f:
+        # Opened without waiting (a FIFO put in its place since the look above would block
+        # `open` until a writer came), then looked at again through the open file.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                kind = f"not a regular file once opened: not {_article(what)}"
+                raise error(f"{path}: {kind}{suffix}")
+            if info.st_size > limit:
+                raise error(
+                    f"{path}: {info.st_size:,} bytes is not {_article(what)} "
+                    f"(at most {limit:,}){suffix}"
+                )
             data = f.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read it ({first_line(exc)}){suffix}") from exc
@@ -106,18 +123,63 @@ def read_config(
         raise error(f"{path}: not UTF-8 text ({first_line(exc)}); save it as UTF-8") from exc
 
 
+def nesting_problem(depth: int) -> str:
+    """The one-line reason a text nests too deep (JSON and YAML alike)."""
+    return f"nested more than {MAX_NESTING} levels deep (at least {depth:,})"
+
+
+# A JSON string (escapes included) or one bracket: what `json_depth` steps over.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def json_depth(text: str, limit: int = MAX_NESTING) -> int:
+    """How deep `text`'s JSON lists and objects nest (brackets inside strings aside), counted
+    in one loop without recursion; it stops early once past `limit`. Brackets are counted, not
+    matched: for valid JSON this is its depth, for invalid JSON at least as much."""
+    if text.count("[") + text.count("{") <= limit:
+        return text.count("[") + text.count("{")  # too few to matter: no scan
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        elif token in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str | bytes, what: str = "JSON") -> Any:
+    """`json.loads` held to `MAX_NESTING`: every JSON sodaray reads (job and lock files,
+    metadata in dataset and result files, `params` columns, JSON Lines sources) goes through
+    it. A ValueError of one line (prefixed by `what`) for bad or over-deep JSON."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    depth = json_depth(text)
+    if depth > MAX_NESTING:
+        raise ValueError(f"{what}: {nesting_problem(depth)}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, numbers too long to convert
+        raise ValueError(f"{what}: not valid JSON ({first_line(exc)})") from exc
+
+
 def read_json(
     path: str | os.PathLike,
     what: str,
     error: type[Exception] = ValueError,
     limit: int = MAX_CONFIG_BYTES,
 ) -> Any:
-    """A JSON file's value, read by `read_config`'s rule; bad JSON is one line naming it."""
+    """A JSON file's value, read by `read_config`'s rule; bad or over-deep JSON is one line
+    naming it (`parse_json`)."""
     text = read_config(path, what, error, limit=limit)
     try:
-        return json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, and numbers too long to convert
-        raise error(f"{path}: not valid JSON ({first_line(exc)})") from exc
+        return parse_json(text, str(path))
+    except ValueError as exc:
+        raise error(str(exc)) from exc
 
 
 def read_json_object(
@@ -128,6 +190,20 @@ def read_json_object(
     if not isinstance(value, dict):
         raise error(f"{path}: {_article(what)} holds a JSON object, not {type(value).__name__}")
     return value
+
+
+def check_sqlite_url(url: str, what: str, error: type[Exception] = ValueError) -> None:
+    """A `sqlite:///PATH` URL (a tracking store, a study's storage) whose PATH exists must be
+    a regular file: SQLite opens a FIFO and then waits on it, or fails on a directory with
+    "disk I/O error". Other URLs pass."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return
+    kind = what_is(path)
+    if kind not in (None, "a regular file"):
+        raise error(f"{what} {url}: {path} is {kind}, not a database file")
 
 
 # What a model folder's weights are called: transformers' safetensors, PyTorch, TF and Flax

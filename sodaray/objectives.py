@@ -13,6 +13,7 @@ Settings only, and a leaf of the package: each kind's recording, loss and check 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -121,6 +122,10 @@ class Objective:
         """The settings that decide a job's results, for its hash: every field, but `confirm`
         only where it changes the check (raw logits and text have one space), so a job whose
         check is unchanged keeps the hash it had before the field existed."""
+        return dict(self._identity)  # a copy: the caller's to change
+
+    @functools.cached_property  # frozen, and shared by a sweep's jobs: made once
+    def _identity(self) -> dict[str, object]:
         fields = asdict(self)
         if not self.confirms_raw:
             del fields["confirm"]

@@ -39,6 +39,10 @@ def component(value: object, what: str = "name") -> str:
         raise ValueError(f"{what} must be at most {MAX_NAME} characters, not {len(value)}")
     if value in (".", "..") or any(c in value for c in "/\\\0"):
         raise ValueError(f"{what} must be a plain name (no '/', '\\', '.' or '..'), not {value!r}")
+    if not value.isprintable():  # a line break or a terminal escape in a folder and a label
+        raise ValueError(
+            f"{what} must be printable (no line breaks or control characters), not {value!r}"
+        )
     return value
 
 

@@ -104,3 +104,25 @@ def test_apply_override_copies_only_along_its_path():
     out = apply_override(doc, "c.x.v=2")
     assert out["c"][0]["v"] == 2 and doc["c"][0]["v"] == 1  # the input is left as it was
     assert out["d"] is doc["d"]
+
+
+def test_one_nesting_bound_for_json_and_yaml_at_64_levels():
+    """Issue 53: every parser has a nesting bound, the same for JSON and YAML (`files.MAX_NESTING`),
+    checked without recursion; 64 levels read, 65 do not, brackets inside strings do not count."""
+    import yaml
+
+    from sodaray.files import MAX_NESTING, json_depth, parse_json
+    from sodaray.validation import yaml_load
+
+    assert MAX_NESTING == 64
+    ok, deep = "[" * 64 + "]" * 64, "[" * 65 + "]" * 65
+    assert json_depth(ok) == 64 and parse_json(ok) is not None
+    assert yaml_load(ok) is not None
+    with pytest.raises(ValueError, match="nested more than 64 levels deep"):
+        parse_json(deep)
+    with pytest.raises(yaml.YAMLError, match="nested more than 64 levels deep"):
+        yaml_load(deep)
+    # Brackets in strings (escaped quotes too) are text, not nesting.
+    text = json.dumps({"a": "[" * 1000 + '\\"{' * 500})
+    assert parse_json(text) == json.loads(text) and json_depth(text) == 1
+    assert yaml_load("a: '" + "[" * 1000 + "'")["a"] == "[" * 1000

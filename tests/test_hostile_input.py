@@ -27,6 +27,7 @@ import pytest
 from conftest import STORIES, one_line_error
 
 from sodaray.cli import main
+from sodaray.experiment.data import CACHE_KEY
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -68,6 +69,15 @@ JOB = "s/.sodaray/jobs/j"  # a job's meta folder under a results folder
 DATA = ["data", "build", "--model", "{model}", "--dataset", "random", "--out", "{tmp}/o/d.parquet"]
 BUILD_600 = '{name: random, build: {dataset: random, lengths: "600", per_length: 1}}'
 BIG = 30_000_000  # bytes: the issue's 30 MB preset
+DEEP = "[" * 100_000 + "]" * 100_000  # issue 53's job.lock: a RecursionError in every parser
+NESTED = "nested more than 64 levels deep"
+ALIAS_CHAIN = "".join(  # each anchor 60 levels around the one before: few nodes, deep expanded
+    f"a{i}: &a{i} " + "[" * 60 + (f"*a{i - 1}" if i else "1") + "]" * 60 + "\n" for i in range(200)
+)
+
+
+SWEEP_FILE = {"s.yaml": sweep_text()}
+TUNE_FILE = {"t.yaml": tune_text()}
 
 
 def job_json(**fields) -> str:
@@ -666,6 +676,187 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "repeat",
         {"rows.parquet": "rows", "again.parquet": "rows"},
     ),
+    # ---- issue 53: every wait has a bound (`waits.CHECK_SECONDS`; timed in test_bounded_waits)
+    ("run-mlflow-empty", [*RUN, "--mlflow", ""], "--mlflow: an empty tracking URI", SWEEP_FILE),
+    ("tune-mlflow-blank", [*TUNE, "--mlflow", "  "], "--mlflow: an empty tracking URI", TUNE_FILE),
+    (
+        "tune-journal-fifo",  # appending to a FIFO waits for a reader for ever
+        [*TUNE, "--storage", f"{IN}/j.journal"],
+        "j.journal is a FIFO (named pipe), not a study journal",
+        {**TUNE_FILE, "j.journal": "fifo"},
+    ),
+    (
+        "tune-journal-a-directory",
+        [*TUNE, "--storage", f"{IN}/j.journal"],
+        "j.journal is a directory, not a study journal",
+        {**TUNE_FILE, "j.journal/x": "x"},
+    ),
+    (
+        "tune-storage-sqlite-fifo",  # SQLite opens a FIFO, then waits on it
+        [*TUNE, "--storage", "sqlite:///{tmp}/in/s.db"],
+        "s.db is a FIFO (named pipe), not a database file",
+        {**TUNE_FILE, "s.db": "fifo"},
+    ),
+    (
+        "run-mlflow-sqlite-fifo",
+        [*RUN, "--mlflow", "sqlite:///{tmp}/in/m.db"],
+        "m.db is a FIFO (named pipe), not a database file",
+        {**SWEEP_FILE, "m.db": "fifo"},
+    ),
+    (
+        "run-address-unknown-host",
+        [*RUN, "--address", "nosuchhost.invalid:6379"],
+        "cannot reach a Ray cluster at nosuchhost.invalid:6379 (from --address)",
+        SWEEP_FILE,
+    ),
+    (
+        "tune-address-refused",
+        [*TUNE, "--address", "127.0.0.1:1"],
+        "cannot reach a Ray cluster at 127.0.0.1:1 (from --address)",
+        TUNE_FILE,
+    ),
+    # ---- issue 53: what sodaray says is what it does
+    (
+        "report-extrapolate-below-budget",  # the rows ran 5 steps: "extrapolated" to 1
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--extrapolate", "1"],
+        "--extrapolate 1: below the measured step budget (5 steps)",
+        {"rows.parquet": "rows"},
+    ),
+    (
+        "report-extrapolate-one-below-budget",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o", "--extrapolate", "4"],
+        "--extrapolate 4: below the measured step budget (5 steps)",
+        {"rows.parquet": "rows"},
+    ),
+    (
+        "tune-int-step-half",  # int(0.5): the range became `step: 0`, silently
+        TUNE,
+        "space.reset_period.step: an int range's step is a whole number, not 0.5",
+        {"t.yaml": tune_text(space="{reset_period: {type: int, low: 2, high: 8, step: 0.5}}")},
+    ),
+    (
+        "tune-override-int-step-half",
+        [*TUNE, "space.reset_period={type: int, low: 2, high: 8, step: 1.5}"],
+        "an int range's step is a whole number, not 1.5",
+        TUNE_FILE,
+    ),
+    (
+        "sweep-model-name-newline",  # a folder and a label: a line break split the plan table
+        PLAN,
+        "models[0].name: must be printable",
+        {"s.yaml": sweep_text(model='{id: "{model}", name: "a\\nb"}')},
+    ),
+    (
+        "sweep-dataset-name-terminal-escape",
+        PLAN,
+        "datasets[0].name: must be printable",
+        {"s.yaml": sweep_text(dataset='{name: "d\\e[2J", build: {dataset: random, lengths: "1"}}')},
+    ),
+    # ---- issue 53: every parser has a bound (`files.MAX_NESTING`, `configfile.MAX_OVERRIDE_CHARS`)
+    (
+        "sweep-yaml-nested-100000",
+        PLAN,
+        NESTED,
+        {"s.yaml": sweep_text(extra=f"description: {DEEP}\n")},
+    ),
+    (
+        "sweep-include-nested",
+        PLAN,
+        "b.yaml: not valid YAML (nested more than 64",
+        {"s.yaml": "include: [b.yaml]\n" + sweep_text(), "b.yaml": f"description: {DEEP}\n"},
+    ),
+    (
+        "sweep-block-nested",  # block style: the same bound, whatever the style
+        PLAN,
+        NESTED,
+        {
+            "s.yaml": sweep_text(
+                extra="description:\n" + "".join("  " * i + "- \n" for i in range(2000))
+            )
+        },
+    ),
+    (
+        "sweep-alias-chain-deep",  # 200 aliases, each 60 levels around the last: 12,000 deep
+        PLAN,
+        "its aliases make it nested more than 64",
+        {"s.yaml": ALIAS_CHAIN + sweep_text()},
+    ),
+    (
+        "sweep-recursive-alias-grid",
+        PLAN,
+        "a node contains itself",
+        {"s.yaml": sweep_text(algorithm="{name: soda, grid: {temperature: &a [0.1, *a]}}")},
+    ),
+    ("tune-yaml-nested", TUNE, NESTED, {"t.yaml": tune_text(extra=f"description: {DEEP}\n")}),
+    (
+        "preset-yaml-nested",
+        [*INV, "--tokens", "1", "--preset-file", f"{IN}/p.yaml"],
+        NESTED,
+        {"p.yaml": f"soda: {{temperature: 0.1}}\nnote: {DEEP}\n"},
+    ),
+    (
+        "costs-yaml-nested",
+        [*PLAN, "--costs", f"{IN}/c.yaml"],
+        NESTED,
+        {"s.yaml": sweep_text(), "c.yaml": f"device: {DEEP}\nkind: gpu\n"},
+    ),
+    (
+        "override-value-nested",
+        [*PLAN, "description=" + "[" * 1000 + "]" * 1000],
+        NESTED,
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "override-key-1000-parts",
+        [*PLAN, "a." * 1000 + "b=1"],
+        "the key has 1,001 parts (at most 64)",
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "override-100000-characters",
+        [*PLAN, "description=" + "x" * 100_000],
+        "100,012 characters (an override is at most 65,536)",
+        {"s.yaml": sweep_text()},
+    ),
+    (
+        "tune-override-nested",
+        [*TUNE, "fixed=" + "{a: " * 1000 + "1" + "}" * 1000],
+        NESTED,
+        {"t.yaml": tune_text()},
+    ),
+    (
+        "param-nested",
+        [*INV, "--tokens", "1", "--param", "temperature=" + "[" * 1000 + "]" * 1000],
+        NESTED,
+        {},
+    ),
+    (
+        "status-job-json-nested-100000",
+        ["sweep", "status", "{tmp}/in/r"],
+        "job.json: not a readable job file (",
+        {f"r/{JOB}/job.json": DEEP},
+    ),
+    (
+        "data-jsonl-line-nested",
+        [*DATA[:5], "nl-id", "--source", f"{IN}/d.jsonl", "--out", "{tmp}/o/d.parquet"],
+        "d.jsonl:2: nested more than 64",
+        {"d.jsonl": '{"text": "a b c"}\n' + DEEP + "\n"},
+    ),
+    (
+        "report-params-nested",
+        ["report", f"{IN}/rows.parquet", "--out", "{tmp}/o"],
+        "a result row's params: nested more than 64",
+        {"rows.parquet": "rows-params-deep"},
+    ),
+    (
+        "run-dataset-metadata-nested",
+        RUN,
+        "dataset metadata sodaray.dataset.args: nested more than 64",
+        {
+            "d.parquet": "dataset-args-deep",
+            "s.yaml": sweep_text(dataset='{name: d, path: "{tmp}/in/d.parquet"}'),
+        },
+    ),
 ]
 
 
@@ -731,6 +922,8 @@ def write_dataset(path: Path, kind: str) -> None:
         rows = {k: v[:0] for k, v in rows.items()}
     table = pa.Table.from_pydict(rows, schema=SCHEMA)
     meta = {VERSION_KEY: b"1", b"sodaray.dataset.hash": content_hash(table).encode()}
+    if kind == "dataset-args-deep":
+        meta[b"sodaray.dataset.args"] = DEEP.encode()
     pq.write_table(table.replace_schema_metadata(meta), path)
 
 
@@ -756,6 +949,9 @@ def write_rows(path: Path, kind: str) -> None:
         meta = dict(table.schema.metadata)
         meta = {k: (b"three" if b"version" in k else v) for k, v in meta.items()}
         table = table.replace_schema_metadata(meta)
+    elif kind == "rows-params-deep":
+        index = table.schema.get_field_index("params")
+        table = table.set_column(index, "params", pa.array([DEEP] * len(table)))
     elif kind == "rows-string-ids":
         index = table.schema.get_field_index("sample_id")
         table = table.set_column(index, "sample_id", pa.array(["a"] * len(table)))
@@ -944,6 +1140,9 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     ("lock-json-number", "lock:7", ([0, 1], []), "not a lock: it holds int"),
     ("lock-empty", "lock:", ([0, 1], []), "job.lock: not valid JSON"),
     ("lock-garbled", "lock:{not json", ([0, 1], []), "not valid JSON"),
+    # Issue 53: a RecursionError, and the sweep could not run; now an invalid lock, broken.
+    ("lock-nested-100000", "lock:" + DEEP, ([0, 1], []), "nested more than 64 levels deep"),
+    ("lock-object-nested", "lock:" + '{"a": ' * 5000 + "1" + "}" * 5000, ([0, 1], []), "nested"),
     ("lock-no-host", 'lock:{"pid": 5}', ([0, 1], []), "it names no host"),
     ("lock-pid-text", f'lock:{{"host": "{HOST}", "pid": "12"}}', ([0, 1], []), "its pid is '12'"),
     ("lock-pid-huge", f'lock:{{"host": "{HOST}", "pid": {2**80}}}', ([0, 1], []), "is gone"),
@@ -953,7 +1152,40 @@ RESUME_CASES: list[tuple[str, str, tuple[list[int], list[int]], str]] = [
     ("lock-live-unrelated-pid", "lock-unrelated", ([0, 1], []), "is not a sodaray run ("),
     ("lock-pid-reused", "lock-reused", ([0, 1], []), "is another process now"),
     ("lock-before-a-restart", "lock-other-boot", ([0, 1], []), "before this machine restarted"),
+    # Issue 53: a cache is trusted on its content, not its name. The issue's case: the dataset
+    # cache replaced by another seed's build and A's shard 1 deleted; the resume mixed rows of
+    # two seeds. The cache is set aside and rebuilt; only A's shard 1 runs, on this seed's rows.
+    ("cache-another-seeds-build", "cache-other-seed", ([1], []), "not this entry's build"),
+    # ... and with the build's key copied in: every shard was searched on other rows: all again.
+    ("cache-key-forged", "cache-forged", ([0, 1], [0, 1]), "rows of another dataset"),
+    ("cache-a-fifo", "cache-fifo", ([1], []), "a FIFO (named pipe), not a dataset file"),
+    ("cache-no-build-recorded", "cache-no-key", ([1], []), "no build recorded"),
+    # Kept rows of another job, or of this job on another dataset: set aside, searched again.
+    ("kept-from-another-job", "kept-b1-as-a1", ([1], []), "rows of another job"),
+    ("kept-of-another-dataset", "kept-other-data", ([1], []), "rows of another dataset"),
+    # A kept file's footer holding a schema 1,000 lists deep: pyarrow's own bound refuses it.
+    ("kept-footer-nested-1000", "kept-deep-footer", ([1], []), "unreadable"),
 ]
+NAMED = {
+    "cache-other": ".pq",
+    "cache-fifo": ".pq",
+    "cache-no": ".pq",
+    "kept": "kept.pq",
+    "lock": "job.lock",
+}
+
+
+_OTHER: list[pa.Table] = []
+
+
+def other_seeds_build() -> pa.Table:
+    """TWO's dataset built with another seed, as `sodaray data build` writes it: the same
+    sample ids, other inputs."""
+    if not _OTHER:
+        from sodaray.data import build_dataset
+
+        _OTHER.append(build_dataset(str(STORIES), "random", "1", 4, seed=2, progress=False))
+    return _OTHER[0]
 
 
 def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> None:
@@ -962,7 +1194,34 @@ def tamper(how: str, a: tuple[Path, Path], b: tuple[Path, Path], pid: int) -> No
         for shard in a_dir.glob("shard-*.parquet"):
             shard.unlink()
     lock = a_meta / "job.lock"
-    if how == "copy-a0-to-b0":
+    [cache] = a_meta.parents[1].glob("datasets/*.pq")
+    if how.startswith(("cache", "kept")):
+        a1 = pq.read_table(a_dir / "shard-00001.parquet")
+        (a_dir / "shard-00001.parquet").unlink()
+    if how in ("cache-other-seed", "cache-forged", "cache-no-key"):
+        meta = dict(pq.read_schema(cache).metadata)
+        table = other_seeds_build() if how != "cache-no-key" else pq.read_table(cache)
+        if how != "cache-no-key":  # forged: this build's key; else the other build's own
+            key = meta[CACHE_KEY] if how == "cache-forged" else b"5eed2" + b"0" * 59
+            table = table.replace_schema_metadata({**table.schema.metadata, CACHE_KEY: key})
+        else:
+            table = table.replace_schema_metadata({k: v for k, v in meta.items() if k != CACHE_KEY})
+        pq.write_table(table, cache)
+    elif how == "cache-fifo":
+        cache.unlink()
+        os.mkfifo(cache)
+    elif how == "kept-b1-as-a1":
+        shutil.copy(b_dir / "shard-00001.parquet", a_meta / "shard-00001.kept.pq")
+    elif how == "kept-deep-footer":
+        kind = pa.int64()
+        for _ in range(1000):
+            kind = pa.list_(kind)
+        pq.write_table(pa.table({"x": pa.array([None], type=kind)}), a_meta / "shard-00001.kept.pq")
+    elif how == "kept-other-data":
+        i = a1.schema.get_field_index("dataset_hash")
+        a1 = a1.set_column(i, "dataset_hash", pa.array(["f" * 64] * len(a1)))
+        pq.write_table(a1.slice(0, 1), a_meta / "shard-00001.kept.pq")
+    elif how == "copy-a0-to-b0":
         shutil.copy(a_dir / "shard-00000.parquet", b_dir / "shard-00000.parquet")
     elif how == "corrupt-a0":
         corrupt_pages(a_dir / "shard-00000.parquet")
@@ -1005,8 +1264,9 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     sweep, root, (a, b) = two_jobs(tmp_path, finished)
     with unrelated_process() as pid:
         tamper(how, a, b, pid)
-        if not how.startswith("lock"):  # status before any run: the bad shard is pending
-            done = {s.job: s.done for s in sweep_status(tmp_path / "out")}
+        status = {s.job: s for s in sweep_status(tmp_path / "out")}
+        if not how.startswith(("lock", "cache")):  # status before any run: the bad shard is pending
+            done = {job: s.done for job, s in status.items()}
             assert [done[a[0].name], done[b[0].name]] == [2 - len(p) for p in pending]
         with caplog.at_level(logging.WARNING):
             plans = plan_jobs(sweep.jobs(), root, lock=True)
@@ -1016,8 +1276,11 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     assert (got[a[0].name], got[b[0].name]) == pending
     assert all(p.locked_by is None for p in plans)  # nothing here is another live driver
     assert warning in caplog.text, caplog.text
-    named = "job.lock" if how.startswith("lock") else "shard-00000.parquet"
+    named = next((v for k, v in NAMED.items() if how.startswith(k)), "shard-00000.parquet")
     assert named in caplog.text
+    # Status counted the kept rows the run keeps (issue 53: it said 7 where the run kept 3).
+    for p in plans:
+        assert status[p.job.name].kept == sum(map(len, p.kept.values())) + p.kept_whole
     if how == "copy-a0-to-b0":  # kept for inspection beside the job's settings, never read
         assert (b[1] / "shard-00000.parquet.foreign").is_file()
 
@@ -1067,6 +1330,108 @@ def test_a_lock_of_an_unrelated_pid_and_another_jobs_shard_are_computed_again(
     for job in sweep.jobs():  # every row is its own job's
         mine = rows.filter(pc.equal(rows["job"], job.name))
         assert len(mine) == 4 and set(mine["config_hash"].to_pylist()) == {job.config_hash}
+
+
+def test_a_swapped_cache_and_foreign_kept_rows_resume_as_one_seed_and_status_says_so(
+    tmp_path, finished, capsys, caplog, local_ray
+):
+    """Issue 53, end to end: the dataset cache replaced by another seed's build and a shard
+    deleted (the resume mixed 14 rows of one seed with 2 of the other, in silence), and kept
+    rows beside two pending shards, one file of them another job's (`sweep status` counted it:
+    "the next run keeps 3", and it kept 1). The cache is set aside and rebuilt, every row is
+    of this seed's inputs, and status said what the run kept."""
+    import logging
+
+    from sodaray.data import read_dataset
+    from sodaray.results import read_results
+    from sodaray.runner import sweep_status
+
+    sweep, root, (a, b) = two_jobs(tmp_path, finished)
+    [cache] = root.glob(".sodaray/datasets/*.pq")
+    truth = {r["sample_id"]: r["tokens"] for r in read_dataset(cache).to_pylist()}
+    other = other_seeds_build()
+    key = {CACHE_KEY: b"5eed2" + b"0" * 59}  # the other build's own
+    pq.write_table(other.replace_schema_metadata({**other.schema.metadata, **key}), cache)
+    b1 = pq.read_table(b[0] / "shard-00001.parquet")
+    for folder in (a[0], b[0]):
+        (folder / "shard-00001.parquet").unlink()
+    shutil.copy(b[0] / "shard-00000.parquet", a[1] / "shard-00001.kept.pq")  # another job
+    pq.write_table(b1.slice(0, 1), b[1] / "shard-00001.kept.pq")  # B's own: kept
+    status = {s.job: s.kept for s in sweep_status(tmp_path / "out")}
+    assert status == {a[0].name: 0, b[0].name: 1}
+    with caplog.at_level(logging.WARNING):
+        code = main(["sweep", "run", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0, err + out
+    assert "1 samples of unfinished shards ended in an earlier run: kept" in err
+    assert "not this entry's build" in caplog.text and "rows of another job" in caplog.text
+    assert len(list(root.glob(".sodaray/datasets/*.foreign"))) == 1  # kept, never read
+    rows = read_results(tmp_path / "out")
+    assert len(rows) == 8
+    assert len(set(rows["dataset_hash"].to_pylist())) == 1
+    for r in rows.to_pylist():  # every row searched this seed's input for its sample id
+        assert r["true_tokens"] == truth[r["sample_id"]]
+
+
+# Issue 53: labels read from files are printed as data, never as layout (`errors.shown`).
+LABELS = {
+    # A costs file's `device:` with a line break split the plan table.
+    "costs-device-newline": ("h100\nfake row", "h100\\nfake row"),
+    "costs-source-terminal-escape": ("\x1b[2Jcleared", "\\x1b[2Jcleared"),
+    "status-job-folder-newline": ("j\nx", "j\\nx"),
+    "report-model-pipe-and-newline": ("m|x\ny", "m\\|x\\ny"),
+}
+
+
+@pytest.mark.parametrize("case", list(LABELS))
+def test_labels_from_files_are_printed_as_data(tmp_path, capsys, case):
+    label, printed = LABELS[case]
+    (tmp_path / "s.yaml").write_text(sweep_text().replace("{model}", str(STORIES)))
+    if case.startswith("costs"):
+        field = "device" if "device" in case else "source"
+        costs = {"device": "d", "kind": "cpu", "source": "s", field: label}
+        costs["precisions"] = {
+            "float32": {"pass_seconds": 0.001, "layer_seconds": 0.0, "flops_per_second": 1e12}
+        }
+        (tmp_path / "c.yaml").write_text(json.dumps(costs))  # JSON is YAML: escapes kept
+        argv = ["sweep", "plan", str(tmp_path / "s.yaml"), "--no-calibrate"]
+        argv += ["--costs", str(tmp_path / "c.yaml")]
+        expect = 1 + 1 + 1 + 1 + 1  # model, sweep, priced by, header, the job
+    elif case.startswith("status"):
+        meta = tmp_path / "r" / ".sodaray" / "jobs" / label
+        meta.mkdir(parents=True)
+        (meta / "job.json").write_text(job_json(job=label))
+        argv = ["sweep", "status", str(tmp_path / "r")]
+        expect = 2
+    else:
+        rows = pq.read_table(Path(_rows_file(tmp_path)))
+        i = rows.schema.get_field_index("model_name")
+        rows = rows.set_column(i, "model_name", pa.array([label] * len(rows)))
+        pq.write_table(rows, tmp_path / "rows.parquet")
+        argv = ["report", str(tmp_path / "rows.parquet"), "--out", str(tmp_path / "rep")]
+        argv += ["--no-figures", "--format", "md"]
+        expect = None
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if expect is None:
+        out = (tmp_path / "rep" / "model.md").read_text()
+        table = [line for line in out.splitlines() if line.startswith("|")]
+        widths = {len(line.replace("\\|", "").split("|")) for line in table}
+        assert len(widths) == 1, out  # every row as many cells as the header
+    else:
+        lines = [line for line in out.splitlines() if line.strip()]
+        if case.startswith("costs"):
+            lines = lines[:5] if "device" in case else lines
+        assert len(lines) >= expect, out
+    assert printed in out, out
+    assert label not in out and "\x1b" not in out
+
+
+def _rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "made" / "rows.parquet"
+    path.parent.mkdir()
+    write_rows(path, "rows")
+    return path
 
 
 REPORT_WARNED: list[tuple[str, str]] = [
@@ -1125,3 +1490,21 @@ def test_the_tables_hold_every_case_of_issue_37():
     }
     assert issue <= ids
     assert len(RESUME_CASES) == len({c[0] for c in RESUME_CASES})
+
+
+def test_the_tables_hold_every_case_of_issue_53():
+    """The issue's cases that fit these tables (the rest: the timed waits in
+    test_bounded_waits.py, the grid sampler and a study's preset in test_tuner.py, the
+    100,000-job plan in test_sweep_plan.py), each a row here, with their siblings."""
+    ids = {c[0] for c in CASES} | {c[0] for c in RESUME_CASES} | set(LABELS)
+    issue = {
+        "lock-nested-100000",  # '[' * 100000 in job.lock: RecursionError
+        "cache-another-seeds-build",  # a cache swapped: two seeds' rows mixed
+        "run-mlflow-empty",  # --mlflow '': nothing logged, nothing said
+        "report-extrapolate-below-budget",
+        "costs-device-newline",  # the plan table split
+        "tune-int-step-half",  # step: 0.5 became step: 0
+        "kept-from-another-job",  # status counted kept rows the run did not keep
+    }
+    assert issue <= ids
+    assert len(ids) == len(CASES) + len(RESUME_CASES) + len(LABELS)  # no id twice

@@ -175,6 +175,11 @@ BAD = [
     ({"colour": 1}, "colour: unknown field"),
     ({"model": {"id": "./no/such/model"}}, "model.id: no such model"),
     ({"space": {"objective.top_k": {"type": "int", "low": 1, "high": 5}}}, "tunable objective"),
+    # Issue 53: int(0.5) made it `step: 0`, silently.
+    (
+        {"space": {"reset_period": {"type": "int", "low": 20, "high": 60, "step": 0.5}}},
+        "space.reset_period.step: an int range's step is a whole number, not 0.5",
+    ),
 ]
 
 
@@ -297,3 +302,109 @@ def test_a_returned_trial_is_told_in_its_own_state_after_its_rows_are_written(tm
     assert states["complete"] == (optuna.trial.TrialState.COMPLETE, 1.0, 2)
     assert states["failed"] == (optuna.trial.TrialState.FAIL, None, None)
     assert Group.cancelled == []  # nothing asked the pruner to stop these
+
+
+def test_a_grid_study_ends_cleanly_and_a_covered_grid_runs_nothing(tmp_path, local_ray, capsys):
+    """Issue 53: `tune FILE sampler=grid 'space.temperature={type: categorical, choices: [0.05,
+    0.1]}' trials=2` ended in Optuna's `RuntimeError: Study.stop is supposed to be invoked
+    inside an objective function` once the grid was covered, with no best preset; a resume
+    repeated a trial and failed again. Now the run ends, writes the preset, and a resume of
+    the covered grid says so and runs nothing (it asks Ray for nothing either)."""
+    path = write_tuning(tmp_path, space={"learning_rate": {"low": 0.1, "high": 0.2}})
+    out = tmp_path / "out"
+    grid = ["sampler=grid", "space={temperature: {type: categorical, choices: [0.05, 0.1]}}"]
+    argv = ["tune", str(path), "--out", str(out), *grid]
+    assert main([*argv, "trials=2"]) == 0, capsys.readouterr().err
+    assert (out / "tiny" / "best_preset.yaml").is_file()
+    first = [t.params for t in load_study(out)]
+    assert sorted(p["temperature"] for p in first) == [0.05, 0.1]
+    capsys.readouterr()
+    assert main([*argv, "trials=2"]) == 0
+    printed = capsys.readouterr().out
+    assert "the grid's 2 points are all tried: nothing more to run" in printed
+    assert [t.params for t in load_study(out)] == first  # no trial repeated
+
+
+def test_a_grid_study_resumed_takes_the_points_it_has_not_tried(tmp_path, local_ray, capsys):
+    """The resumed sampler was seeded anew, which reshuffled the grid: its first trials took
+    points by number in the new order, points the study had tried."""
+    space = {
+        "learning_rate": {"low": 0.1, "high": 0.2, "step": 0.1},
+        "temperature": {"type": "categorical", "choices": [0.05, 0.1]},
+    }
+    path = write_tuning(tmp_path, space=space, sampler="grid", trials=3)
+    out = tmp_path / "out"
+    assert main(["tune", str(path), "--out", str(out)]) == 0
+    assert main(["tune", str(path), "--out", str(out)]) == 0  # 3 asked, 1 left
+    assert "the grid has 1 of its 4 points left: ran 1 trial" in capsys.readouterr().out
+    points = [tuple(sorted(t.params.items())) for t in load_study(out)]
+    assert len(points) == len(set(points)) == 4
+
+
+def load_study(out: Path) -> list:
+    study = optuna.load_study(
+        study_name="tiny", storage=open_storage(str(out / "tiny/study.journal"))
+    )
+    return study.trials
+
+
+def test_a_study_is_its_preset_files_values_not_its_path(tmp_path):
+    """Issue 53: the study's identity hashed the path of the preset file its model names, so an
+    edited preset made the next `tune` add trials to the old study. Its values decide now: an
+    edit makes another study, a copy elsewhere the same."""
+    from sodaray.tuner.study import spec_hash
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text("soda: {temperature: 0.05}\n")
+    model = {"id": str(STORIES), "preset_file": str(preset)}
+    before = spec_hash(load_tuning(write_tuning(tmp_path, model=model)))
+    preset.write_text("soda: {temperature: 0.5}\n")
+    edited = spec_hash(load_tuning(write_tuning(tmp_path, model=model)))
+    assert edited != before
+    (tmp_path / "elsewhere").mkdir()
+    copy = tmp_path / "elsewhere" / "p.yaml"
+    copy.write_text("# the same values\nsoda: {temperature: 0.5}\n")
+    moved = spec_hash(
+        load_tuning(write_tuning(tmp_path, model={**model, "preset_file": str(copy)}))
+    )
+    assert moved == edited
+
+
+def test_a_study_whose_data_changed_is_refused(tmp_path):
+    """Issue 53, a cache trusted on content: the study records its data's hash; data with
+    other rows under the same entry (a data file rewritten, a cache of another build) would
+    add trials that do not compare with its others. One line instead."""
+    from sodaray.data import build_dataset, write_dataset
+    from sodaray.tuner.run import validation_rows
+    from sodaray.tuner.spec import TuningError
+
+    path = tmp_path / "d.parquet"
+    write_dataset(build_dataset(str(STORIES), "random", "1", 2, seed=0, progress=False), path)
+    spec = load_tuning(write_tuning(tmp_path, data={"name": "d", "path": str(path)}))
+    study = optuna.create_study(direction="maximize")
+    rows, identity = validation_rows(spec, study, tmp_path / "out")
+    assert study.user_attrs["dataset_hash"] == identity.hash
+    write_dataset(build_dataset(str(STORIES), "random", "1", 2, seed=1, progress=False), path)
+    with pytest.raises(TuningError, match="the study's trials ran on other data"):
+        validation_rows(spec, study, tmp_path / "out")
+
+
+JOURNALS = {
+    "deep": "[" * 100_000 + "]" * 100_000 + "\n",  # a RecursionError in Optuna
+    "a-list": "[1, 2]\n",  # a TypeError in Optuna
+    "garbled": '{"op_code": 0, "study_name": \n{"op_code": 4}\n',
+    "unknown-op": '{"op_code": 99}\n',  # an AssertionError in Optuna
+}
+
+
+@pytest.mark.parametrize("kind", list(JOURNALS))
+def test_a_journal_optuna_did_not_write_is_one_line(tmp_path, capsys, kind):
+    """Issue 53, every parser has a bound: Optuna reads a journal's lines without one and
+    replays them unchecked; each of these ended in a traceback."""
+    (tmp_path / "j.journal").write_text(JOURNALS[kind])
+    path = write_tuning(tmp_path)
+    args = ["tune", str(path), "--out", str(tmp_path / "out"), "--storage"]
+    code = main([*args, str(tmp_path / "j.journal")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "j.journal" in err and "Traceback" not in err

@@ -54,18 +54,17 @@ def _parse_length(text: str) -> int | str:
 
 
 def _parse_param(text: str) -> tuple[str, Any]:
-    import yaml
+    from sodaray.errors import shown
 
     if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {text!r}")
-    from sodaray.errors import first_line
-    from sodaray.validation import yaml_load
+        raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {shown(text, 80)!r}")
+    from sodaray.configfile import override_value
 
     key, value = text.split("=", 1)
-    try:  # YAML 1.2 numbers: 3e-6 is a float, not a string
-        return key.strip(), yaml_load(value)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"--param {key.strip()}: {first_line(exc)}") from exc
+    try:  # YAML 1.2 numbers: 3e-6 is a float, not a string; bounded as an override
+        return key.strip(), override_value(text, value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--param {shown(key.strip(), 80)}: {exc}") from exc
 
 
 def _add_invert(sub: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from sodaray.cost import format_duration
+from sodaray.errors import shown
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         for label, chosen in defaults.items():
             print(f"model {label}: {chosen['why']}", flush=True)
     track = None
-    if args.mlflow:
+    if args.mlflow is not None:  # an empty URI too: check_tracking refuses it
         from sodaray.cli.tracking import sweep_logger
 
         options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
@@ -231,8 +232,8 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         return incomplete
     _print_status(jobs)
     occupancy = run.occupancy
-    shown = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
-    print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{shown}")
+    busy = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
+    print(f"{len(run.done)} shards run in {run.seconds:.0f}s, {run.shards_skipped} skipped{busy}")
     if check is not None and check["planned_seconds"] > 0:
         print(_plan_line(check))
     for failure in run.failed:
@@ -254,7 +255,8 @@ def _plan_line(check: dict) -> str:
     startup = check.get("planned_startup_seconds") or 0.0
     counted = f" ({startup:.1f} s of it start-up)" if startup else ""
     line = (
-        f"plan ({', '.join(check['priced_by'])} costs): {check['planned_seconds']:.1f} s at most "
+        f"plan ({shown(', '.join(check['priced_by']))} costs): "
+        f"{check['planned_seconds']:.1f} s at most "
         f"for these samples{counted}, {check['as_run_seconds']:.1f} s of search for the steps "
         "they took; measured "
         f"{check['wall_seconds']:.1f} s wall, {searching:.1f} s searching (after "
@@ -340,7 +342,7 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"sweep": sweep.name, **plan, "defaults": defaults}))
         return 0
-    rows, width = plan["jobs"], max(len(r["job"]) for r in plan["jobs"])
+    rows, width = plan["jobs"], max(len(shown(r["job"])) for r in plan["jobs"])
     print(f"sweep {sweep.name}: {len(rows)} jobs")
     for line in priced_lines(plan["costs"], {r["kind"] for r in rows}, "jobs"):
         print(line)
@@ -353,9 +355,9 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         hours = "-" if r["device_seconds"] is None else f"{r['device_seconds'] / 3600:,.2f}"
         rate = "-" if r["rate"] is None else f"{r['rate']:,.0f}"
         print(
-            f"{r['job']:<{width}}  {r['samples']:>7,}  {r['max_steps']:>9,}  "
-            f"{r['sample_steps']:>16,}  {pf:>8}  {r['priced_by']:<11}  {rate:>6}  {hours:>8}  "
-            f"{r['estimate']}"
+            f"{shown(r['job']):<{width}}  {r['samples']:>7,}  {r['max_steps']:>9,}  "
+            f"{r['sample_steps']:>16,}  {pf:>8}  {shown(r['priced_by']):<11}  {rate:>6}  "
+            f"{hours:>8}  {r['estimate']}"
         )
     t = plan["total"]
     print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
@@ -379,7 +381,8 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
 def priced_lines(costs: dict, kinds: set[str], what: str) -> list[str]:
     """Which costs priced a plan's `kinds` of work (`experiment.estimate.describe_tables`)."""
     return [
-        f"{name} {what} priced by {costs[kind]['device']} costs: {costs[kind]['source']}"
+        f"{name} {what} priced by {shown(costs[kind]['device'])} costs: "
+        f"{shown(costs[kind]['source'])}"
         for kind, name in (("gpu", "GPU"), ("cpu", "CPU"))
         if kind in kinds and kind in costs
     ]
@@ -417,14 +420,17 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
 
 
 def _print_status(jobs) -> None:
-    width = max(len(j.job) for j in jobs) if jobs else 10
+    width = max(len(shown(j.job)) for j in jobs) if jobs else 10
     print(f"{'job':<{width}}  done  pending  failed  samples  found  exact")
     for j in jobs:
         rate = f"{100 * j.exact / j.samples_done:.1f}%" if j.samples_done else "-"
         print(
-            f"{j.job:<{width}}  {j.done:>4}  {j.pending:>7}  {j.failed:>6}  {j.samples_done:>7}  "
-            f"{j.found:>5}  {j.exact:>5} ({rate})"
+            f"{shown(j.job):<{width}}  {j.done:>4}  {j.pending:>7}  {j.failed:>6}  "
+            f"{j.samples_done:>7}  {j.found:>5}  {j.exact:>5} ({rate})"
         )
     for j in jobs:
         if j.kept:
-            print(f"{j.job}: {j.kept} samples of unfinished shards kept; the next run keeps them")
+            print(
+                f"{shown(j.job)}: {j.kept} samples of unfinished shards kept; the next run "
+                "keeps them"
+            )

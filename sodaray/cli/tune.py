@@ -109,7 +109,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"model {model.label}: {defaults.why()}", flush=True)
     callbacks = []
     tracker = None
-    if args.mlflow:  # the URI is checked before anything runs
+    if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
         from sodaray.cli.tracking import StudyTracker
 
         tracker = StudyTracker(
@@ -147,6 +147,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     board = leaderboard(run)
     if tracker is not None:
         tracker.finish(run, board)
+    if run.grid is not None and run.grid[1] < run.asked and not args.json:
+        print(grid_line(*run.grid))
     if args.json:
         print(json.dumps({**board, "defaults": None if defaults is None else defaults.to_dict()}))
     else:
@@ -156,6 +158,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"sodaray: error: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def grid_line(points: int, left: int) -> str:
+    """What a grid study ran of what was asked: no more trials than points left."""
+    if left == 0:
+        return f"the grid's {points:,} points are all tried: nothing more to run"
+    trials = f"{left:,} trial{'s' * (left != 1)}"
+    return f"the grid has {left:,} of its {points:,} points left: ran {trials}"
 
 
 def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
@@ -241,6 +251,8 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
         "best_preset": str(run.preset_path) if run.preset_path else None,
         "plots": [str(p) for p in run.plots],
         "plots_skipped": dict(run.plots_skipped),
+        # A grid study: its points, and how many it had left when the run began.
+        "grid": None if run.grid is None else {"points": run.grid[0], "left": run.grid[1]},
     }
 
 
@@ -267,4 +279,7 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
 
 
 def _fmt(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A trial's value as data (a categorical choice may hold a line break)."""
+    from sodaray.errors import shown
+
+    return f"{value:.4g}" if isinstance(value, float) else shown(value)

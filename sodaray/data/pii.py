@@ -14,7 +14,6 @@ the text has at least L tokens. The same seed and Faker version give the same te
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import string
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from sodaray.data.tokenizer import DatasetError
+from sodaray.files import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def spans_from_privacy_mask(mask: Any) -> list[Span]:
     """ai4privacy's `privacy_mask` (a list of {label, start, end}, or that as JSON) as spans;
     labels outside `PII_LABELS` are dropped."""
     if isinstance(mask, str):
-        mask = json.loads(mask) if mask.strip() else []
+        mask = parse_json(mask, "privacy_mask") if mask.strip() else []
     spans = []
     for item in mask or ():
         label = str(item.get("label", "")).upper()

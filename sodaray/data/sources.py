@@ -20,7 +20,6 @@ counted) as its id, so every sample can be traced back to the text it came from.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import os
 import re
@@ -30,7 +29,7 @@ from typing import Any
 
 from sodaray.data.tokenizer import DatasetError
 from sodaray.errors import first_line
-from sodaray.files import regular_file
+from sodaray.files import parse_json, regular_file
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +105,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 rows.append({})
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
+                row = parse_json(line, f"{path}:{number}")
+            except ValueError as exc:
+                raise DatasetError(str(exc)) from exc
             rows.append(row if isinstance(row, dict) else {"text": row})
     return rows
 

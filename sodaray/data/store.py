@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.data.tokenizer import DatasetError
-from sodaray.files import regular_file
+from sodaray.files import parse_json, regular_file
 from sodaray.writes import write_file
 
 FORMAT_VERSION = "1"
@@ -99,10 +99,18 @@ def dataset_metadata(table: pa.Table) -> dict[str, Any]:
     meta = table.schema.metadata or {}
     return {
         "version": meta.get(VERSION_KEY, b"").decode(),
-        "args": json.loads(meta.get(ARGS_KEY, b"{}")),
-        "info": json.loads(meta.get(INFO_KEY, b"{}")),
+        "args": _json_object(meta.get(ARGS_KEY, b"{}"), ARGS_KEY),
+        "info": _json_object(meta.get(INFO_KEY, b"{}"), INFO_KEY),
         "hash": meta.get(HASH_KEY, b"").decode(),
     }
+
+
+def _json_object(text: bytes, key: bytes) -> dict[str, Any]:
+    """A metadata value that holds a JSON object (the file's own: bounded as any JSON read)."""
+    value = parse_json(text, f"dataset metadata {key.decode()}")
+    if not isinstance(value, dict):
+        raise DatasetError(f"dataset metadata {key.decode()}: not a JSON object")
+    return value
 
 
 def write_dataset(

@@ -9,14 +9,17 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
 from sodaray.experiment.spec import ModelSpec
+from sodaray.waits import CHECK_SECONDS, within
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +71,13 @@ def recorded_address() -> tuple[str, Path] | None:
     return (text, path) if text else None
 
 
-def check_address(address: str | None, timeout: float = 5.0) -> None:
-    """The cluster the run would attach to (`cluster_address`) must accept a connection within
-    `timeout` seconds: Ray itself retries for minutes, printing as it goes. `auto` is checked
-    at the address `ray start` recorded on this machine, when there is one (else Ray looks for
-    a running cluster and says in one line if there is none)."""
+def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
+    """The cluster the run would attach to (`cluster_address`) must accept a connection and
+    answer as a gRPC server (as Ray's GCS and Ray Client do) within `timeout` seconds all told
+    (`sodaray.waits`): Ray itself retries for minutes, printing as it goes, and a port that
+    accepts and never answers held it three. `auto` is checked at the address `ray start`
+    recorded on this machine, when there is one (else Ray looks for a running cluster and says
+    in one line if there is none)."""
     target = cluster_address(address)
     if target is None:
         return
@@ -91,11 +96,33 @@ def check_address(address: str | None, timeout: float = 5.0) -> None:
         raise ValueError(f"{where}: use auto, HOST:PORT or ray://HOST:PORT")
     host, _, port = (rest if sep else target).rstrip("/").rpartition(":")
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+        probe = partial(_answers, host or "127.0.0.1", int(port), timeout, scheme)
+        within(probe, "the address", timeout)
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"cannot reach a Ray cluster at {target} (from {where}): {exc}; {hint}"
         ) from exc
+
+
+def _answers(host: str, port: int, timeout: float, scheme: str) -> None:
+    """`host:port` accepts a connection and completes a gRPC (HTTP/2) handshake; an OSError
+    saying which did not. Over TLS (`rays://`, RAY_USE_TLS) the connection alone is checked."""
+    start = time.monotonic()
+    socket.create_connection((host, port), timeout=timeout).close()
+    if scheme == "rays" or os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return
+    import grpc
+
+    channel = grpc.insecure_channel(f"{host}:{port}")
+    left = max(timeout - (time.monotonic() - start) - 0.5, 0.1)  # before `within` gives up
+    try:
+        grpc.channel_ready_future(channel).result(timeout=left)
+    except grpc.FutureTimeoutError as exc:
+        raise TimeoutError(
+            f"it accepts connections but does not answer as a Ray cluster within {timeout:g} s"
+        ) from exc
+    finally:
+        channel.close()
 
 
 def init_ray(address: str | None) -> None:

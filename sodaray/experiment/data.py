@@ -4,14 +4,17 @@ job or a study uses."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from sodaray.errors import first_line, shown
 from sodaray.experiment.spec import DatasetSpec, ModelSpec
 from sodaray.paths import inside
+from sodaray.writes import move_file
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +93,19 @@ def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
     return counts
 
 
+CACHE_KEY = b"sodaray.dataset.cache_key"  # what build a cached dataset is, in its metadata
+
+
 def dataset_table(
     model: ModelSpec, spec: DatasetSpec, root: Path, base: Path | None = None
 ) -> pa.Table:
     """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
     under `root/.sodaray/datasets/`; `base`: the output folder `root` lies in, default its
-    parent, below which the cache is never written through a link)."""
+    parent, below which the cache is never written, moved or replaced through a link). A
+    cache is trusted on its content, not its name: it must read as a dataset whose rows match
+    their hash and whose metadata names this build (`CACHE_KEY`); another (a file another
+    seed's build put there, one cut short, one from a sodaray that recorded no key) is moved
+    aside with a warning and built again."""
     from sodaray.data import read_dataset
 
     if spec.location is not None:
@@ -107,21 +117,44 @@ def dataset_table(
     path = inside(
         root, *DATASET_CACHE.parts, f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
     )
-    if not path.exists():
-        from sodaray.data import build_dataset, write_dataset
+    base = Path(root).parent if base is None else base
+    if path.exists() or path.is_symlink():
+        table, why = _cached(path, key)
+        if table is not None:
+            return table
+        aside = path.with_name(f"{path.name}.{os.getpid()}.foreign")
+        move_file(base, path, aside)  # the name itself, never through a link
+        log.warning("%s: %s; moved to %s, building it again", path, why, aside.name)
+    from sodaray.data import build_dataset, write_dataset
 
-        log.info("building dataset %s for %s", spec.name, model.label)
-        table = build_dataset(
-            model.location,
-            build.get("dataset", spec.name),
-            build.get("lengths"),
-            build.get("per_length"),
-            build.get("seed", 1),
-            spec.source_location(),  # a source file by the rule for paths in files
-            gguf_file=model.gguf_file,
-            progress=False,
-            vocab=build.get("vocab", "tokenizer"),
-            records=build.get("records", "whole"),
-        )
-        write_dataset(table, path, Path(root).parent if base is None else base)
+    log.info("building dataset %s for %s", spec.name, model.label)
+    table = build_dataset(
+        model.location,
+        build.get("dataset", spec.name),
+        build.get("lengths"),
+        build.get("per_length"),
+        build.get("seed", 1),
+        spec.source_location(),  # a source file by the rule for paths in files
+        gguf_file=model.gguf_file,
+        progress=False,
+        vocab=build.get("vocab", "tokenizer"),
+        records=build.get("records", "whole"),
+    )
+    meta = {**(table.schema.metadata or {}), CACHE_KEY: key.encode()}
+    write_dataset(table.replace_schema_metadata(meta), path, base)
     return read_dataset(path)
+
+
+def _cached(path: Path, key: str) -> tuple[pa.Table | None, str]:
+    """A cached dataset's rows when it is this build's (`CACHE_KEY`), else None and why not."""
+    from sodaray.data import read_dataset
+
+    try:
+        table = read_dataset(path)
+    except ValueError as exc:  # DatasetError: not a regular file, unreadable, rows changed
+        return None, first_line(exc).removeprefix(f"{path}").lstrip(": ") or "unreadable"
+    recorded = (table.schema.metadata or {}).get(CACHE_KEY, b"").decode(errors="replace")
+    if recorded != key:
+        built = "no build recorded" if not recorded else f"the build {shown(recorded, 16)}"
+        return None, f"not this entry's build (it holds {built}, not {key[:16]})"
+    return table, ""

@@ -10,6 +10,7 @@ whichever file kind it came from.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -92,7 +93,7 @@ class ModelSpec:
     # (`--model`), read from the current directory. Not part of what the entry is.
     base: str | None = field(default=None, compare=False)
 
-    @property
+    @functools.cached_property  # frozen: asked for every job of a plan
     def label(self) -> str:
         return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
 
@@ -258,15 +259,24 @@ def algorithm_config(
     seed: int,
     steps: int,
     defaults: bool = True,
+    base: dict[str, Any] | None = None,
 ) -> SearchConfig:
     """The one place presets are applied: the model entry's preset (SODA's knobs), or with
     none its family's (`model_defaults`), then the entry's own parameters, then the file's
     step budget and seed; validated. `defaults=False` leaves the family out: a file's own
     values are checked when it is read, before any model file is (every family's values are
-    valid, `tests/test_families.py`)."""
-    family = model_defaults(model) if defaults else None
-    base = starting_params(algorithm, family, model.preset, model.preset_location)
+    valid, `tests/test_families.py`). `base`: `preset_base(algorithm, model, defaults)`,
+    when the caller made it already (a sweep's jobs share one per algorithm and model: each
+    read the model's config and the preset file again)."""
+    if base is None:
+        base = preset_base(algorithm, model, defaults)
     return make_config(algorithm, {**base, **params, "max_steps": steps, "seed": seed})
+
+
+def preset_base(algorithm: str, model: ModelSpec, defaults: bool = True) -> dict[str, Any]:
+    """What `algorithm_config` starts from for `model`: its preset's values, or its family's."""
+    family = model_defaults(model) if defaults else None
+    return starting_params(algorithm, family, model.preset, model.preset_location)
 
 
 def objective_config(

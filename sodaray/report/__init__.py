@@ -101,6 +101,10 @@ def build_report(
     if bad:
         raise ValueError(f"unknown report format {bad[0]!r}; choose from {', '.join(FORMATS)}")
     df = load_frame(paths)
+    if extrapolate is not None:  # before anything is written
+        from sodaray.report.budget import check_above_budget
+
+        check_above_budget(df, extrapolate)
     report = Report(rows=len(df))
     embedder = metrics.load_sentence_embedder(embedding_model)
     if embedder is None:

@@ -56,9 +56,7 @@ def groups(
     inputs known) by model, configuration and input length, each measured and extrapolated to
     `target` steps. Rows of one group share a step budget (`max_steps` is part of their
     configuration: `by_setting` splits by it)."""
-    base = df[(df["algorithm"] == "soda") & ~tuning_rows(df)]
-    base = standard_rows(base)
-    base = base[base["length"].notna() & base["exact"].notna()]
+    base = budget_rows(df)
     out = []
     for model, rows in sorted(base.groupby("model_name"), key=lambda kv: str(kv[0])):
         for setting, part in by_setting(rows):
@@ -72,6 +70,27 @@ def groups(
                 fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
                 out.append(Group(str(model), setting, int(length), sel, fit))
     return out
+
+
+def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the budget tables measure and extrapolate from (`groups`)."""
+    base = standard_rows(df[(df["algorithm"] == "soda") & ~tuning_rows(df)])
+    return base[base["length"].notna() & base["exact"].notna()]
+
+
+def check_above_budget(df: pd.DataFrame, target: int) -> None:
+    """`--extrapolate STEPS` reaches past what was measured: a target below the step budget
+    the rows ran (10 steps measured, `--extrapolate 1`) would "extrapolate" where the measured
+    share is known. A one-line error naming the budget."""
+    base = budget_rows(df)
+    if base.empty:
+        return
+    budget = int(base["max_steps"].astype(int).max())
+    if target < budget:
+        raise ValueError(
+            f"--extrapolate {target:,}: below the measured step budget ({budget:,} steps); "
+            "give a larger number of steps (the budget table measures shares within it)"
+        )
 
 
 def _targets(target: int) -> list[int]:

@@ -6,17 +6,26 @@ from __future__ import annotations
 import csv
 import io
 
+from sodaray.errors import shown
 from sodaray.report.tables import Table
 
 FORMATS = ("md", "latex", "csv")
 
 
+def md_cell(text: str) -> str:
+    """A table cell's text as Markdown data: control characters escaped (`shown`: a line
+    break in a model's or dataset's name split the table's row) and `|` as `\\|`."""
+    return shown(text).replace("|", "\\|")
+
+
 def to_markdown(table: Table) -> str:
-    lines = [f"### {table.title}", "", "| " + " | ".join(table.header) + " |"]
+    lines = [f"### {shown(table.title)}", "", "| " + " | ".join(map(md_cell, table.header)) + " |"]
     lines.append("|" + "---|" * len(table.header))
     for label, cells in table.rows:
-        lines.append("| " + " | ".join([label] + [c.text for c in cells]) + " |")
-    lines += ["", f"*{table.caption}*", ""]
+        lines.append(
+            "| " + " | ".join(md_cell(x) for x in [label] + [c.text for c in cells]) + " |"
+        )
+    lines += ["", f"*{shown(table.caption)}*", ""]
     return "\n".join(lines)
 
 
@@ -38,7 +47,7 @@ _LATEX_SPECIAL = {
 
 
 def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in shown(text))
 
 
 def to_latex(table: Table) -> str:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from sodaray import metrics
 from sodaray.data.store import RANDOM_SOURCE
+from sodaray.files import parse_json
 from sodaray.metrics import Mean, Proportion
 from sodaray.results import model_label
 
@@ -78,7 +79,7 @@ def variant_label(algorithm: str, params: str | None) -> str:
 
     if algorithm not in ALGORITHMS:
         return algorithm
-    return ALGORITHMS[algorithm].variant_label(json.loads(params) if params else {})
+    return ALGORITHMS[algorithm].variant_label(row_params(params))
 
 
 def main_variants(df: pd.DataFrame) -> list[str]:
@@ -122,11 +123,22 @@ def _value(x: Any) -> Any:
     return x.item() if hasattr(x, "item") else x
 
 
+def row_params(params: str | None) -> dict[str, Any]:
+    """A row's `params` column (JSON of its algorithm's parameters), read back: result files
+    come from anywhere, so it is bounded as any JSON read and must hold an object."""
+    if not params:
+        return {}
+    value = parse_json(params, "a result row's params")
+    if not isinstance(value, dict):
+        raise ValueError(f"a result row's params: a JSON object, not {type(value).__name__}")
+    return value
+
+
 def row_config(params: str | None, objective: dict[str, Any]) -> dict[str, Any]:
     """One row's configuration: its algorithm parameters and objective settings. Settings that
     did not apply (a logits row's text loss, fluency form with fluency off, a v1 file's space)
     are left out rather than compared as None; top-k None means every logit and is kept."""
-    config = dict(json.loads(params)) if params else {}
+    config = row_params(params)
     for key, value in objective.items():
         value = _value(value)
         if value is None and key != "top_k":

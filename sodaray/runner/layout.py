@@ -11,12 +11,15 @@ an unfinished shard's searches that had ended when its driver stopped) and set-a
 folder names hold no `=`, which readers would take for a hive partition column.
 
 Resume is "compute every shard without a valid result file": a shard file is trusted only when
-it is a regular file that reads whole as the result schema, with exactly the shard's sample ids
-and the job's `config_hash` in its rows (a shard copied from another job of the same dataset
-has the same ids); any other is moved aside (`.corrupt`, or `.foreign` for another job's rows)
-and computed again. A pending shard's kept rows are trusted on the same terms (this job's, ids
-of the shard's samples, each once, in this sodaray's schema) and only its other samples are
-searched again (a SODA search's result depends on its seed and sample id alone). A driver
+it is a regular file that reads whole as the result schema, with exactly the shard's sample ids,
+the job's `config_hash` and its dataset's content hash in its rows (a shard copied from another
+job of the same dataset has the same ids; one computed on a dataset cache another build replaced
+has another dataset hash); any other is moved aside (`.corrupt`, or `.foreign` for another job's
+or dataset's rows) and computed again. A pending shard's kept rows are trusted on the same terms
+(this job's, ids of the shard's samples, each once, in this sodaray's schema) and only its other
+samples are searched again (a SODA search's result depends on its seed and sample id alone).
+`sweep status` counts shards and kept rows by the same checks (`pending_kept`), from the sample
+ids and dataset hash the job file records, so it says what the next run keeps. A driver
 holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and process start time, refreshed
 while it runs) for every job it runs; a second driver on the same folder skips those jobs, and
 breaks a lock that is not a lock or whose owner is gone (same host: the pid is dead, another
@@ -95,9 +98,10 @@ def shard_problem(
     sample_ids: list[int] | None = None,
     rows: int | None = None,
     config_hash: str | None = None,
+    dataset_hash: str | None = None,
 ) -> str | None:
     """Why a shard file cannot be trusted, or None (see `read_shard`)."""
-    return read_shard(path, sample_ids, rows, config_hash)[1]
+    return read_shard(path, sample_ids, rows, config_hash, dataset_hash)[1]
 
 
 def read_shard(
@@ -105,12 +109,15 @@ def read_shard(
     sample_ids: list[int] | None = None,
     rows: int | None = None,
     config_hash: str | None = None,
+    dataset_hash: str | None = None,
 ) -> tuple[pa.Table | None, str | None]:
     """A shard file's rows and None, or None and why they cannot be trusted. It must be a
     regular file that reads whole (every column: a page corrupt anywhere broke `report` later)
     as Parquet in the result schema, hold exactly `sample_ids` (when given), or `rows` rows
     (else at least one), and be this job's (`config_hash`, when given): a shard copied from
-    another job of the same dataset has the same sample ids and another job's results."""
+    another job of the same dataset has the same sample ids and another job's results. With
+    `dataset_hash`, its rows must have been searched on that dataset (rows that name none, as
+    `invert` writes them, pass): a dataset cache replaced by another build has the same ids."""
     kind = what_is(path)
     if kind != "a regular file":
         return None, f"{kind or 'nothing'}, not a shard file"
@@ -134,6 +141,13 @@ def read_shard(
                 f"rows of another job ({name}, config hash {str(foreign[0])[:40]}), "
                 f"not this job's ({config_hash})"
             )
+    if dataset_hash and "dataset_hash" in table.column_names:
+        other = [h for h in set(table["dataset_hash"].to_pylist()) if h and h != dataset_hash]
+        if other:
+            return None, (
+                f"rows of another dataset (hash {str(other[0])[:16]}), not this job's "
+                f"({dataset_hash[:16]}): the dataset changed since they were searched"
+            )
     ids = table["sample_id"].to_pylist()
     if sample_ids is None:
         expected = 1 if rows is None else rows
@@ -145,11 +159,11 @@ def read_shard(
 
 
 def read_kept(
-    path: Path, sample_ids: list[int], config_hash: str
+    path: Path, sample_ids: list[int], config_hash: str, dataset_hash: str | None = None
 ) -> tuple[pa.Table | None, str | None]:
     """A pending shard's kept rows and None, or None and why they cannot be trusted: a shard
-    file's checks (`read_shard`), of this job, at most one row for each of `sample_ids` (the
-    shard's) and none of another sample."""
+    file's checks (`read_shard`), of this job and dataset, at most one row for each of
+    `sample_ids` (the shard's) and none of another sample."""
     kind = what_is(path)  # before Parquet opens it: a FIFO or a device is never read
     if kind != REGULAR:
         return None, f"{kind or 'nothing'}, not a file of kept rows"
@@ -163,13 +177,25 @@ def read_kept(
     # This sodaray wrote them, in its schema: rows of another would not join a run's.
     if not schema.remove_metadata().equals(RESULT_SCHEMA):
         return None, "not in this sodaray's result schema"
-    table, why = read_shard(path, config_hash=config_hash)
+    table, why = read_shard(path, config_hash=config_hash, dataset_hash=dataset_hash)
     if table is None:
         return None, why
     ids = table["sample_id"].to_pylist()
     if len(set(ids)) != len(ids) or not set(ids) <= set(sample_ids):
         return None, f"{len(ids)} rows not each of another of the shard's {len(sample_ids)} samples"
     return table, None
+
+
+def pending_kept(
+    meta: Path, index: int, sample_ids: list[int], config_hash: str, dataset_hash: str | None
+) -> tuple[pa.Table | None, str | None]:
+    """Shard `index`'s kept rows, as the next run takes them: (rows, None) when trusted,
+    (None, why) when there is a kept file it would set aside, (None, None) when there is none.
+    `plan_jobs` and `job_status` both ask here, so status counts what the run keeps."""
+    path = kept_path(meta, index)
+    if not path.exists() and not path.is_symlink():
+        return None, None
+    return read_kept(path, sample_ids, config_hash, dataset_hash)
 
 
 def set_aside(
@@ -375,6 +401,8 @@ class JobPlan:
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
     kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
     base: Path = Path()  # the output folder: nothing below it is written through a link
+    # Rows of shards whose kept rows were whole: written as the shard file at planning.
+    kept_whole: int = 0
 
 
 def plan_jobs(
@@ -432,6 +460,9 @@ def _plan_job(
         "samples": n,
         "shards": shards,
         "shard_size": job.shard_size,
+        # What `sweep status` checks shards and kept rows against, as a run does.
+        "sample_ids": id_ranges(rows["sample_id"]),
+        "dataset_hash": identity.hash,
         "config": job.config(),
         "overrides": list(overrides or []),
         # The family defaults a model entry without a preset got, and why (not hashed).
@@ -451,7 +482,7 @@ def _plan_job(
         ids = rows["sample_id"][lo:hi]
         kept = kept_path(meta, i)
         if path.exists() or path.is_symlink():
-            why = shard_problem(path, ids, config_hash=job.config_hash)
+            why = shard_problem(path, ids, None, job.config_hash, identity.hash)
             if why is None:  # kept rows left by a driver that stopped between the two
                 if kept.is_symlink() or what_is(kept) == REGULAR:
                     remove_file(base, kept)  # a link is removed itself
@@ -459,18 +490,18 @@ def _plan_job(
                     set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, base=base)
                 continue
             plan.corrupt.append(set_aside(path, why, meta, _suffix(why), base).name)
-        if kept.exists() or kept.is_symlink():
-            table, why = read_kept(kept, ids, job.config_hash)
-            if table is None:
-                why = str(why)
-                plan.corrupt.append(set_aside(kept, why, meta, _suffix(why), base).name)
-            elif len(table) == len(ids) and lock:  # it stopped before writing the shard
-                write_table_atomic(shard_table(plan, i, [table]), path, base)
-                remove_file(base, kept)
-                remove_file(base, error_path(meta, i))
-                continue
-            else:
-                plan.kept[i] = table
+        table, why = pending_kept(meta, i, ids, job.config_hash, identity.hash)
+        if why is not None:
+            plan.corrupt.append(set_aside(kept, why, meta, _suffix(why), base).name)
+        elif table is not None and len(table) == len(ids) and lock:
+            # It stopped before writing the shard: written now, from the kept rows.
+            write_table_atomic(shard_table(plan, i, [table]), path, base)
+            remove_file(base, kept)
+            remove_file(base, error_path(meta, i))
+            plan.kept_whole += len(table)
+            continue
+        elif table is not None:
+            plan.kept[i] = table
         plan.pending.append(i)
     # A pending shard's error file is written when it fails: a link there is refused now.
     check_places(base, [error_path(meta, i) for i in plan.pending])
@@ -478,8 +509,35 @@ def _plan_job(
 
 
 def _suffix(why: str) -> str:
-    """Where an untrusted file is set aside: `.foreign` for another job's rows."""
-    return ".foreign" if why.startswith("rows of another job") else ".corrupt"
+    """Where an untrusted file is set aside: `.foreign` for another job's or dataset's rows."""
+    return ".foreign" if why.startswith("rows of another") else ".corrupt"
+
+
+def id_ranges(ids: list[int]) -> list[list[int]]:
+    """Sorted sample ids as `[start, stop)` runs: a job's samples in a few numbers (its
+    dataset's ids run 0..N-1, a job takes runs of them per length)."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def ids_between(runs: list[list[int]], lo: int, hi: int) -> list[int]:
+    """The `[lo, hi)`-th of the ids that `runs` (`id_ranges`) hold: a shard's, without making
+    every id of the job (a job file may claim billions)."""
+    out: list[int] = []
+    seen = 0
+    for start, stop in runs:
+        if seen + (stop - start) > lo and seen < hi:
+            first = start + max(lo - seen, 0)
+            out.extend(range(first, min(stop, start + hi - seen)))
+        seen += stop - start
+        if seen >= hi:
+            break
+    return out
 
 
 def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
@@ -538,7 +596,31 @@ def read_job_file(meta: Path) -> dict[str, Any]:
     shards, size, samples = counts
     if size < 1 or shards > MAX_SHARDS or shards != -(-samples // size):
         raise ValueError(f"{path}: {shards} shards of {size} do not hold {samples} samples")
+    runs = info.get("sample_ids")
+    if runs is not None and not _valid_runs(runs, samples):
+        raise ValueError(f"{path}: sample_ids are not {samples} ids as [start, stop) runs")
+    for key in ("config_hash", "dataset_hash"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise ValueError(f"{path}: {key} is {brief(info[key])}, not a hash")
     return info
+
+
+def _valid_runs(runs: Any, samples: int) -> bool:
+    """`runs` are increasing `[start, stop)` pairs of ids holding `samples` ids in all."""
+    if not isinstance(runs, list):
+        return False
+    total, last = 0, -1
+    for run in runs:
+        if not (
+            isinstance(run, list)
+            and len(run) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in run)
+            and last <= run[0] < run[1]
+        ):
+            return False
+        total += run[1] - run[0]
+        last = run[1]
+    return total == samples
 
 
 def job_status(meta: Path) -> JobStatus:
@@ -547,14 +629,20 @@ def job_status(meta: Path) -> JobStatus:
     info = read_job_file(meta)
     shards, size, samples = info["shards"], info["shard_size"], info["samples"]
     folder = inside(meta.parents[2], info["job"])
+    own, data = info.get("config_hash"), info.get("dataset_hash")
+    runs = info.get("sample_ids")  # None: a job file from before they were recorded
+
+    def ids_of(index: int) -> list[int] | None:
+        return None if runs is None else ids_between(runs, index * size, (index + 1) * size)
+
     done = failed = samples_done = found = exact = 0
     finished = set()
     for path in folder.glob("shard-*.parquet"):
         index = _shard_index(path.name, ".parquet")
         if index is None or index >= shards:
             continue
-        own = info.get("config_hash") if isinstance(info.get("config_hash"), str) else None
-        t, _ = read_shard(path, rows=min(size, samples - index * size), config_hash=own)
+        rows = min(size, samples - index * size)
+        t, _ = read_shard(path, ids_of(index), rows, own, data)
         if t is not None:  # `run` sets bad ones (and other jobs' rows) aside
             finished.add(index)
             samples_done += len(t)
@@ -565,12 +653,17 @@ def job_status(meta: Path) -> JobStatus:
         index = _shard_index(path.name, ".error.json")
         failed += index is not None and index < shards and index not in finished
     kept = 0
-    for path in meta.glob("shard-*.kept.pq"):  # counted, not checked: `run` checks them
+    for path in meta.glob("shard-*.kept.pq"):
         index = _shard_index(path.name, ".kept.pq")
-        if index is None or index >= shards or index in finished or what_is(path) != REGULAR:
+        if index is None or index >= shards or index in finished:
             continue
-        with contextlib.suppress(OSError, pa.ArrowException):
-            kept += min(pq.read_metadata(path).num_rows, size, samples - index * size)
+        ids = ids_of(index)
+        if ids is not None and isinstance(own, str):  # the run's own check (`pending_kept`)
+            table, _ = pending_kept(meta, index, ids, own, data)
+            kept += 0 if table is None else len(table)
+        elif what_is(path) == REGULAR:  # an older job file: counted, not checked
+            with contextlib.suppress(OSError, pa.ArrowException):
+                kept += min(pq.read_metadata(path).num_rows, size, samples - index * size)
     return JobStatus(
         info["sweep"], info["job"], shards, done, failed, samples_done, found, exact, kept
     )

@@ -77,10 +77,13 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
     from sodaray.experiment.spec import SweepError
 
     seen: set[str] = set()
+    models: dict[int, Any] = {}  # a model's identity, once per entry (not per job)
     for job in jobs:
+        if id(job.model) not in models:
+            models[id(job.model)] = job.model.identity()
         key = json.dumps(
             [
-                job.model.identity(),
+                models[id(job.model)],
                 job.dataset.name,
                 job.length,
                 job.max_length,
@@ -107,11 +110,18 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
             raise SweepError(f"{where}: {what}: {first_line(exc)}") from exc
 
 
-def job_cost(job: Job, shape: ModelShape | None = None) -> Workload:
+def job_cost(
+    job: Job, shape: ModelShape | None = None, memo: dict[Any, Any] | None = None
+) -> Workload:
     """`job`'s workload; `shape` (the loaded model's, for a GGUF file) where its id tells none.
-    Its shards go to as many replicas as the entry asks, at most one a shard."""
-    counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
+    Its shards go to as many replicas as the entry asks, at most one a shard. `memo`: what
+    jobs share (a dataset's lengths, a model's shape from its config), kept by the caller
+    across its jobs: a plan of 100,000 jobs read them 100,000 times."""
+    memo = {} if memo is None else memo
+    lengths = _once(memo, ("lengths", id(job.dataset)), lambda: dataset_lengths(job.dataset))
+    counts = select_counts(lengths, job.samples_per_length, job.limit)
     samples = sum(counts.values())
+    known = _once(memo, ("shape", job.model.location), lambda: model_shape(job.model.location))
     return Workload(
         name=job.name,
         model=job.model,
@@ -121,8 +131,14 @@ def job_cost(job: Job, shape: ModelShape | None = None) -> Workload:
         lengths_per_sample=lengths_tried(job.length, job.max_length),
         max_length=job.max_length,
         replicas=max(1, min(job.model.replicas, math.ceil(samples / job.shard_size))),
-        shape=model_shape(job.model.location) or shape,
+        shape=known or shape,
     )
+
+
+def _once(memo: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
 
 
 def load_for_plan(job: Job) -> Any:
@@ -163,9 +179,14 @@ def plan_sweep(
     started: set[str] = set()  # models whose start-up a job already carries
     total = Totals()
     rows = []
+    memo: dict[Any, Any] = {}  # what jobs share, worked out once (`job_cost`)
     for job in jobs:
-        identity = json.dumps(job.model.identity(), sort_keys=True, default=str)
-        cost = job_cost(job)
+        identity = _once(
+            memo,
+            ("identity", id(job.model)),
+            lambda job=job: json.dumps(job.model.identity(), sort_keys=True, default=str),
+        )
+        cost = job_cost(job, memo=memo)
         table = tables(costs)[cost.kind]
         unpriced = table is None  # a CPU job without a CPU costs file
         wants_model = cost.shape is None or (rate is None and unpriced)
@@ -180,14 +201,15 @@ def plan_sweep(
             cost = cost.with_shape(shape_from_config(model.model.config))
 
         def measured(job: Job = job, cost: Workload = cost, model: Any = model) -> float | None:
+            if model is None:  # not loaded here (`--no-calibrate`, or it could not be)
+                return None
             key = calibration_key(job, cost)
             if key not in rates:
                 rates[key] = None
-                if model is not None:
-                    try:
-                        rates[key] = calibrate(cost, model)
-                    except Exception as exc:  # e.g. the batch does not fit here: say why, go on
-                        say(f"  no calibration for {job.name}: {first_line(exc)}")
+                try:
+                    rates[key] = calibrate(cost, model)
+                except Exception as exc:  # e.g. the batch does not fit here: say why, go on
+                    say(f"  no calibration for {job.name}: {first_line(exc)}")
             return rates[key]
 
         time = price(cost, costs, rate, measured)

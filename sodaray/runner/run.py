@@ -242,6 +242,7 @@ def run_sweep(
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
     pending = [p for p in plans if p.pending]
     run.pending_jobs = [p.job for p in pending]
+    run.kept = sum(p.kept_whole for p in plans)  # shards written whole from kept rows
     for p in pending:
         kept = sum(len(t) for t in p.kept.values())
         run.kept += kept

@@ -11,6 +11,7 @@ file and the field, before Ray starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from dataclasses import dataclass, field, fields
@@ -31,6 +32,7 @@ from sodaray.experiment.spec import (
     parse_dataset,
     parse_model,
     parse_objective,
+    preset_base,
 )
 from sodaray.families import Defaults
 from sodaray.fields import (
@@ -92,11 +94,13 @@ class Job:
             "shard_size": self.shard_size,
         }
 
-    @property
+    # Cached (the job is frozen): a plan of 100,000 jobs asked each its name four times, and a
+    # name hashes the job's whole configuration.
+    @functools.cached_property
     def config_hash(self) -> str:
         return config_hash(self.config())
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         obj = self.objective
         what = observation(obj.kind).label(obj)
@@ -178,14 +182,37 @@ class Sweep:
             models = [self.models[0].with_id(model)]
         jobs = []
         variants = [(e, *v) for e in self.algorithms for v in e.variants()]
-        for m, ds, (entry, variant, params), obj, seed, length in itertools.product(
-            models, self.datasets, variants, self.objectives, self.seeds, self.length_modes()
+        # Once per model (and algorithm, objective entry), not per job: each reads the model's
+        # config, and a preset file (a grid of 100,000 jobs read them 300,000 times).
+        family = {id(m): model_defaults(m) for m in models}
+        bases = {(e.name, id(m)): preset_base(e.name, m) for e in self.algorithms for m in models}
+        objectives = {
+            (i, id(m)): objective_config(o, m)
+            for i, o in enumerate(self.objectives)
+            for m in models
+        }
+        # A variant's config on a model, made once (presets applied, coerced, validated); its
+        # other seeds are that config with another seed, validated again.
+        made: dict[tuple[int, int], SearchConfig] = {}
+        for m, ds, (k, (entry, variant, params)), (i, _), seed, length in itertools.product(
+            models,
+            self.datasets,
+            enumerate(variants),
+            enumerate(self.objectives),
+            self.seeds,
+            self.length_modes(),
         ):
             if m.datasets and ds.name not in m.datasets:
                 continue
             steps = entry.max_steps or self.max_steps
-            config = algorithm_config(entry.name, params, m, seed=seed, steps=steps)
-            objective = objective_config(obj, m)
+            config = made.get((k, id(m)))
+            if config is None:
+                base = bases[entry.name, id(m)]
+                config = algorithm_config(entry.name, params, m, seed=seed, steps=steps, base=base)
+                made[k, id(m)] = config
+            elif config.seed != seed:
+                config = dataclasses.replace(config, seed=seed)
+            objective = objectives[i, id(m)]
             jobs.append(
                 Job(
                     self.name,
@@ -200,7 +227,7 @@ class Sweep:
                     self.samples_per_length,
                     limit,
                     self.shard_size,
-                    defaults=model_defaults(m),
+                    defaults=family[id(m)],
                 )
             )
         # Entries can make one job twice (a preset's `space: centred` under an objective entry
@@ -318,11 +345,13 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     # family's defaults wait for `jobs()`, which reads each model's config.
     for i, entry in enumerate(algorithms):
         steps = entry.max_steps or sweep.max_steps
+        bases: dict[int, dict[str, Any]] = {}  # a model's preset, read once for every variant
         for (_, params), m in itertools.product(entry.variants(), models):
             try:
-                algorithm_config(
-                    entry.name, params, m, seed=sweep.seeds[0], steps=steps, defaults=False
-                )
+                if id(m) not in bases:
+                    bases[id(m)] = preset_base(entry.name, m, defaults=False)
+                base = bases[id(m)]
+                algorithm_config(entry.name, params, m, seed=sweep.seeds[0], steps=steps, base=base)
             except (TypeError, ValueError) as exc:
                 message = str(exc).removeprefix("config: ")
                 raise fail(f"algorithms[{i}]", message) from exc

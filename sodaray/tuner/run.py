@@ -31,6 +31,7 @@ from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     ask_trial,
+    grid_left,
     open_storage,
     open_study,
     storage_url,
@@ -68,6 +69,10 @@ class TuneRun:
     plots: list[Path] = field(default_factory=list)
     # Plots not made, by name, with the reason (too few completed trials for importances).
     plots_skipped: dict[str, str] = field(default_factory=dict)
+    # A grid study: its points, and the trials it had left when this run began (None: not a
+    # grid). A run asks no more trials than are left; a covered grid runs none.
+    grid: tuple[int, int] | None = None
+    asked: int = 0  # the trials this run was asked for
 
 
 def run_tuning(
@@ -111,25 +116,29 @@ def run_tuning(
     # The default journal lies in the study's folder; a storage the user named is theirs.
     journal_base = base if storage is None and spec.storage is None else None
     study, stale = open_study(spec, url, study_name, open_storage(url, journal_base))
+    run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
+    if spec.sampler == "grid":
+        run.grid = grid_left(spec, study)
+        n_trials = min(n_trials, run.grid[1])
     check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
-    run = TuneRun(study_name, url, out, stale_failed=stale)
     rows, identity = validation_rows(spec, study, out, base)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
-    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
-        # A batch's worth of trials on each replica, and the next one waiting.
-        group = ActorGroup(
-            spec.model,
-            max_attempts=max_attempts,
-            fill=1.0,
-            min_units=1,
-            replicas=workers,
-            placement=placement,
-        )
-        loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
-        try:
-            loop.drain(n_trials, on_trial, callbacks)
-        finally:
-            group.kill()
+    if n_trials:  # a covered grid runs none: no Ray, no actor
+        with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
+            # A batch's worth of trials on each replica, and the next one waiting.
+            group = ActorGroup(
+                spec.model,
+                max_attempts=max_attempts,
+                fill=1.0,
+                min_units=1,
+                replicas=workers,
+                placement=placement,
+            )
+            loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
+            try:
+                loop.drain(n_trials, on_trial, callbacks)
+            finally:
+                group.kill()
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
@@ -166,9 +175,16 @@ def validation_rows(
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
     """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/;
     `base`: OUT, default `out`'s parent) and the data's identity; the data's hash is recorded
-    in the study."""
+    in the study, and a study whose trials ran on other rows (its data file rewritten, its
+    source changed) is refused: its trials' values would not compare."""
     table = dataset_table(spec.model, spec.data, out, base)
     identity = dataset_identity(table)
+    recorded = study.user_attrs.get("dataset_hash")
+    if identity.hash and isinstance(recorded, str) and recorded != identity.hash:
+        raise TuningError(
+            f"{spec.path}: the study's trials ran on other data (hash {recorded[:16]}, this "
+            f"data's is {identity.hash[:16]}); give this data its own study_name or storage"
+        )
     if identity.hash and "dataset_hash" not in study.user_attrs:
         # The rows the trials ran on: the data spec names a build, the hash its result.
         study.set_user_attr("dataset_hash", identity.hash)

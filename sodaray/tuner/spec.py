@@ -350,4 +350,7 @@ def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:
         raise fail(f"{where}.step", "log scale and step cannot be combined (Optuna's rule)")
     if p.type == "int" and not all(float(v).is_integer() for v in (p.low, p.high)):
         raise fail(where, "an int range needs integer low and high")
+    if p.type == "int" and p.step is not None and not float(p.step).is_integer():
+        # int(0.5) is 0: the range became `step: 0`, silently
+        raise fail(f"{where}.step", f"an int range's step is a whole number, not {p.step}")
     return replace(p, choices=None)

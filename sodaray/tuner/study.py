@@ -5,20 +5,36 @@ SQLite, PostgreSQL or MySQL) works on a cluster, and no storage port is served."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sodaray.errors import first_line
+from sodaray.files import check_sqlite_url, parse_json, what_is
 from sodaray.objectives import PRESET_FIELDS, Objective
 from sodaray.paths import brief
 from sodaray.tuner.spec import TuningSpec
-from sodaray.writes import LINK, UnsafeWrite, prepare_file, what_is_at, write_file
+from sodaray.waits import CHECK_SECONDS
+from sodaray.writes import (
+    LINK,
+    UnsafeWrite,
+    move_file,
+    prepare_file,
+    remove_file,
+    what_is_at,
+    write_file,
+)
+
+log = logging.getLogger(__name__)
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
@@ -34,33 +50,100 @@ def open_storage(url: str, base: Path | None = None):
     Optuna opens a journal by name itself, so it is checked by the rule for every file
     sodaray writes first (`writes`): its folders below `base` (the folder the user gave;
     default: the journal's own) made and none a link, the journal a regular file (made empty
-    when missing), and its lock nothing or the link Optuna makes (a folder there would keep
-    Optuna waiting for ever)."""
+    when missing) whose lines are within bounds (`check_journal`), and its lock nothing or
+    the link Optuna makes (`check_journal_lock`: anything else moved aside, a stale link
+    broken, so that opening waits at most about `CHECK_SECONDS`)."""
     if "://" in url:
         _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     journal = Path(url)
     base = journal.parent if base is None else base
-    prepare_file(base, journal)
-    lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
+    kind = what_is(url)  # opening a FIFO to append to it waits for a reader for ever
+    if kind not in (None, "a regular file"):
+        raise ValueError(f"{url} is {kind}, not a study journal")
+    prepare_file(base, journal)  # by the rule: no link below `base`, nor at the journal
+    if kind is not None:
+        check_journal(url)
+    check_journal_lock(journal, base)
+    # A lock not refreshed for `CHECK_SECONDS` is broken (Optuna's default: 30 s).
+    lock = JournalFileSymlinkLock(url, grace_period=int(CHECK_SECONDS))
+    with unreadable_storage(url):  # JournalStorage replays the journal as it opens it
+        return JournalStorage(JournalFileBackend(url, lock_obj=lock))
+
+
+@contextlib.contextmanager
+def unreadable_storage(url: str) -> Iterator[None]:
+    """Optuna replays a journal's entries unchecked: one it did not write (an `op_code` of
+    another version, an entry without its fields) fails deep inside it, as the storage opens
+    or as a study is made in it. One line instead."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AssertionError) as exc:
+        raise ValueError(
+            f"{url}: a study storage this Optuna cannot read ({type(exc).__name__}: "
+            f"{first_line(exc)})"
+        ) from exc
+
+
+def check_journal(url: str) -> None:
+    """Every line of a journal file is what Optuna writes there: a JSON object (held to
+    `files.MAX_NESTING`, as every JSON sodaray reads) with an integer `op_code`. Optuna parses
+    each line without a bound and replays it unchecked: a line of '[' * 100000 ended in a
+    RecursionError, a list or a string in a TypeError. A last line cut short (a driver killed
+    mid-write) is Optuna's to skip."""
+    with open(url, "rb") as f:
+        lines = f.read().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            op = parse_json(line, "")
+        except ValueError as exc:
+            if number == len(lines):  # no newline after it: cut short
+                continue
+            raise ValueError(f"{url}: line {number}{exc}: not a study journal") from exc
+        if not isinstance(op, dict) or type(op.get("op_code")) is not int:
+            raise ValueError(f"{url}: line {number} is not a journal entry Optuna writes")
+
+
+JOURNAL_LOCK = ".lock"  # what Optuna's journal lock adds to the journal's name
+
+
+def check_journal_lock(journal: Path, base: Path) -> None:
+    """The journal's lock as Optuna's symlink lock leaves it: a symbolic link to the journal,
+    held while a driver appends (milliseconds). A link to anything else is not Optuna's and is
+    refused (`writes`: sodaray never acts through a link it did not make). Anything else there
+    (a directory, a FIFO, a device, a file) is not a lock, and Optuna waited 30 s before it
+    renamed it away (a directory: in silence); a link older than `CHECK_SECONDS` was left by a
+    driver that died mid-write. Either is moved aside or removed with a warning, by the rule
+    for writes below `base`, so opening the study waits at most about `CHECK_SECONDS`."""
+    lock = journal.with_name(journal.name + JOURNAL_LOCK)  # Optuna's JournalFileSymlinkLock
     kind = what_is_at(base, lock)
-    # Optuna's lock is a link to the journal (a stale one it breaks after 30 s); anything
-    # else there would keep it waiting, a folder for ever.
-    if kind == LINK and os.path.abspath(os.readlink(lock)) != os.path.abspath(journal):
-        raise UnsafeWrite(
-            f"{lock} is a symbolic link to {brief(os.readlink(lock))}, not Optuna's lock of "
-            f"{journal} (a link to it); remove it"
-        )
-    if kind not in (None, LINK):
-        raise UnsafeWrite(f"{lock} is {kind}, not the link Optuna locks the journal with")
-    return JournalStorage(JournalFileBackend(url))
+    if kind is None:
+        return
+    if kind == LINK:
+        target = os.readlink(lock)
+        if os.path.abspath(target) != os.path.abspath(journal):
+            raise UnsafeWrite(
+                f"{lock} is a symbolic link to {brief(target)}, not Optuna's lock of "
+                f"{journal} (a link to it); remove it"
+            )
+        age = time.time() - lock.lstat().st_mtime
+        if age > CHECK_SECONDS:
+            log.warning("breaking the study journal's lock %s: left %.0f s ago", lock, age)
+            remove_file(base, lock)  # the link itself
+        return
+    aside = lock.with_name(f"{lock.name}.{os.getpid()}.invalid")
+    log.warning("%s is %s, not a journal lock: moved to %s", lock, kind, aside)
+    move_file(base, lock, aside)  # kept, never deleted (a device, a FIFO, a folder)
 
 
 def _check_rdb_url(url: str) -> None:
     """An RDB URL whose database kind SQLAlchemy knows (the connection is tried later)."""
+    check_sqlite_url(url, "storage")
     try:
         from sqlalchemy.engine import make_url
 
@@ -81,13 +164,16 @@ def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
     import optuna
 
     seed = spec.seed
-    if trials_so_far:
+    # Not the grid's: its seed shuffles the grid, and its first trials take points by their
+    # number in that order; another seed's order gave a resumed study's trials points it had
+    # tried (the issue's resume repeated a trial).
+    if trials_so_far and spec.sampler != "grid":
         seed = int(np.random.SeedSequence([spec.seed, trials_so_far]).generate_state(1)[0])
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "grid":
         space = {p.name: p.grid_values() for p in spec.space}
-        return optuna.samplers.GridSampler(space, seed=seed)
+        return _grid_sampler()(space, seed=seed)
     if spec.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed)
     import warnings
@@ -99,6 +185,40 @@ def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
 
 
+def _grid_sampler() -> type:
+    """Optuna's grid sampler, less its stop: once its grid is covered it calls `study.stop()`,
+    which works only inside `study.optimize`; sodaray asks and tells trials, so the grid run
+    ended in a RuntimeError and wrote no best preset. `run_tuning` runs only the points left
+    (`grid_left`) instead."""
+    import optuna
+
+    class GridSampler(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return GridSampler
+
+
+def grid_left(spec: TuningSpec, study: Any) -> tuple[int, int]:
+    """(points in the grid, trials a grid study has left to run): its enqueued trials, and the
+    points no trial has taken (finished in any state, as Optuna's grid sampler counts them,
+    running, or enqueued)."""
+    import itertools
+
+    import optuna
+
+    names = [p.name for p in spec.space]
+    waiting = optuna.trial.TrialState.WAITING
+    taken, queued = set(), 0
+    for t in study.get_trials(deepcopy=False):
+        params = t.params or t.system_attrs.get("fixed_params") or {}
+        queued += t.state == waiting
+        if set(params) >= set(names):
+            taken.add(tuple(params[n] for n in names))
+    grid = set(itertools.product(*(p.grid_values() for p in spec.space)))
+    return len(grid), queued + len(grid - taken)
+
+
 SPEC_HASH_ATTR = "sodaray.spec_hash"
 
 
@@ -107,7 +227,10 @@ def spec_hash(spec: TuningSpec) -> str:
     steps, metric, checkpoints and seed (not trials, sampler, pruner or storage)."""
     from sodaray.results import config_hash
 
-    preset = {"preset": [spec.model.preset, spec.model.preset_file]}
+    # A preset file by what it holds, not where it is: a study whose preset file was edited
+    # (the same path) got the old study's hash, and its next `tune` added trials to the old
+    # study; one moved elsewhere keeps its study.
+    preset = {"preset": [spec.model.preset, preset_content(spec.model.preset_location)]}
     # With no preset, what the model's family defaults change in the trials, only where they
     # change something: a study they leave as it was keeps its hash.
     effect = spec.defaults_effect()
@@ -132,6 +255,16 @@ def spec_hash(spec: TuningSpec) -> str:
     )
 
 
+def preset_content(path: str | None) -> dict[str, Any] | None:
+    """A preset file's values as a study's identity takes them: its parameters and objective
+    settings (None without a file)."""
+    if path is None:
+        return None
+    from sodaray.presets import load_preset_file, load_preset_objective
+
+    return {"params": load_preset_file(path), "objective": load_preset_objective(path)}
+
+
 def open_study(
     spec: TuningSpec, url: str, study_name: str, storage: Any = None
 ) -> tuple[Any, list[int]]:
@@ -141,14 +274,15 @@ def open_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=open_storage(url) if storage is None else storage,
-        sampler=make_sampler(spec),
-        pruner=make_pruner(spec),
-        direction="maximize",
-        load_if_exists=True,
-    )
+    with unreadable_storage(url):
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=open_storage(url) if storage is None else storage,
+            sampler=make_sampler(spec),
+            pruner=make_pruner(spec),
+            direction="maximize",
+            load_if_exists=True,
+        )
     key = spec_hash(spec)
     recorded = study.user_attrs.get(SPEC_HASH_ATTR)
     if recorded is None:

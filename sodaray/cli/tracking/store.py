@@ -6,14 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from sodaray.errors import first_line
+from sodaray.files import check_sqlite_url
 from sodaray.paths import component, inside
+from sodaray.waits import within
 
 log = logging.getLogger(__name__)
 
@@ -28,19 +32,63 @@ PARAM_CHARS, TAG_CHARS = 6000, 5000
 BATCH_PARAMS, BATCH_METRICS = 100, 1000
 
 
+# MLflow's own defaults retry an HTTP request 7 times, backing off, each waiting up to 120 s.
+# Where the environment does not set them, a check tries once and waits `CHECK_SECONDS`, and the
+# run's own calls retry twice, each waiting as long: a server gone mid-run costs a tracking call
+# about half a minute, then a warning, not hours.
+CHECK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+RUN_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
 def check_tracking(uri: str) -> None:
-    """Import MLflow and reach the tracking URI before any work starts: a typo or a server that
-    is down is one line now, not a failure after hours of trials."""
+    """Import MLflow and reach the tracking URI before any work starts, within about
+    `CHECK_SECONDS` (`sodaray.waits`): a typo, an empty URI or a server that is down or never
+    answers is one line now, not a failure (or a wait) after hours of trials."""
+    if not uri.strip():
+        raise ValueError(
+            "--mlflow: an empty tracking URI (give sqlite:///mlflow.db or http://HOST:5000, "
+            "or leave out --mlflow)"
+        )
     try:
         from mlflow.tracking import MlflowClient
     except ImportError as exc:
         raise ValueError(f"--mlflow needs the `mlflow` package ({INSTALL}): {exc}") from exc
+    check_sqlite_url(uri, "--mlflow")
     for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." etc.
         logging.getLogger(name).setLevel(logging.WARNING)
+    shown = hidden_password(uri)
+    for name, value in RUN_HTTP.items():  # for the run's calls, after this check
+        os.environ.setdefault(name, value)
     try:
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        with _environ({k: v for k, v in CHECK_HTTP.items() if k not in _USER_SET}):
+            within(
+                lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1),
+                f"--mlflow {shown}",
+            )
+    except TimeoutError as exc:
+        raise ValueError(f"{exc} (is the tracking server up, and its address right?)") from exc
     except Exception as exc:  # MlflowException, connection errors, a bad scheme
-        raise ValueError(f"--mlflow {uri}: {first_line(exc)}") from exc
+        detail = first_line(exc).replace(uri, shown)  # MLflow's message names the URI whole
+        raise ValueError(f"--mlflow {shown}: {detail}") from exc
+
+
+# The MLflow settings the user's environment gave before sodaray set any: theirs win.
+_USER_SET = {name for name in CHECK_HTTP if name in os.environ}
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Environment variables set for the block, restored after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def check_experiment(name: str | None) -> None:
