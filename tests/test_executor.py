@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sodaray
 from sodaray.search.base import SlotEntry
-from sodaray.search.engine import Engine
+from sodaray.search.engine import Engine, Work
 from sodaray.search.executor import (
     DEFAULT_EXECUTOR,
     EXECUTORS,
@@ -172,6 +172,21 @@ def test_a_steady_step_makes_no_host_round_trip(one_thread, crossings, stories):
     assert counts[0][1] > 0  # the counter sees the planning's crossings at all
 
 
+def engine_at(model, bucketed: bool) -> Engine:
+    """An engine whose SODA batches take a capture's bucketed shapes (eagerly, here), or the
+    slots' own."""
+    engine = Engine(model)
+    real = engine._new_batch
+
+    def new_batch(work, length):
+        batch = real(work, length)
+        batch.bucketed = bucketed
+        return batch
+
+    engine._new_batch = new_batch
+    return engine
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_bucketed_shapes_compute_what_the_exact_ones_do(one_thread, arch):
     """A capture's shapes (rows and slots rounded up to buckets, padding rows and slots parked
@@ -187,17 +202,7 @@ def test_bucketed_shapes_compute_what_the_exact_ones_do(one_thread, arch):
     )
     outcomes = {}
     for bucketed in (False, True):
-        engine = Engine(model)
-        real = engine._new_batch
-
-        def new_batch(work, length, real=real, bucketed=bucketed):
-            batch = real(work, length)
-            batch.bucketed = bucketed
-            return batch
-
-        engine._new_batch = new_batch
-        from sodaray.search.engine import Work
-
+        engine = engine_at(model, bucketed)
         work = Work(targets, cfg, [(len(t),) for t in tokens])
         engine.submit(work)
         engine.run()
@@ -219,17 +224,7 @@ def test_a_bucketed_shape_follows_its_slots_objective(one_thread):
     objectives = (sodaray.Objective(loss="huber"), sodaray.Objective(loss="mse"))
     outcomes = {}
     for bucketed in (False, True):
-        engine = Engine(model)
-        real = engine._new_batch
-
-        def new_batch(work, length, real=real, bucketed=bucketed):
-            batch = real(work, length)
-            batch.bucketed = bucketed
-            return batch
-
-        engine._new_batch = new_batch
-        from sodaray.search.engine import Work
-
+        engine = engine_at(model, bucketed)
         works = []
         for i, objective in enumerate(objectives):
             targets = sodaray.make_targets(model, tokens, objective=objective)
@@ -266,7 +261,6 @@ def gpu_search(arch: str, tokens, executor: str, steps: int = 60):
     model = sodaray.wrap_model(model.model, None, name=arch)
     targets = sodaray.make_targets(model, tokens)
     engine = Engine(model, executor=executor)
-    from sodaray.search.engine import Work
 
     work = Work(targets, sodaray.SodaConfig(max_steps=steps, seed=2), [(len(t),) for t in tokens])
     engine.submit(work)
@@ -298,8 +292,6 @@ def test_a_capture_reads_the_weights_where_they_lie():
     copy would grow by the whole difference; the step's own rows grow a little, and the
     cuBLAS workspaces a capture's streams take are the same for both)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from sodaray.search.engine import Work
 
     grown, weights = [], []
     for vocab in (4096, 65536):

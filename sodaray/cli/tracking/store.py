@@ -50,6 +50,8 @@ def check_tracking(uri: str) -> None:
             "or leave out --mlflow)"
         )
     try:
+        # The package itself first: a submodule already imported would be found without it.
+        import mlflow  # noqa: F401
         from mlflow.tracking import MlflowClient
     except ImportError as exc:
         raise ValueError(f"--mlflow needs the `mlflow` package ({INSTALL}): {exc}") from exc
