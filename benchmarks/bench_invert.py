@@ -130,6 +130,25 @@ def build_model(name: str, device: str, dtype: str):
         if dtype != "float32":
             model = model.to(getattr(torch, dtype))
         return sodaray.wrap_model(model, None, name="tinystories-33m-shape")
+    if name == "neollama":  # the neo shape as a Llama: an attention a CUDA graph can capture
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=50257,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=4,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            max_position_embeddings=2048,
+            initializer_range=0.1,
+        )
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg)
+        if dtype != "float32":
+            model = model.to(getattr(torch, dtype))
+        return sodaray.wrap_model(model, None, name="neo-shape-llama")
     if name in QWEN_SHAPES:
         from transformers import AutoModelForCausalLM, Qwen2Config
 

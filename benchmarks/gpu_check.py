@@ -299,8 +299,6 @@ def main() -> None:
             t0 = time.perf_counter()
             if args.quick:
                 cache[name] = tiny(name)
-            elif name == "neollama":
-                cache[name] = neo_llama(args.device)
             else:
                 cache[name] = build_model(name, args.device, "float32")
             say(f"model {name} built in {time.perf_counter() - t0:.1f} s")
@@ -355,30 +353,6 @@ def tiny(name: str):
             intermediate_size=128, num_hidden_layers=2, num_key_value_heads=2, **shape
         )
     return sodaray.wrap_model(AutoModelForCausalLM.from_config(cfg), None, name=f"tiny-{name}")
-
-
-def neo_llama(device: str):
-    """A Llama of the TinyStories-33M shape (width 768, 4 layers, 16 heads, vocab 50,257):
-    the neo case's arithmetic with an attention a CUDA graph can capture."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import sodaray
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=50257,
-        hidden_size=768,
-        intermediate_size=3072,
-        num_hidden_layers=4,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=2048,
-        initializer_range=0.1,
-    )
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg)
-    return sodaray.wrap_model(model, None, name="neo-shape-llama")
 
 
 if __name__ == "__main__":

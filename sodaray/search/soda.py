@@ -295,9 +295,7 @@ class SodaBatch:
                 self.executor.forget(self.owner)
                 self._addresses = addresses
             key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
-        h = self.state.host
-        period = np.where(h["resets"], h["reset"], 0)
-        resetting = bool(((period > 0) & (steps_after % np.maximum(period, 1) == 0)).any())
+        resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
             key = (*key, resetting)
         status = self.executor.run(
@@ -329,8 +327,8 @@ class SodaBatch:
             tokens, loss, passed = views[0][:rows], views[1][:slots], views[2][:slots]
         else:
             tokens, loss, passed = status.tokens, status.loss, status.passed.numpy()
-        ids, row_slot, row_offset = s.host["id"].copy(), s.row_slot.copy(), s.row_offset.copy()
-        return _Launch(ids, row_slot, row_offset, tokens, loss, passed, event)
+        # The arrays themselves: a composition change makes new ones (`SodaState.remove`).
+        return _Launch(s.host["id"], s.row_slot, s.row_offset, tokens, loss, passed, event)
 
     def _outcome(self, launch: _Launch | None, positions: int, useful: int) -> StepOutcome:
         """`launch`'s outcome in the current slot order: the slots it covers (those in the batch
@@ -386,7 +384,7 @@ class SodaBatch:
         consumed in, so a sample follows the same trajectory whatever its batch neighbours,
         its slot, or the actor a retried shard lands on."""
         h = self.state.host
-        due = np.flatnonzero((h["reinit"] > 0) & (steps_after % np.maximum(h["reinit"], 1) == 0))
+        due = np.flatnonzero(self.state.due("reinit", steps_after))
         if not len(due):
             return
         vocab = self.state.z.shape[-1]

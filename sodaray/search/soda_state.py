@@ -47,8 +47,7 @@ HOST_ARRAYS = {
     "bias": bool,
     "anneals": bool,  # temperature_end set and not the temperature
     "decays": bool,  # decay below 1
-    "resets": bool,  # moment resets on
-    "reset": np.int64,  # their period (the host knows whether a step resets any slot)
+    "reset": np.int64,  # 0: no moment resets (the host knows whether a step resets any slot)
     "mean": bool,  # loss_reduction "mean": the slot's loss is averaged over its config's slots
     "config": np.int64,  # index into `configs`
     "group": np.int64,  # index into `groups`: the slot's objective and tolerance
@@ -126,8 +125,7 @@ class SodaState:
                 ("bias", c.bias_correction),
                 ("anneals", end != c.temperature),
                 ("decays", c.use_decay and c.decay != 1.0),
-                ("resets", c.use_resets),
-                ("reset", c.reset_period),
+                ("reset", c.reset_period if c.use_resets else 0),
                 ("mean", c.loss_reduction == "mean"),
                 ("config", self.configs.setdefault(key, len(self.configs))),
                 ("group", self.groups.index(group)),
@@ -184,14 +182,23 @@ class SodaState:
         self.rows.remove(row_left, row_holes, row_movers)
         renumber = np.arange(count)
         renumber[movers] = holes
-        self.row_slot = renumber[apply_plan(self.row_slot, row_left, row_holes, row_movers)]
-        self.row_offset = apply_plan(self.row_offset, row_left, row_holes, row_movers)
+        # New arrays, not the old ones moved in place: a launched step's status holds the old
+        # (`soda._Launch`), and reads its slots' rows from them a step later.
+        row_slot = apply_plan(self.row_slot.copy(), row_left, row_holes, row_movers)
+        self.row_slot = renumber[row_slot]
+        self.row_offset = apply_plan(self.row_offset.copy(), row_left, row_holes, row_movers)
         self.context = apply_plan(self.context, left, holes, movers)
         self.misses = apply_plan(self.misses, left, holes, movers)
         self.slots.remove(left, holes, movers)
         for name in self.host:
-            self.host[name] = apply_plan(self.host[name], left, holes, movers)
+            self.host[name] = apply_plan(self.host[name].copy(), left, holes, movers)
         self.dirty = True
+
+    def due(self, name: str, steps_after: np.ndarray) -> np.ndarray:
+        """Which slots' `name` schedule ("reset", "reinit") fires after a step that leaves them
+        at `steps_after` steps (a period of 0: never)."""
+        period = self.host[name]
+        return (period > 0) & (steps_after % np.maximum(period, 1) == 0)
 
     def slot_rows(self) -> list[np.ndarray]:
         """Each slot's rows in input order."""
@@ -213,7 +220,7 @@ class SodaState:
             bool(h["bias"].any()),
             bool(h["anneals"].any()),
             bool(h["decays"].any()),
-            bool(h["resets"].any()),
+            bool((h["reset"] > 0).any()),
         )
 
     def loss_weights(self) -> np.ndarray | None:
