@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -30,48 +31,100 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # A matmul over few rows takes other BLAS kernels, which round differently, and how few depends
 # on the inner dimension: MKL on one thread gives every row the same bits from 3 rows up at an
 # inner dimension of 64, 8 at 172, 11 at 256 and 16 from 384 up (measured on this project's
-# 2-core VM; on sixteen threads more). And an elementwise kernel computes the last (size mod
-# vector width) elements of a tensor in scalar code, which rounds transcendental functions
-# (SiLU's exp) differently from its vector code. So every pass gets zero rows appended: at least
-# one (the tail falls on it) and enough to reach this machine's threshold (`invariant_rows`,
-# measured over inner dimensions from 64 to 4096; wider ones, up to a 151936-token vocabulary,
-# gave the same 16 here); their results are dropped. On one thread (a CPU replica's default)
-# a search's arithmetic is then bit for bit the same whatever else is in its batch
-# (`tests/test_invert.py`, `tests/test_replicas.py`); on more, large elementwise ops are split
-# among threads at positions that move with the batch's size.
-_INVARIANT_ROWS: dict[tuple[str, int], int] = {}
-PROBE_ROWS = 64  # the largest threshold looked for
+# 2-core VM, AVX-512; on sixteen threads more). MKL's AVX2 kernels on an Intel CPU also round
+# the last rows of a product otherwise when the row count leaves a remainder by their block of
+# rows: only multiples of 12 rows, from 72 up, gave every row its bits (measured on the same VM
+# with MKL_ENABLE_INSTRUCTIONS=AVX2; an AMD EPYC's AVX2 path needed no multiple). And an
+# elementwise kernel computes the last (size mod vector width) elements of a tensor in scalar
+# code, which rounds transcendental functions (SiLU's exp) differently from its vector code. So
+# every pass gets zero rows appended: at least one (the tail falls on it), and enough to reach
+# this machine's row rule (`row_rule`: a least count and a multiple, measured over inner
+# dimensions from 64 to 4096; wider ones, up to a 151936-token vocabulary, gave the same here);
+# their results are dropped. On one thread (a CPU replica's default) a search's arithmetic is
+# then bit for bit the same whatever else is in its batch (`tests/test_invert.py`,
+# `tests/test_replicas.py`, on the other instruction sets by `tests/test_contract.py`); on more,
+# large elementwise ops are split among threads at positions that move with the batch's size.
+_ROW_RULES: dict[tuple[str, int], tuple[int, int]] = {}
+PROBE_ROWS = 160  # the largest row count a CPU probe looks at
 # Inner dimensions probed: the threshold grows with it and then levels off (16 rows from 384 up
-# on one thread here); a sample of the widths real models have, a vocabulary's included.
-PROBE_INNER = (64, 172, 512, 896, 2048, 4096)
+# on one thread here); a sample of the widths real models have, a vocabulary's included. Every
+# row count is tried at the narrow ones; the wide ones (most of the probe's time) check the rule
+# found, multiple by multiple.
+PROBE_INNER = (64, 172, 512, 896)
+PROBE_WIDE = (2048, 4096)
+MAX_MULTIPLE = 32
+WIDE_STREAK = 6
+
+
+def _probe_case(inner: int, rows: int, gen: torch.Generator, device: torch.device):
+    w = torch.randn(64, inner, generator=gen).to(device)
+    x = torch.randn(rows, inner, generator=gen).to(device)
+    g = torch.randn(rows, 64, generator=gen).to(device)
+    return w, x, g, x @ w.T, g @ w
+
+
+def _keeps_bits(rows: int, cases: list) -> bool:
+    """Whether a product over the first `rows` rows gives each its bits of the larger one, both
+    ways (x @ W.T and g @ W), in every case."""
+    return all(
+        torch.equal(x[:rows] @ w.T, forward[:rows]) and torch.equal(g[:rows] @ w, backward[:rows])
+        for w, x, g, forward, backward in cases
+    )
+
+
+def row_rule(device: torch.device) -> tuple[int, int]:
+    """(least, multiple): a matmul on `device` over `least` rows or more, a multiple of
+    `multiple`, gives each row the same bits as a larger one does, at every inner dimension
+    probed and the current thread count; measured once per process (a tenth of a second on a
+    CPU). A GPU is probed for the least count only: cuBLAS picks kernels by the row count, and
+    the one-answer contract is a CPU's."""
+    key = (device.type, torch.get_num_threads() if device.type == "cpu" else 0)
+    if key in _ROW_RULES:
+        return _ROW_RULES[key]
+    gen = torch.Generator().manual_seed(0)
+    cpu = device.type == "cpu"
+    most = PROBE_ROWS if cpu else 64
+    narrow = [_probe_case(i, 2 * most, gen, device) for i in PROBE_INNER]
+    if not cpu:
+        narrow += [_probe_case(i, 2 * most, gen, device) for i in PROBE_WIDE]
+    good = [_keeps_bits(rows, narrow) for rows in range(most + 1)]
+    least, multiple = most + 1, 1
+    for step in range(1, MAX_MULTIPLE + 1 if cpu else 2):
+        bad = [rows for rows in range(step, most + 1, step) if not good[rows]]
+        floor = bad[-1] + step if bad else step
+        if floor + 4 * step <= most or not cpu:  # seen to hold over four multiples and more
+            least, multiple = floor, step
+            break
+    if cpu:  # the wide dimensions: raise the floor until WIDE_STREAK multiples in a row hold
+        wide = [_probe_case(i, 2 * most, gen, device) for i in PROBE_WIDE]
+        rows, streak = least, 0
+        while streak < WIDE_STREAK and rows <= most:
+            streak = streak + 1 if _keeps_bits(rows, wide) else 0
+            least = least if streak else rows + multiple
+            rows += multiple
+    _ROW_RULES[key] = (least, multiple)
+    log.info(
+        "matmuls on %s keep each row's bits from %d rows, in multiples of %d", key, least, multiple
+    )
+    return least, multiple
 
 
 def invariant_rows(device: torch.device) -> int:
-    """The fewest rows from which a matmul on `device` gives each row the same bits as in a
-    larger one, both ways (x @ W.T and g @ W), at every inner dimension probed and the current
-    thread count; measured once (a few milliseconds)."""
-    key = (device.type, torch.get_num_threads() if device.type == "cpu" else 0)
-    if key not in _INVARIANT_ROWS:
-        gen = torch.Generator().manual_seed(0)
-        worst = 0
-        for inner in PROBE_INNER:
-            w = torch.randn(64, inner, generator=gen).to(device)
-            x = torch.randn(2 * PROBE_ROWS, inner, generator=gen).to(device)
-            g = torch.randn(2 * PROBE_ROWS, 64, generator=gen).to(device)
-            forward, backward = x @ w.T, g @ w
-            for rows in range(PROBE_ROWS, worst, -1):
-                same = torch.equal(x[:rows] @ w.T, forward[:rows])
-                if not (same and torch.equal(g[:rows] @ w, backward[:rows])):
-                    worst = rows
-                    break
-        _INVARIANT_ROWS[key] = worst + 1
-        log.info("matmuls on %s are row-invariant from %d rows", key, worst + 1)
-    return _INVARIANT_ROWS[key]
+    """The fewest rows from which a matmul on `device` can give each row its bits of a larger
+    one (`row_rule`)."""
+    return row_rule(device)[0]
+
+
+def rows_invariant(rows: int, device: torch.device) -> bool:
+    """Whether a matmul over `rows` rows on `device` gives each row its bits of any larger one
+    that also keeps the rule (`row_rule`): the test a caller makes before it skips the padding."""
+    least, multiple = row_rule(device)
+    return rows >= least and rows % multiple == 0
 
 
 def pad_rows(x: Tensor, rows_per_item: int = 1, items: int = 0) -> Tensor:
-    """`x` with zero items appended along dim 0: at least one, and enough for `invariant_rows`
-    rows in all (an item of a (B, L, d) batch is L rows). `items`: a static batch size (the
+    """`x` with zero items appended along dim 0: at least one, and enough for `row_rule`'s rows
+    in all (an item of a (B, L, d) batch is L rows). `items`: a static batch size (the
     scheduler's), whose padded size is then the same for any count of items up to it."""
     extra = padding_items(x.shape[0], x.device, rows_per_item, items)
     return torch.cat([x, _zeros((extra, *x.shape[1:]), x.dtype, x.device)])
@@ -80,8 +133,11 @@ def pad_rows(x: Tensor, rows_per_item: int = 1, items: int = 0) -> Tensor:
 def padding_items(count: int, device: torch.device, rows_per_item: int = 1, items: int = 0) -> int:
     """How many zero items `pad_rows` appends to `count` items (the one rule, for a caller that
     keeps its own zero rows after its tensor instead)."""
-    need = -(-invariant_rows(device) // max(rows_per_item, 1))
-    return max(1, need - count, items + 1 - count)
+    least, multiple = row_rule(device)
+    per = max(rows_per_item, 1)
+    total = max(count + 1, -(-least // per), items + 1)
+    step = multiple // math.gcd(multiple, per)  # items whose rows make a multiple
+    return -(-total // step) * step - count
 
 
 _ZEROS: dict[tuple[object, ...], Tensor] = {}
@@ -307,7 +363,7 @@ class LoadedModel:
             if (
                 flat.device.type == "cpu"
                 and head.weight.dtype == torch.float32
-                and len(flat) >= invariant_rows(flat.device)
+                and rows_invariant(len(flat), flat.device)
             ):
                 # Enough rows: each has its bits of any larger product (what the padding is
                 # for), and a step neither copies the states nor, in its backward, the logits.

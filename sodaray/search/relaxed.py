@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sodaray.models import invariant_rows, pad_rows, padding_items
+from sodaray.models import pad_rows, padding_items, rows_invariant
 from sodaray.search.adam import Hyper
 
 
@@ -122,9 +122,9 @@ class RelaxedEmbedding(torch.autograd.Function):
         probs, embedding = ctx.saved_tensors
         g = grad_out.to(embedding.dtype)
         grad = ctx.ws.grad
-        if len(g) >= invariant_rows(g.device) and embedding.dtype == grad.dtype:
+        if rows_invariant(len(g), g.device) and embedding.dtype == grad.dtype:
             torch.mm(g, embedding.T, out=grad)
-        else:  # few rows (padded: see `invariant_rows`), or a bfloat16 pass: copied in after
+        else:  # rows off the rule (padded: see `row_rule`), or a bfloat16 pass: copied in after
             grad.copy_((pad_rows(g) @ embedding.T)[: len(g)])
         if SOFTMAX_BACKWARD_OUT is not None:
             SOFTMAX_BACKWARD_OUT(grad, probs, -1, probs.dtype, grad_input=grad)
