@@ -66,7 +66,10 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # At k = 0 (k = n) the bound is 0 (1) exactly; the formula's rounding left 3e-17 above
+    # it, an interval that did not hold its own estimate.
+    low = 0.0 if k == 0 else max(0.0, centre - half)
+    return (low, 1.0 if k == n else min(1.0, centre + half))
 
 
 def proportion(k: int, n: int) -> Proportion:

@@ -56,10 +56,16 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     assert Path(run.storage).name == "study.journal" and Path(run.storage).is_file()
     study = load(run)
     assert len(study.trials) == 2
-    # The exact fraction within 20 and within 40 steps (2 checkpoints of 40), never falling.
+    # At 20 and 40 steps (2 checkpoints of 40): the exact rate, ties broken by the loss there
+    # (below one sample's worth: the rate is its whole part in sixths), never falling in rate;
+    # at the budget, the trial's own exact rate.
     for t in study.trials:
         assert sorted(t.intermediate_values) == [20, 40]
-        assert t.intermediate_values[20] <= t.intermediate_values[40] == t.value
+        early, last = (int(t.intermediate_values[s] * 6 + 1e-9) for s in (20, 40))
+        assert early <= last == round(t.value * 6)
+        assert t.intermediate_values == {
+            int(s): v["loss"] for s, v in t.user_attrs["signals"].items()
+        }
     # User attributes, for optuna-dashboard and the optuna CLI: what the study and each trial were.
     assert study.user_attrs["model"] == str(STORIES) and study.user_attrs["max_steps"] == 40
     assert study.user_attrs["fixed"] == {"max_batch_size": 16}
@@ -161,7 +167,11 @@ BAD = [
     ({"space": {"beta1": {"low": 0.0, "high": 0.9, "log": True}}}, "space.beta1.low"),
     ({"space": {"temperature": {"low": 0.01, "high": 0.1}}, "sampler": "grid"}, "needs a `step`"),
     ({"sampler": "bayes"}, "sampler: must be one of tpe, random, grid, cmaes, not 'bayes'"),
-    ({"pruner": "sometimes"}, "pruner: must be one of median, hyperband, none, not 'sometimes'"),
+    (
+        {"pruner": "sometimes"},
+        "pruner: must be one of median, successive_halving, hyperband, none, not 'sometimes'",
+    ),
+    ({"signal": "vibes"}, "signal: must be one of loss, tokens, exact, not 'vibes'"),
     ({"metric": "speed"}, "metric: must be one of exact, "),
     ({"trials": 0}, "trials: must be at least 1, not 0"),
     ({"space": {}}, "space: a non-empty mapping"),

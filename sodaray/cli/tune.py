@@ -44,6 +44,14 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait-for-nodes", type=float, default=0.0, metavar="SECONDS", help=WAIT_HELP)
     p.add_argument("--json", action="store_true", help="the leaderboard as one JSON object")
     p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="the held-out verdict on the study in --out: its best trial and the model's "
+        "defaults on inputs it never saw (data.build's next seed), at its step budget; each "
+        "exact rate with its Wilson interval, and McNemar's paired test of the difference "
+        "(rows in OUT/<name>/verdict/); runs no trial",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="check the tuning file and print the study it describes and what it will cost at "
@@ -95,6 +103,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     check_rate(args.rate)
     costs = load_costs(args.costs)
+    if args.evaluate:
+        return cmd_evaluate(spec, args)
     if args.dry_run:
         study = describe(spec, args, costs)
         print(json.dumps(study, default=str))
@@ -157,6 +167,26 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if failure is not None:
         print(f"sodaray: error: {failure}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_evaluate(spec, args: argparse.Namespace) -> int:
+    """`tune --evaluate`: the verdict's lines, or with --json its object."""
+    from sodaray.tuner.verdict import evaluate
+
+    verdict = evaluate(
+        spec,
+        args.out,
+        storage=args.storage,
+        model=args.model,
+        workers=args.workers,
+        address=args.address,
+        wait_for_nodes=args.wait_for_nodes,
+    )
+    if args.json:
+        print(json.dumps(verdict.to_dict(), default=str))
+    else:
+        print("\n".join(verdict.lines()))
     return 0
 
 
@@ -270,6 +300,13 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
     for t in board["top"]:
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
         print(f"{t['rank']:>3}. trial {t['trial']:>4}  {t['value']:.4f}  {params}")
+    steps = board["sample_steps"]
+    if steps["spent"]:
+        share = steps["saved"] / (steps["spent"] + steps["saved"])
+        print(
+            f"sample-steps: {steps['spent']:,} spent, {steps['saved']:,} saved by pruning at "
+            f"most ({share:.0%} of what the trials could have taken)"
+        )
     if run.preset_path:
         print(f"best preset: {run.preset_path}")
     for plot in run.plots:

@@ -194,10 +194,13 @@ class ReplicaWorker:
         finished: list[int] = []
 
         def checkpoint(index: int, step: int) -> None:  # on the engine thread, in step order
-            done = [work.results[r] for r in finished if work.results[r].steps <= step]
-            found = sum(r.found for r in done)
-            exact = sum(bool(r.exact) for r in done)
-            events.put(Checkpoint(unit.key, index, step, found, exact, unit.samples))
+            done = {r: work.results[r] for r in finished if work.results[r].steps <= step}
+            found = sum(r.found for r in done.values())
+            exact = sum(bool(r.exact) for r in done.values())
+            losses, shares = at_checkpoint(unit, done, work.marks.pop(index, {}))
+            events.put(
+                Checkpoint(unit.key, index, step, found, exact, unit.samples, losses, shares)
+            )
 
         def ended() -> None:  # on the engine thread: no progress item after the end
             self.reporter.done(unit.key)
@@ -251,7 +254,7 @@ class ReplicaWorker:
             raise EngineStopped(f"the engine stopped: {first_line(work.error)}") from work.error
         rows = sorted(work.results)
         results = [work.results[r] for r in rows]
-        yield self._finished(unit, results, rows, start, work.cancelled)
+        yield self._finished(unit, results, rows, start, work.cancelled, work.sample_steps())
 
     def targets(self, unit: Unit) -> Any:
         """The unit's target set, built once for rows and an observation seen before (a study's
@@ -289,7 +292,13 @@ class ReplicaWorker:
         )
 
     def _finished(
-        self, unit: Unit, results: list[Any], rows: list[int], start: float, cancelled: bool
+        self,
+        unit: Unit,
+        results: list[Any],
+        rows: list[int],
+        start: float,
+        cancelled: bool,
+        sample_steps: int | None = None,
     ) -> Finished:
         table = self._rows(unit, results, rows)
         took = self.engine.take_occupancy()
@@ -302,4 +311,25 @@ class ReplicaWorker:
             took.slot_steps,
             took.capacity_steps,
             took.steps,
+            sum(r.steps for r in results) if sample_steps is None else sample_steps,
         )
+
+
+def at_checkpoint(
+    unit: Unit, done: dict[int, Any], marks: dict[int, tuple[float, list[int]]]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each sample's loss and share of its true tokens at a checkpoint: a finished one's
+    (`done`, by row) at its end, a running one's at the checkpoint's step (`marks`, by row).
+    A candidate of another length than the true input holds none of its tokens."""
+    losses, shares = [], []
+    for row, true in enumerate(unit.rows["tokens"]):
+        if row in done:
+            loss, tokens = done[row].final_loss, done[row].tokens
+        else:
+            loss, tokens = marks.get(row, (float("nan"), []))
+        true = list(true)
+        same = len(tokens) == len(true) > 0
+        losses.append(float(loss))
+        right = sum(a == b for a, b in zip(tokens, true, strict=True)) if same else 0
+        shares.append(right / len(true) if same else 0.0)
+    return tuple(losses), tuple(shares)

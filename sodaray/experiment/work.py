@@ -50,7 +50,9 @@ class Unit:
 @dataclass(frozen=True)
 class Checkpoint:
     """Every sample of a unit has finished or taken `step` steps: the counts of those that
-    finished within `step` steps (the same whatever else shared the replica's batch)."""
+    finished within `step` steps, and each sample's loss and share of its true tokens there
+    (its last step's for one that finished, else at `step`: `search.work.Work.marks`); all of
+    it the same whatever else shared the replica's batch."""
 
     key: str
     index: int
@@ -58,6 +60,8 @@ class Checkpoint:
     found: int
     exact: int
     total: int
+    losses: tuple[float, ...] = ()
+    shares: tuple[float, ...] = ()  # of each sample's positions, those holding its true token
 
 
 @dataclass(frozen=True)
@@ -112,3 +116,4 @@ class Finished:
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
+    sample_steps: int = 0  # the unit's own: its samples' steps, a cancel's stopped ones too

@@ -34,7 +34,17 @@ def leaderboard(study: Any, top: int = 10) -> dict[str, Any]:
             {"rank": rank, "trial": t.number, "value": t.value, "params": t.params}
             for rank, t in enumerate(done[:top], start=1)
         ],
+        "sample_steps": spent_and_saved(trials),
     }
+
+
+def spent_and_saved(trials: list[Any]) -> dict[str, int]:
+    """The sample-steps the study's trials spent (pruned ones' included), and those the pruner
+    saved at most (each pruned trial's unfinished samples at their whole budget, less what they
+    had taken): from the trials' attributes, so a resumed study counts all its runs."""
+    spent = sum(int(t.user_attrs.get("sample_steps", 0)) for t in trials)
+    saved = sum(int(t.user_attrs.get("saved_steps", 0)) for t in trials)
+    return {"spent": spent, "saved": saved}
 
 
 def history_figure(study: Any, value_label: str = "objective value", metric: str = "exact"):
@@ -70,8 +80,9 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
         *zip(*line, strict=True), where="post", color="C3", linestyle="--", label="best so far"
     )
     if pruned:
-        # Checkpoints report the exact rate (`trial.report`): on the value's axis when the
-        # metric is that rate (or the rate with a tie-break below one sample), else their own.
+        # Checkpoints report the exact rate, ties broken below one sample's worth
+        # (`tuner.study.checkpoint_value`): on the value's axis when the metric is that rate
+        # (or the rate with a tie-break), else on their own.
         rate_ax = ax if metric != "exact_per_second" else ax.twinx()
         if rate_ax is not ax:
             rate_ax.set_ylabel("exact rate at the last checkpoint (pruned)")
@@ -83,7 +94,7 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
                 last,
                 marker="x",
                 color="grey",
-                label="pruned (exact rate at its last checkpoint)",
+                label="pruned (its last checkpoint's exact rate, tie-broken)",
                 zorder=2,
             )
         )

@@ -61,6 +61,7 @@ class Pool:
                 ("max_steps", np.int64),
                 ("started", np.float64),
                 ("deadline", np.float64),
+                ("mark", np.int64),  # its work's next checkpoint step (`Work.marks`)
             )
         }
 
@@ -91,15 +92,17 @@ class Pool:
             work._active += 1
             self.works.append(work)
             limit = work.config.max_seconds
+            base = work._partial.get(row, (0, 0.0, []))[0]
             for name, value in (
                 ("row", row),
                 ("stage", stage),
                 ("steps", 0),
                 ("settled", 0),
-                ("base", work._partial.get(row, (0, 0.0, []))[0]),
+                ("base", base),
                 ("max_steps", work.config.step_budget()),
                 ("started", now),
                 ("deadline", np.inf if limit is None else now + limit),
+                ("mark", _next_mark(work, base)),
             ):
                 add[name].append(value)
         for name, values in add.items():
@@ -124,23 +127,34 @@ class Pool:
         # The outcome's time: when its step was launched (the last call's clock, a step late).
         now, self.clock = (self.clock, time.perf_counter()) if lag else (time.perf_counter(),) * 2
         cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
+        marked = np.flatnonzero(settled & (s["base"] + s["settled"] == s["mark"]) & ~cancelled)
+        if len(marked):
+            self.mark(marked, out)
         ended = out.found | (s["settled"] >= s["max_steps"]) | (now >= s["deadline"])
         done = (settled & ended) | cancelled
         if done.any():
             self.finish(np.flatnonzero(done), cancelled, out, now)
         return out.positions, out.useful
 
+    def mark(self, slots: np.ndarray, out: Any) -> None:
+        """`slots` are at a checkpoint of their works: keep their loss and candidate there."""
+        s = self.slot
+        tokens = self.batch.candidates(slots)
+        for slot, loss, candidate in zip(slots, _losses(out, slots), tokens, strict=True):
+            work, total = self.works[slot], int(s["base"][slot] + s["settled"][slot])
+            index = work.checkpoints.index(total)
+            work.marks.setdefault(index, {})[int(s["row"][slot])] = (float(loss), candidate)
+            s["mark"][slot] = _next_mark(work, total)
+
     def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
         """Deliver what `slots` found (cancelled ones aside) and remove them."""
         s, count = self.slot, len(self.works)
+        for slot in slots[cancelled[slots]]:  # the steps a cancel stopped, for its work's count
+            self.works[slot].dropped_steps += int(s["settled"][slot])
         live = slots[~cancelled[slots]]
         if len(live):
             tokens = self.batch.candidates(live)
-            if isinstance(out.loss, Tensor):
-                loss = out.loss.detach()[torch.as_tensor(live, device=out.loss.device)]
-                losses = loss.float().cpu().numpy()
-            else:  # on the host already, or read from there for these slots only
-                losses = out.loss[live]
+            losses = _losses(out, live)
             for j, slot in enumerate(live):
                 work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
                 seconds = now - float(s["started"][slot])
@@ -180,3 +194,19 @@ class Pool:
             key = id(work)
             out[key] = min(out.get(key, int(steps)), int(steps))
         return out
+
+
+def _losses(out: Any, slots: np.ndarray) -> np.ndarray:
+    """A step outcome's loss for `slots`, on the host (read from the device for these only)."""
+    if isinstance(out.loss, Tensor):
+        loss = out.loss.detach()[torch.as_tensor(slots, device=out.loss.device)]
+        return loss.float().cpu().numpy()
+    return out.loss[slots]  # on the host already, or read from there for these slots only
+
+
+NO_MARK = np.iinfo(np.int64).max
+
+
+def _next_mark(work: Work, steps: int) -> int:
+    """The first of `work`'s checkpoint steps past `steps` (NO_MARK: none)."""
+    return next((c for c in work.checkpoints if c > steps), NO_MARK)

@@ -17,7 +17,9 @@ class Work:
     at, in order (the next is tried when one ends unfound). `on_result(row, result)` runs as
     each target finishes; `on_checkpoint(index, step)` once every target has finished or taken
     `checkpoints[index]` steps; `on_done()` once every target has finished (or the work was
-    cancelled, or failed: see `error`)."""
+    cancelled, or failed: see `error`). At each checkpoint the engine keeps, for every target
+    still searching then, its loss and candidate at exactly that step (`marks`): what a
+    tuner's early value is made of, the same whatever else shared the batch."""
 
     targets: TargetSet
     config: SearchConfig
@@ -31,10 +33,22 @@ class Work:
     cancelled: bool = False
     error: BaseException | None = None
     reported: int = 0  # checkpoints reported so far
+    # checkpoint index -> row -> (loss, candidate tokens) at that step, for targets running then
+    marks: dict[int, dict[int, tuple[float, list[int]]]] = field(default_factory=dict)
+    dropped_steps: int = 0  # steps of targets cancelled mid-search
     _partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
     _queued: int = 0
     _active: int = 0
     _finished: bool = False
+
+    def sample_steps(self) -> int:
+        """The steps its targets have taken so far: finished ones', those between two lengths,
+        and those a cancel stopped (running slots' steps aside: read this once it is done)."""
+        return (
+            sum(r.steps for r in self.results.values())
+            + sum(steps for steps, _, _ in self._partial.values())
+            + self.dropped_steps
+        )
 
     def ordered(self) -> list[InversionResult]:
         """The results in target order (all targets must have finished)."""

@@ -30,7 +30,10 @@ from sodaray.results import write_table_atomic
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
+    SIGNALS,
     ask_trial,
+    checkpoint_steps,
+    checkpoint_value,
     grid_left,
     open_storage,
     open_study,
@@ -209,10 +212,15 @@ def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
         ) from exc
 
 
-def checkpoints(max_steps: int, count: int) -> tuple[int, ...]:
-    """The steps at which a trial reports its exact rate: `count` evenly spaced, the last at
-    its budget."""
-    return tuple(sorted({max(1, -(-(j + 1) * max_steps // count)) for j in range(count)}))
+def saved_steps(unit: Unit, table: Any, spent: int, cancelled: bool) -> int:
+    """The sample-steps a cancel (the pruner's) saved a trial at most: what its samples could
+    have taken (finished ones their steps, each unfinished one its whole budget) beyond what
+    it spent; 0 for a trial that ran to its end."""
+    if not cancelled:
+        return 0
+    taken = sum(int(x) for x in table.column("steps").to_pylist())
+    most = taken + (unit.samples - table.num_rows) * unit.search.step_budget()
+    return max(0, most - spent)
 
 
 class _Trials:
@@ -236,6 +244,7 @@ class _Trials:
         self.distributions = spec.distributions()
         self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
         self.reported: dict[str, set[int]] = {}
+        self.signals: dict[str, dict[str, dict[str, float]]] = {}  # unit key -> step -> values
         self.pruned: set[str] = set()
 
     def drain(
@@ -272,7 +281,7 @@ class _Trials:
             rows=self.rows,
             search=spec.config(params),
             objective=spec.objective_for(params),
-            checkpoints=checkpoints(spec.max_steps, spec.checkpoints),
+            checkpoints=checkpoint_steps(spec.max_steps, spec.checkpoints),
             context={
                 "dataset": spec.data.name,
                 "sweep": f"tune:{spec.name}",
@@ -313,7 +322,17 @@ class _Trials:
         if isinstance(output, Checkpoint):
             if output.step not in self.reported[unit.key]:  # a retried trial reports again
                 self.reported[unit.key].add(output.step)
-                trial.report(output.exact / output.total, output.step)
+                values = {
+                    name: checkpoint_value(
+                        name, output.exact, output.total, output.losses, output.shares
+                    )
+                    for name in SIGNALS
+                }
+                # Every signal's value, for a reader choosing one (`benchmarks/bench_prune.py`).
+                signals = self.signals.setdefault(unit.key, {})
+                signals[str(output.step)] = values
+                trial.set_user_attr("signals", signals)
+                trial.report(values[self.spec.signal], output.step)
                 if unit.key not in self.pruned and trial.should_prune():
                     self.pruned.add(unit.key)
                     self.group.cancel(unit.key)
@@ -328,6 +347,7 @@ class _Trials:
             return TrialOutcome(trial.number, "failed", None, trial.params, seconds, output.error)
         assert isinstance(output, Finished)
         del self.live[unit.key]
+        self.signals.pop(unit.key, None)
         table = output.table
         path = trial_file(self.run.out, trial.number)
         write_table_atomic(table, path, self.run.out.parent)  # OUT, the folder the user gave
@@ -342,6 +362,8 @@ class _Trials:
             ("total", table.num_rows),  # a pruned trial's: the samples that finished
             ("samples", unit.samples),  # the samples it was given
             ("seconds", round(float(output.seconds), 3)),
+            ("sample_steps", output.sample_steps),  # what it spent, a pruned one's too
+            ("saved_steps", saved_steps(unit, table, output.sample_steps, output.cancelled)),
         ):
             trial.set_user_attr(name, attr)
         if unit.key in self.pruned:

@@ -96,8 +96,15 @@ class TuningSpec:
     trials: int = field(default=20, metadata=AT_LEAST_1)
     metric: Literal["exact", "exact_per_second", "exact_then_loss"] = "exact"
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
-    pruner: Literal["median", "hyperband", "none"] = "median"
+    # How trials are stopped early (`tuner.study.make_pruner`): successive halving over step
+    # budgets (rungs at the first checkpoint's steps, doubling), Hyperband's brackets of it,
+    # the median rule, or none.
+    pruner: Literal["median", "successive_halving", "hyperband", "none"] = "median"
     checkpoints: int = field(default=4, metadata=AT_LEAST_1)  # pruning reports per input length
+    # What each checkpoint reports to the pruner (`tuner.study.checkpoint_value`): the exact
+    # rate, with ties broken by the mean relaxed loss (`loss`) or by the share of true tokens
+    # in place (`tokens`), or the exact rate alone. The study's value stays `metric`'s.
+    signal: Literal["loss", "tokens", "exact"] = "loss"
     seed: int = 0
     storage: str | None = None
     study_name: str | None = None

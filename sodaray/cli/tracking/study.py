@@ -172,7 +172,8 @@ class StudyTracker:
         log_params(client, run_id, self.trial_params(trial.params, trial.number))
         # `value`: under the file's metric (the `metric` param), as Optuna calls it.
         metrics = [] if trial.value is None else [("value", trial.value, 0)]
-        # The exact rate at each pruning checkpoint, as reported to the pruner.
+        # What each checkpoint reported to the pruner: the exact rate, ties broken as the
+        # file's `signal` says (`tuner.study.checkpoint_value`).
         metrics += [("checkpoint", v, s) for s, v in trial.intermediate_values.items()]
         path = trial_file(self.folder, trial.number)
         if path.is_file():
@@ -222,6 +223,8 @@ class StudyTracker:
         states = board.get("states", {})
         metrics = [(f"trials_{k}", float(v), 0) for k, v in states.items()]
         metrics.append(("trials", float(board.get("trials", 0)), 0))
+        steps = board.get("sample_steps", {})
+        metrics += [(f"sample_steps_{k}", float(v), 0) for k, v in steps.items()]
         log_metrics(client, parent, metrics)
         if board.get("top"):
             set_tags(client, parent, {"sodaray.best_trial": board["top"][0]["trial"]})
