@@ -178,7 +178,7 @@ def test_a_study_reports_its_signal_counts_its_steps_and_gives_a_verdict(
         key=lambda t: t.value,
     )
     assert verdict["trial"] == best.number and verdict["samples"] == 6
-    assert verdict["data"] == "validation-test (seed 1)"
+    assert verdict["data"] == "validation-test, seed 1"
     for name in ("tuned", "default"):
         arm = verdict["arms"][name]
         rows = sodaray.results.read_results(arm["rows"]).to_pylist()

@@ -148,7 +148,10 @@ def test_a_study_is_a_parent_run_with_a_child_run_per_trial(store):
     assert p["algorithm"] == "soda" and p["metric"] == "exact" and p["max_steps"] == str(BUDGET)
     assert p["fixed.temperature"] == "0.05" and p["objective.kind"] == "logits"
     assert (p["space.learning_rate.low"], p["space.learning_rate.log"]) == ("0.05", "True")
-    assert (p["sampler"], p["pruner"], p["trials"]) == ("tpe", "median", "2")
+    assert (p["sampler"], p["pruner"], p["trials"]) == ("tpe", "successive_halving", "2")
+    # What the study spent and pruning saved (issue 54), as the leaderboard counts them.
+    assert parent.data.metrics["sample_steps_spent"] > 0
+    assert parent.data.metrics["sample_steps_saved"] >= 0
     assert json.loads(p["overrides"]) == [f"max_steps={BUDGET}"]
     assert parent.data.tags["mlflow.note.content"] == "two trials of SODA's learning rate"
     assert parent.data.metrics["trials_complete"] == 2  # the study's, after the second run

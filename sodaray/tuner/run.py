@@ -12,9 +12,10 @@ tried again when the study is resumed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,21 +128,9 @@ def run_tuning(
     rows, identity = validation_rows(spec, study, out, base)
     check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
     if n_trials:  # a covered grid runs none: no Ray, no actor
-        with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
-            # A batch's worth of trials on each replica, and the next one waiting.
-            group = ActorGroup(
-                spec.model,
-                max_attempts=max_attempts,
-                fill=1.0,
-                min_units=1,
-                replicas=workers,
-                placement=placement,
-            )
+        with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
             loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
-            try:
-                loop.drain(n_trials, on_trial, callbacks)
-            finally:
-                group.kill()
+            loop.drain(n_trials, on_trial, callbacks)
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
@@ -152,6 +141,28 @@ def run_tuning(
     )
     run.plots_skipped = {s.name: s.reason for s in skipped}
     return run
+
+
+@contextlib.contextmanager
+def study_replicas(
+    spec: TuningSpec, workers: int, address: str | None, wait_for_nodes: float, max_attempts: int
+) -> Iterator[ActorGroup]:
+    """`workers` replicas of the study's model on Ray (a fresh local one, or `address`), each
+    taking a batch's worth of trials (or arms) and the next one waiting; killed on the way
+    out."""
+    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
+        group = ActorGroup(
+            spec.model,
+            max_attempts=max_attempts,
+            fill=1.0,
+            min_units=1,
+            replicas=workers,
+            placement=placement,
+        )
+        try:
+            yield group
+        finally:
+            group.kill()
 
 
 def study_folder(out: str | Path, spec: TuningSpec) -> Path:

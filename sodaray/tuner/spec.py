@@ -99,7 +99,7 @@ class TuningSpec:
     # How trials are stopped early (`tuner.study.make_pruner`): successive halving over step
     # budgets (rungs at the first checkpoint's steps, doubling), Hyperband's brackets of it,
     # the median rule, or none.
-    pruner: Literal["median", "successive_halving", "hyperband", "none"] = "median"
+    pruner: Literal["median", "successive_halving", "hyperband", "none"] = "successive_halving"
     checkpoints: int = field(default=4, metadata=AT_LEAST_1)  # pruning reports per input length
     # What each checkpoint reports to the pruner (`tuner.study.checkpoint_value`): the exact
     # rate, with ties broken by the mean relaxed loss (`loss`) or by the share of true tokens

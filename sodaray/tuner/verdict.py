@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sodaray.experiment.cluster import check_address, check_wait, ray_session
+from sodaray.experiment.cluster import check_address, check_wait
 from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
-from sodaray.experiment.group import ActorGroup, Failure, next_event
+from sodaray.experiment.group import Failure, next_event
 from sodaray.experiment.work import Finished, Unit
 from sodaray.metrics import Proportion, proportion
 from sodaray.results import write_table_atomic
+from sodaray.tuner.run import study_folder, study_replicas
 from sodaray.tuner.spec import TuningError, TuningSpec
 
 SIGNIFICANCE = 0.05  # McNemar's p below which the arms are said to differ
@@ -142,7 +143,6 @@ def evaluate(
     rows are written to OUT/<name>/verdict/<arm>.parquet."""
     import optuna
 
-    from sodaray.tuner.run import study_folder
     from sodaray.tuner.study import open_storage, storage_url
 
     check_wait(wait_for_nodes)
@@ -201,7 +201,7 @@ def evaluate(
         trial=best.number,
         value=float(best.value),
         metric=spec.metric,
-        data=f"{data.name} (seed {data.build['seed']})",
+        data=f"{data.name}, seed {data.build['seed']}",
         samples=len(rows["sample_id"]),
         max_steps=spec.max_steps,
         objective=dataclasses.asdict(spec.objective_for({})),
@@ -221,27 +221,16 @@ def _run(
 ) -> dict[str, Any]:
     """The units' result tables, run on `workers` replicas of the study's model."""
     tables: dict[str, Any] = {}
-    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
-        group = ActorGroup(
-            spec.model,
-            max_attempts=max_attempts,
-            fill=1.0,
-            min_units=1,
-            replicas=workers,
-            placement=placement,
-        )
-        try:
-            for unit in units:
-                group.submit(unit)
-            while len(tables) < len(units):
-                event = next_event([group])
-                if event is None:
-                    continue
-                _, unit, output = event
-                if isinstance(output, Failure) and output.final:
-                    raise TuningError(f"{spec.path}: the {unit.key} arm failed: {output.error}")
-                if isinstance(output, Finished):
-                    tables[unit.key] = output.table
-        finally:
-            group.kill()
+    with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
+        for unit in units:
+            group.submit(unit)
+        while len(tables) < len(units):
+            event = next_event([group])
+            if event is None:
+                continue
+            _, unit, output = event
+            if isinstance(output, Failure) and output.final:
+                raise TuningError(f"{spec.path}: the {unit.key} arm failed: {output.error}")
+            if isinstance(output, Finished):
+                tables[unit.key] = output.table
     return tables
