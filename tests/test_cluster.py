@@ -235,7 +235,7 @@ def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):
         "data: {build: {dataset: random, lengths: 1-2, per_length: 2, seed: 0}}\n"
         "fixed: {max_batch_size: 8}\n"
         "space: {learning_rate: {type: float, low: 0.03, high: 0.3, log: true}}\n"
-        "max_steps: 20\ntrials: 3\ncheckpoints: 2\n"
+        "max_steps: 20\ntrials: 3\ncheckpoints: 2\npruner: median\n"
     )
     cluster = TwoNodes(tmp_path, hidden if private else None)
     try:

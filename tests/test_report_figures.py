@@ -219,7 +219,8 @@ def test_history_names_its_metric_and_keeps_its_legend_off_the_points():
     assert ax.get_ylabel() == "exact rate (share of validation samples recovered exactly)"
     legend_is_outside(fig, ax)
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert texts == ["completed", "best so far", "pruned (exact rate at its last checkpoint)"]
+    pruned = "pruned (its last checkpoint's exact rate, tie-broken)"
+    assert texts == ["completed", "best so far", pruned]
     # A metric that is not a rate: the pruned trials' checkpoint rates get their own axis.
     fig = history_figure(study, METRIC_LABELS["exact_per_second"], metric="exact_per_second")
     assert len(fig.axes) == 2 and "checkpoint" in fig.axes[1].get_ylabel()

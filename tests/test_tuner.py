@@ -38,6 +38,8 @@ def write_tuning(tmp_path: Path, **overrides) -> Path:
         "max_steps": 40,
         "trials": 2,
         "checkpoints": 2,
+        # The median rule waits for 3 trials: a study of 2 or 3 runs each to its end.
+        "pruner": "median",
     }
     spec.update(overrides)
     path = tmp_path / "tune.yaml"
