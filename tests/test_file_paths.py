@@ -155,6 +155,9 @@ def test_tune_dry_run_shows_each_range_and_an_estimate(tmp_path, capsys):
         "step": None,
     }
     assert plan["space"]["learning_rate"]["log"] is True
+    # The shipped file's pruner and what its 2 checkpoints report (issue 54).
+    assert (plan["pruner"], plan["signal"]) == ("successive_halving", "loss")
+    assert plan["checkpoints"] == [300, 600]
     assert plan["space"]["reset_period"] == {
         "type": "int",
         "low": 10,

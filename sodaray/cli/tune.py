@@ -207,6 +207,7 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     from sodaray.experiment.spec import model_defaults
     from sodaray.paths import inside
     from sodaray.tuner.plan import plan_study
+    from sodaray.tuner.study import checkpoint_steps
 
     if args.model is not None:  # as `run_tuning` runs it
         spec = dataclasses.replace(spec, model=spec.model.with_id(args.model))
@@ -222,6 +223,9 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
         "trials": trials,
         "sampler": spec.sampler,
         "pruner": spec.pruner,
+        # What each checkpoint reports to the pruner, and at which steps.
+        "signal": spec.signal,
+        "checkpoints": list(checkpoint_steps(spec.max_steps, spec.checkpoints)),
         "metric": spec.metric,
         "max_steps": spec.max_steps,
         "space": {p.name: p.describe() for p in spec.space},
