@@ -148,8 +148,11 @@ def stream_case(args: argparse.Namespace) -> None:
     got = {}
     for mode, path in modes:
         env = {**os.environ, "PYTHONPATH": path or str(ROOT)}
+        # The baseline tree's own environment where it has one: an editable install's import
+        # finder wins over PYTHONPATH, so this tree's Python would import this tree's sodaray.
+        own = Path(path, ".venv", "bin", "python") if path else None
         cmd = [
-            sys.executable,
+            str(own) if own is not None and own.is_file() else sys.executable,
             str(Path(__file__).resolve()),
             "--run-one",
             mode,

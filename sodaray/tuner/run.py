@@ -353,6 +353,7 @@ class _Trials:
             if not output.final:
                 return None  # tried again by the group, in this trial
             del self.live[unit.key]
+            self.signals.pop(unit.key, None)  # its values were set on the trial as they came
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             log.warning("trial %d failed (%s)", trial.number, output.error)
             return TrialOutcome(trial.number, "failed", None, trial.params, seconds, output.error)
