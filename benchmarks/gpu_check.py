@@ -94,15 +94,25 @@ def targets_for(model, n: int, batch: int, seed: int = 1):
 
 
 def steady(model, targets, executor: str, precision: str, device: str, steps: int) -> dict:
-    """ms per steady step on one engine: a run of 3 steps, then of 3 + `steps`."""
+    """ms per steady step on one engine: a run of 3 steps, then of 3 + `steps`; and the share
+    of slot-steps whose tokens the match check screened (those a step changed)."""
     import sodaray
     from sodaray.search.engine import Engine, Work
+    from sodaray.search.screen import Screener
 
     engine = Engine(model, executor=executor)
     n = len(targets.true_tokens[0])
     cfg = sodaray.SodaConfig.from_preset(
         "tinystories-33m", max_batch_size=len(targets), precision=precision
     )
+    screens: dict[int, Screener] = {}
+    screened = [0]
+    real = Screener.launch
+
+    def counted(self, owner, picks, *rest):
+        screens[id(self)] = self
+        screened[0] += len(picks)
+        return real(self, owner, picks, *rest)
 
     def run(k: int) -> float:
         import dataclasses
@@ -115,15 +125,25 @@ def steady(model, targets, executor: str, precision: str, device: str, steps: in
         sync(device)
         return time.perf_counter() - began
 
-    first = run(3)  # its captures are built here
-    short, long = run(3), run(3 + steps)
+    Screener.launch = counted
+    try:
+        first = run(3)  # its captures are built here
+        mark = screened[0]
+        short = run(3)
+        in_short, mark = screened[0] - mark, screened[0]
+        long = run(3 + steps)
+        in_long = screened[0] - mark
+    finally:
+        Screener.launch = real
     ex = engine.executor
+    builds = ex.builds + [b for s in screens.values() for b in s.executor.builds]
     return {
         "ms": 1000 * max(long - short, 1e-9) / steps,
         "first_s": first,
-        "captures": len(ex.builds),
-        "capture_s": sum(s for _, s in ex.builds),
+        "captures": len(builds),
+        "capture_s": sum(s for _, s in builds),
         "refused": ex.refused,
+        "screened": (in_long - in_short) / (len(targets) * steps),
     }
 
 
@@ -131,7 +151,8 @@ def line(case: str, precision: str, executor: str, r: dict, extra: str = "") -> 
     how = executor if r["refused"] is None else f"{executor}->eager (not capturable)"
     built = f"; {r['captures']} captures in {r['capture_s']:.2f} s" if r["captures"] else ""
     return (
-        f"{case} {precision:<8} {how:<10} {r['ms']:8.2f} ms/step{extra} "
+        f"{case} {precision:<8} {how:<10} {r['ms']:8.2f} ms/step{extra}, "
+        f"{100 * r['screened']:.0f}% of slots screened a step "
         f"(first run {r['first_s']:.1f} s{built})"
     )
 
@@ -162,15 +183,24 @@ def stage_qwen64(args, models) -> None:
     t0 = time.perf_counter()
     targets = targets_for(model, 3, 64)
     say(f"qwen:3:64 targets recorded in {time.perf_counter() - t0:.1f} s")
-    for executor, precision in (
-        ("graph", "tf32"),
-        ("graph", "float32"),
-        ("graph", "bfloat16"),
-        ("eager", "float32"),
-        ("eager", "tf32"),
+    import sodaray.search.screen as screen_module
+
+    for executor, precision, side in (
+        ("graph", "tf32", False),
+        ("graph", "tf32", True),
+        ("graph", "bfloat16", False),
+        ("graph", "bfloat16", True),
+        ("graph", "float32", False),
+        ("eager", "float32", False),
+        ("eager", "tf32", False),
     ):
-        r = steady(model, targets, executor, precision, args.device, args.steps)
-        say(line("qwen:3:64", precision, executor, r))
+        screen_module.SIDE_STREAM = side
+        try:
+            r = steady(model, targets, executor, precision, args.device, args.steps)
+        finally:
+            screen_module.SIDE_STREAM = False
+        where = ", screens on a side stream" if side else ""
+        say(line("qwen:3:64", precision, executor, r, where))
 
 
 def stage_qwen1000(args, models, peak: float) -> None:

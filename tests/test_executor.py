@@ -128,7 +128,8 @@ def test_the_step_reads_nothing_back(one_thread, crossings, bucketed):
     """The step function neither reads a value back to the host nor takes a shape from data,
     nor moves anything between host and device (what `torch.cuda.graph` requires), with every
     optional part on: bias correction, annealing, decay, resets; at the slots' own shapes and
-    at a capture's bucketed ones. Planning (between steps) may; the step may not."""
+    at a capture's bucketed ones. Planning (between steps) may; the step may not. Nor does the
+    screen of its tokens, once its host buffers exist (a screen's launch, but its first)."""
     model = tiny_model("qwen2")
     batch = mixed_batch(model, bucketed)
     x = batch.refresh()
@@ -137,7 +138,19 @@ def test_the_step_reads_nothing_back(one_thread, crossings, bucketed):
     with Watch() as watch:
         status = soda_step(batch.state, x, "float32", batch.workspace, resetting=True)
     assert watch.sync == {} and crossings == {}
-    assert status.passed.shape == (x.slots,) and status.tokens.shape == (x.live,)
+    assert status.tokens.shape == (x.live,) and status.loss.shape == (x.slots,)
+    state, live = batch.state, len(batch.state.row_slot)
+    tokens = status.tokens[:live].numpy().copy()
+    picks = np.array([0, 2, 4])
+    args = (picks, picks, tokens, state.row_slot, state.row_offset, bucketed)
+    for turn in range(3):  # both turns' buffers made, then one launch watched
+        if turn == 2:
+            crossings.clear()
+            watch = Watch().__enter__()
+        screened = batch.screener.launch(batch.owner, *args)
+    watch.__exit__(None, None, None)
+    assert watch.sync == {} and crossings == {}
+    assert screened.verdicts().shape == (3,)
 
 
 def test_the_check_can_fail(crossings):
@@ -283,6 +296,26 @@ def test_a_captured_search_repeats_itself_and_its_finds_are_exact():
         assert all(r.exact for r in results if r.found)
     assert runs[0] == runs[1]
     assert any(found for _, found, _ in runs[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("side", [False, True], ids=["after-the-step", "beside-the-step"])
+def test_captured_screens_find_what_screening_every_slot_does(monkeypatch, side):
+    """Screens captured per bucketed size, after the next step on its stream or (`side`) on a
+    stream of their own beside it: the same tokens, steps and finds as a run that screens every
+    slot at every step, and every find the true input."""
+    import sodaray.search.screen as screen_module
+    import sodaray.search.soda as soda
+
+    monkeypatch.setattr(screen_module, "SIDE_STREAM", side)
+    rng = np.random.default_rng(4)
+    tokens = [list(map(int, rng.integers(0, 64, n))) for n in (1, 2, 3, 3) * 4]
+    _, _, changed = gpu_search("qwen2", tokens, "graph")
+    monkeypatch.setattr(soda, "changed_slots", lambda ids, *a: np.ones(len(ids), dtype=bool))
+    _, _, every = gpu_search("qwen2", tokens, "graph")
+    runs = [[(r.tokens, r.found, r.steps) for r in results] for results in (changed, every)]
+    assert runs[0] == runs[1]
+    assert any(r.found for r in changed) and all(r.exact for r in changed if r.found)
 
 
 @pytest.mark.cuda

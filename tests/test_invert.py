@@ -10,6 +10,7 @@ from conftest import tiny_model
 from oracle import misreports
 
 import sodaray
+from sodaray.search.soda import SodaBatch
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "gpt-neo", "llama", "qwen2"])
@@ -181,8 +182,9 @@ def test_mixed_lengths_share_a_batch():
     )
     assert [r.predicted_length for r in results] == [1, 2, 1, 2]
     assert [r.true_tokens for r in results] == tokens
-    # The first step ran all four lengths at once: its outcome, read at the second, holds four.
-    assert active[:2] == [0, 4]
+    # The first step ran all four lengths at once: its outcome, read `lag` steps later (its
+    # tokens screened at the second, the verdicts read at the third), holds four.
+    assert active[: SodaBatch.lag + 1] == [0] * SodaBatch.lag + [4]
 
 
 def test_auto_length_reports_first_matching_length():

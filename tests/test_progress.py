@@ -19,6 +19,7 @@ from sodaray.progress import InvertProgress, SweepProgress, TrialProgress
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep
 from sodaray.runner.run import JobProgress, ShardDone, SweepRun
+from sodaray.search.soda import SodaBatch
 from sodaray.tuner import load_tuning, run_tuning
 
 needs_stories = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -98,8 +99,9 @@ def test_a_2000_step_shard_moves_the_progress_line_ten_times_before_its_rows_lan
     (job,) = run.progress.values()
     assert (job.sample_steps, job.most, job.finished, job.found) == (2000, 2000, 1, 0)
     # The occupancy the progress items carry adds up with the rows': one slot-step a step. The
-    # batch stepped once more: a SODA batch reads a step's status while it runs the next.
-    assert run.slot_steps == 2000 and run.batch_steps == 2001
+    # batch stepped `lag` more times: a SODA batch reads a step's status while it runs the
+    # next, and the screen of its tokens while it runs the one after.
+    assert run.slot_steps == 2000 and run.batch_steps == 2000 + SodaBatch.lag == 2002
     assert 0 < run.occupancy < 1  # one search in a batch of more slots
 
 

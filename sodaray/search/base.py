@@ -143,13 +143,13 @@ class SlotEntry:
 class StepOutcome:
     """One step of a batch: which slots matched, their relaxed loss, and what the step's
     forward pass computed (sequence positions, padding included) against what the slots' own
-    sequences hold. A batch whose `lag` is 1 reports the step before the one it just ran."""
+    sequences hold. A batch whose `lag` is k reports the step k before the one it just ran."""
 
     found: np.ndarray  # (B,) bool, on the host
     loss: Tensor | np.ndarray  # (B,)
     positions: int = 0
     useful: int = 0
-    # The slots this outcome covers, where a batch reports a step late (`lag`): those that
+    # The slots this outcome covers, where a batch reports steps late (`lag`): those that
     # took that step (None: every slot, this step).
     settled: np.ndarray | None = None
 

@@ -1,7 +1,8 @@
 """One batch of an engine's searches and the queue of those waiting for it: who sits in which
 slot, how many steps each has taken, and what ends them (a find, the step budget, the clock,
-a cancel). A batch that reports its steps a step late (`lag`, SODA's: its status reaches the
-host while the next step runs) is read here at the step its outcome is of."""
+a cancel). A batch that reports its steps late (`lag`, SODA's 2: its status reaches the host
+while the next step runs, its tokens' screen while the one after runs) is read here at the step
+its outcome is of."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class Pool:
         self.engine, self.family, self.batch = engine, family, batch
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
         self.works: list[Work] = []  # per slot
-        self.clock = time.perf_counter()  # when the last step was launched
+        # When the last `lag` steps were launched (the oldest first): an outcome's time.
+        self.clocks: deque[float] = deque([time.perf_counter()])
         self.slot = {
             name: np.zeros(0, dtype=kind)
             for name, kind in (
@@ -118,14 +120,17 @@ class Pool:
         s = self.slot
         out = self.batch.step(s["steps"] + 1)
         s["steps"] += 1
-        # The outcome's step: this one, or the one before where the batch reports a step late
-        # (a search that ended there took this step too; its results are dropped).
+        # The outcome's step: this one, or `lag` before where the batch reports late (a search
+        # that ended there took the steps since too; their results are dropped).
         settled = np.ones(count, dtype=bool) if out.settled is None else out.settled
         lag = getattr(self.batch, "lag", 0)
         self.engine.settled(int(settled.sum()))  # a search's every step, but a lag's last
         s["settled"] = np.where(settled, s["steps"] - lag, s["settled"])
-        # The outcome's time: when its step was launched (the last call's clock, a step late).
-        now, self.clock = (self.clock, time.perf_counter()) if lag else (time.perf_counter(),) * 2
+        # The outcome's time: when its step was launched (`lag` calls ago, where it lags).
+        now = self.clocks[0] if lag else time.perf_counter()
+        self.clocks.append(time.perf_counter())
+        while len(self.clocks) > max(lag, 1):
+            self.clocks.popleft()
         cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
         marked = np.flatnonzero(settled & (s["base"] + s["settled"] == s["mark"]) & ~cancelled)
         if len(marked):

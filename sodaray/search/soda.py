@@ -18,11 +18,12 @@ row-invariant matmuls, `models.pad_rows`).
 
 The step itself is one function of the batch's device buffers (`soda_step.soda_step`), captured
 per shape on CUDA (`sodaray.search.executor`). It reads nothing back: it ends in a status
-(tokens, screen passed, loss) that travels to the host while the next step runs, and the host
-acts on it one step later (`SodaBatch.step`): a search that matched or spent its budget at step
-k has taken step k + 1 too, whose results are dropped; its result is step k's. The host keeps
-the rare work: the confirm of a screened candidate in the canonical shape, and the keyed
-re-draws of Z.
+(tokens, loss) that travels to the host while the next step runs. The host then screens the
+slots whose tokens that step changed (`sodaray.search.screen`) and reads the verdicts while the
+step after runs (`SodaBatch.step`, `lag` 2): a search that matched or spent its budget at step
+k has taken steps k + 1 and k + 2 too, whose results are dropped; its result is step k's. The
+host keeps the rare work: the confirm of a screened candidate in the canonical shape, and the
+keyed re-draws of Z.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from sodaray.search.relaxed import (  # noqa: F401  (their home before issue 52)
     workspace_pad,
 )
 from sodaray.search.scheduler import Scheduler
+from sodaray.search.screen import Screened, Screener, changed_slots
 from sodaray.search.slots import Buffers
 from sodaray.search.soda_config import SodaConfig, keyed_normal  # noqa: F401
 from sodaray.search.soda_state import SodaState
@@ -72,33 +74,34 @@ _OWNERS = itertools.count()
 
 @dataclass
 class _Launch:
-    """A launched step's status on its way to the host, and who was where when it ran."""
+    """A launched step's status on its way to the host (tokens and loss, in host buffers), who
+    was where when it ran, and the screen of its tokens once that is launched."""
 
     ids: np.ndarray  # slot ids in slot order
     row_slot: np.ndarray
     row_offset: np.ndarray
-    tokens: np.ndarray | Tensor  # (rows,) each row's token after the step
-    loss: np.ndarray | Tensor  # (slots,)
-    passed: np.ndarray  # (slots,) bool
+    tokens: np.ndarray  # (rows,) each row's token after the step
+    loss: np.ndarray | Tensor  # (slots,): on a CPU the step's own, read where a search ends
     event: torch.cuda.Event | None = None
+    screened: Screened | None = None
 
     def wait(self) -> None:
         if self.event is not None:
             self.event.synchronize()
+            self.event = None
 
-    def host(self) -> None:
-        """Tokens and loss as host arrays (read only where a search ends or is screened: on a
-        CPU a step's own tensors until then)."""
-        if isinstance(self.tokens, Tensor):
-            self.tokens = self.tokens.numpy()
-        if isinstance(self.loss, Tensor):
-            self.loss = self.loss.numpy()
+    def passed(self) -> np.ndarray:
+        """Which of its slots passed the screen, (slots,) bool (those whose tokens did not
+        change were screened at an earlier step: False here)."""
+        passed = np.zeros(len(self.ids), dtype=bool)
+        if self.screened is not None:
+            passed[self.screened.slots] = self.screened.verdicts()
+        return passed
 
     def tokens_of(self, slot: int) -> np.ndarray:
         """Slot `slot`'s tokens, in input order."""
-        self.host()
         rows = np.flatnonzero(self.row_slot == slot)
-        return np.asarray(self.tokens)[rows[np.argsort(self.row_offset[rows], kind="stable")]]
+        return self.tokens[rows[np.argsort(self.row_offset[rows], kind="stable")]]
 
 
 class _LazyLoss:
@@ -109,21 +112,25 @@ class _LazyLoss:
         self.launch, self.index = launch, index
 
     def __getitem__(self, slots: np.ndarray) -> np.ndarray:
-        self.launch.host()
-        return np.asarray(self.launch.loss)[self.index[slots]]
+        if isinstance(self.launch.loss, Tensor):
+            self.launch.loss = self.launch.loss.numpy()
+        return self.launch.loss[self.index[slots]]
 
 
 class _HostStatus:
-    """Where statuses land on the host: two sets (a step's while the last one's is read), pinned
-    on CUDA so that the copy out is asynchronous; numpy views made once per size."""
+    """Where statuses land on the host: three sets (the step just launched, the last one, whose
+    tokens are being screened, and the one before, whose outcome is read), pinned on CUDA so
+    that the copy out is asynchronous; numpy views made once per size."""
+
+    SETS = 3
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.turn = device, 0
-        self.sets: list[tuple[tuple[Tensor, Tensor, Tensor], tuple[np.ndarray, ...]]] = []
+        self.sets: list[tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]] = []
 
     def take(self, rows: int, slots: int) -> tuple[tuple[Tensor, ...], tuple[np.ndarray, ...]]:
-        self.turn ^= 1
-        while len(self.sets) < 2:
+        self.turn = (self.turn + 1) % self.SETS
+        while len(self.sets) < self.SETS:
             self.sets.append(self._make(rows, slots))
         held, views = self.sets[self.turn]
         if len(held[0]) < rows or len(held[1]) < slots:
@@ -133,14 +140,11 @@ class _HostStatus:
             held, views = self.sets[self.turn]
         return held, views
 
-    def _make(
-        self, rows: int, slots: int
-    ) -> tuple[tuple[Tensor, Tensor, Tensor], tuple[np.ndarray, ...]]:
+    def _make(self, rows: int, slots: int) -> tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]:
         pin = self.device.type == "cuda"
         held = (
             torch.empty(rows, dtype=torch.long, pin_memory=pin),
             torch.empty(slots, dtype=torch.float32, pin_memory=pin),
-            torch.empty(slots, dtype=torch.bool, pin_memory=pin),
         )
         return held, tuple(t.numpy() for t in held)
 
@@ -151,7 +155,9 @@ class SodaBatch:
     `mix_lengths` False keeps each pass to one length."""
 
     mixes_lengths: ClassVar[bool] = True
-    lag: ClassVar[int] = 1  # a step's outcome reaches the engine one step later
+    # A step's outcome reaches the engine two steps later: its tokens are screened while the
+    # next step runs, and the screen's verdicts read while the one after runs.
+    lag: ClassVar[int] = 2
 
     def __init__(
         self,
@@ -176,7 +182,9 @@ class SodaBatch:
         self.inputs: StepInputs | None = None
         self._shapes: dict[tuple[int, ...], StepInputs] = {}  # captured shapes' inputs
         self._status = _HostStatus(model.device)
+        self.screener = Screener(self.state, self.executor.name)
         self._pending: _Launch | None = None  # the last step's status, not yet read
+        self._screening: _Launch | None = None  # the one before: its tokens' screen launched
         self._read: _Launch | None = None  # the status the last outcome came from
         self._index = np.zeros(0, dtype=np.int64)  # current slot -> its row in `_read`
         self._addresses: tuple[int, ...] = ()
@@ -191,14 +199,19 @@ class SodaBatch:
 
     # ---- entering and leaving -------------------------------------------------------------------
     def add(self, entries: Sequence[SlotEntry]) -> None:
+        self.screener.writing()
         self.state.add(entries, self.precision)
+        self.screener.written()
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        self.screener.writing()
         self.state.remove(left, holes, movers)
+        self.screener.written()
 
     def close(self) -> None:
         """The batch is done: its captures go (their memory with them)."""
         self.executor.forget(self.owner)
+        self.screener.forget(self.owner)
 
     def candidates(self, slots: np.ndarray) -> list[list[int]]:
         """The tokens the last outcome's step ended on, for current slots `slots`."""
@@ -275,9 +288,10 @@ class SodaBatch:
         return x
 
     def step(self, steps_after: np.ndarray) -> StepOutcome:
-        """Launch one step of every slot (`steps_after`: each slot's count after it), then read
-        the last step's status: the outcome is the last step's, in the current slot order
-        (`StepOutcome.settled`: the slots it covers)."""
+        """Launch one step of every slot (`steps_after`: each slot's count after it), screen
+        the last step's changed tokens, then read the screen of the step before: the outcome
+        is that step's (`lag`), in the current slot order (`StepOutcome.settled`: the slots
+        it covers)."""
         x = self.refresh()
         dev = self.model.device
         key = None
@@ -287,14 +301,16 @@ class SodaBatch:
             self.workspace.fit(
                 z, workspace_pad(z, self.model.for_precision(self.precision).embedding_matrix)
             )
+            key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
+        if self.executor.captures(dev):
             state = self.state
             addresses = (
                 state.rows.addresses() + state.slots.addresses() + self.workspace.addresses()
             )
             if addresses != self._addresses:  # reallocated: what was captured reads old memory
                 self.executor.forget(self.owner)
+                self.screener.forget(self.owner)
                 self._addresses = addresses
-            key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
         resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
             key = (*key, resetting)
@@ -305,30 +321,57 @@ class SodaBatch:
         )
         launch = self._launch(status)
         self.redraw(steps_after)
-        previous, self._pending = self._pending, launch
+        last, self._pending = self._pending, launch
+        if last is not None:
+            self._screen(last, self._screening)
+        read, self._screening = self._screening, last
         fixed = self.state.fixed
         positions = sum(p.batch * (fixed + p.width) for p in x.passes)
         useful = len(self.state) * fixed + len(self.state.row_slot)
-        return self._outcome(previous, positions, useful)
+        return self._outcome(read, positions, useful)
 
     def _launch(self, status: Status) -> _Launch:
-        """The status of the step just launched, on its way to the host: on a CPU the step's
-        own tensors (fresh each step), on CUDA copied out asynchronously into pinned memory."""
+        """The status of the step just launched, on its way to the host: copied into host
+        buffers (on CUDA pinned ones, asynchronously). A CPU's loss stays the step's own
+        tensor (fresh each step), read only where a search ends."""
         s = self.state
         rows, slots = len(s.row_slot), len(s)
+        held, views = self._status.take(rows, slots)
+        cuda = self.model.device.type == "cuda"
+        held[0][:rows].copy_(status.tokens[:rows], non_blocking=True)
+        loss: np.ndarray | Tensor = status.loss[:slots]
         event = None
-        if self.model.device.type == "cuda":
-            held, views = self._status.take(rows, slots)
-            values = (status.tokens[:rows], status.loss[:slots], status.passed[:slots])
-            for out, value in zip(held, values, strict=True):
-                out[: len(value)].copy_(value, non_blocking=True)
+        if cuda:
+            held[1][:slots].copy_(loss, non_blocking=True)
+            loss = views[1][:slots]
             event = torch.cuda.Event()
             event.record()
-            tokens, loss, passed = views[0][:rows], views[1][:slots], views[2][:slots]
-        else:
-            tokens, loss, passed = status.tokens, status.loss, status.passed.numpy()
         # The arrays themselves: a composition change makes new ones (`SodaState.remove`).
-        return _Launch(s.host["id"], s.row_slot, s.row_offset, tokens, loss, passed, event)
+        return _Launch(s.host["id"], s.row_slot, s.row_offset, views[0][:rows], loss, event)
+
+    def _screen(self, launch: _Launch, before: _Launch | None) -> None:
+        """Launch the screen of `launch`'s slots whose tokens changed since `before` (the step
+        before it) and that are still in the batch (`sodaray.search.screen`)."""
+        launch.wait()
+        then = None
+        if before is not None:
+            then = (before.ids, before.row_slot, before.row_offset, before.tokens)
+        changed = changed_slots(launch.ids, launch.row_slot, launch.row_offset, launch.tokens, then)
+        picks = np.flatnonzero(changed)
+        current, present = _where_now(launch.ids[picks], self.state.host["id"])
+        picks, current = picks[present], current[present]
+        if len(picks):
+            dev = self.model.device
+            capture = self.executor.captures(dev) and self.screener.executor.captures(dev)
+            launch.screened = self.screener.launch(
+                self.owner,
+                picks,
+                current,
+                launch.tokens,
+                launch.row_slot,
+                launch.row_offset,
+                capture,
+            )
 
     def _outcome(self, launch: _Launch | None, positions: int, useful: int) -> StepOutcome:
         """`launch`'s outcome in the current slot order: the slots it covers (those in the batch
@@ -339,14 +382,10 @@ class SodaBatch:
         loss: np.ndarray | _LazyLoss = np.full(count, np.nan, dtype=np.float32)
         self._read, self._index = launch, np.zeros(count, dtype=np.int64)
         if launch is not None and len(launch.ids) and count:
-            launch.wait()
-            order = np.argsort(launch.ids)
-            at = np.minimum(
-                np.searchsorted(launch.ids[order], self.state.host["id"]), len(order) - 1
-            )
-            settled = launch.ids[order[at]] == self.state.host["id"]
-            self._index = np.where(settled, order[at], 0)
-            screened = np.flatnonzero(settled & launch.passed[self._index])
+            at, present = _where_now(self.state.host["id"], launch.ids)
+            settled = present
+            self._index = np.where(settled, at, 0)
+            screened = np.flatnonzero(settled & launch.passed()[self._index])
             if len(screened):
                 found[screened] = self._confirm(launch, screened)
             loss = _LazyLoss(launch, self._index)
@@ -408,3 +447,14 @@ class SodaBatch:
         self.state.rows["m"][where] = 0.0
         self.state.rows["v"][where] = 0.0
         self.state.z[where] = fresh.to(dev, non_blocking=True)
+
+
+def _where_now(ids: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `ids` sits in `among` (slot ids, distinct), and whether it is there at all
+    (where not, the index is 0)."""
+    if not len(among):
+        return np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
+    order = np.argsort(among)
+    at = np.minimum(np.searchsorted(among[order], ids), len(order) - 1)
+    present = among[order[at]] == ids
+    return np.where(present, order[at], 0), present

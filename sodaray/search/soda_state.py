@@ -183,7 +183,7 @@ class SodaState:
         renumber = np.arange(count)
         renumber[movers] = holes
         # New arrays, not the old ones moved in place: a launched step's status holds the old
-        # (`soda._Launch`), and reads its slots' rows from them a step later.
+        # (`soda._Launch`), and reads its slots' rows from them steps later.
         row_slot = apply_plan(self.row_slot.copy(), row_left, row_holes, row_movers)
         self.row_slot = renumber[row_slot]
         self.row_offset = apply_plan(self.row_offset.copy(), row_left, row_holes, row_movers)

@@ -1,18 +1,19 @@
 """The SODA step as one function of the persistent batch's buffers (issue 52): the relaxation,
 the transformer passes at their planned shapes, the loss, the backward to Z, Adam and decay
-(bias correction on the device), argmax, the match check's screen, and the schedules of the next
-step (annealing and moment resets), ending in a small status (tokens, screen passed, loss).
+(bias correction on the device), argmax, and the schedules of the next step (annealing and
+moment resets), ending in a small status (tokens, loss). The match check's screen runs a step
+later on the slots whose tokens changed (`sodaray.search.screen`).
 
 No operation here reads a value back to the host or takes a shape from data (but the fluency
 penalty's, which is never captured), so on CUDA the whole step can be captured once per shape
 and replayed (`sodaray.search.executor`); on a CPU it runs
 eagerly and computes, kernel for kernel, what the engine always computed (`bits_digest.py`).
 
-What a step reads besides the buffers (`StepInputs`: index tensors, the backward's seed, the
-screen's sequences, the status buffers) is planned on the host when the batch's composition
-changes (`plan_inputs`): at the slots' own shapes ("exact": the live rows and a guard row after
-them), or at a bucketed shape ("capture": `static_rows` rows, `static_batch` slots, one pass),
-whose tensors are written in place so that a captured step finds them where it left them.
+What a step reads besides the buffers (`StepInputs`: index tensors, the backward's seed) is
+planned on the host when the batch's composition changes (`plan_inputs`): at the slots' own
+shapes ("exact": the live rows and a guard row after them), or at a bucketed shape ("capture":
+`static_rows` rows, `static_batch` slots, one pass), whose tensors are written in place so that
+a captured step finds them where it left them.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 from torch import Tensor
 
 from sodaray.attention import invariant
-from sodaray.models import LoadedModel, padding_items
-from sodaray.observations import BatchTargets, observation, screen_slack
+from sodaray.models import LoadedModel
+from sodaray.observations import BatchTargets
 from sodaray.scoring import Layout, objective_loss, observed_positions, sequence_embeds
 from sodaray.search.adam import adam_step
 from sodaray.search.denormals import flush_denormals
@@ -65,10 +66,6 @@ class StepInputs:
     slots: int
     passes: list[Pass]
     seed: Tensor  # (slots,) the backward's seed: each slot's loss weight (0: a padding slot)
-    screen_ids: Tensor  # (slots + padding items, L): prefix, context; the step writes tokens
-    token_index: tuple[Tensor, Tensor]  # (live,) where each row's token goes in screen_ids
-    where: tuple[Tensor, Tensor]  # the screen's observed (sequence, position) per slot
-    screen_groups: list[tuple[int, Tensor | None]]  # per objective group: its slots (None: all)
     flags: tuple[bool, bool, bool, bool, bool]  # bias correction, annealing, decay, resets, fluency
     capture: bool = False
     serial: int = -1  # which of a batch's captured shapes these are
@@ -77,12 +74,12 @@ class StepInputs:
 
 @dataclass
 class Status:
-    """What a step ends in, for the host: each row's token after it (live,), each slot's relaxed
-    loss (slots,), and whether its tokens passed the match check's screen (slots,)."""
+    """What a step ends in, for the host: each row's token after it (live,) and each slot's
+    relaxed loss (slots,). The match check screens the tokens a step later
+    (`sodaray.search.screen`)."""
 
     tokens: Tensor
     loss: Tensor
-    passed: Tensor
 
 
 # ---- planning (on the host, when the batch's composition changes) ------------------------------
@@ -130,11 +127,6 @@ def plan_inputs(
     slot_len[:count] = lengths
     seed = np.zeros(slots, dtype=np.float32)
     seed[:count] = 1.0 if weights is None else weights
-    length = p + width + m - 1
-    ids = np.zeros((slots + padding_items(slots, dev, length), length), dtype=np.int64)
-    ids[:slots, :p] = model.prefix_ids
-    context = p + slot_len[:count, None] + np.arange(m - 1)
-    ids[np.arange(count)[:, None], context] = state.context
     seq_rows, seq_pos = observed_positions(slot_len, p, m)
     seq_rows = np.broadcast_to(seq_rows, seq_pos.shape)
     arrays = {
@@ -143,12 +135,11 @@ def plan_inputs(
         "row_offset": row_pos,
         "lengths": slot_len,
         "seed": seed,
-        "ids": ids,
         "seq_rows": np.ascontiguousarray(seq_rows),
         "seq_pos": seq_pos,
     }
     # A captured step has its objective built in: a shape is one objective group's.
-    shape = (rows, slots, width, *ids.shape, int(groups[0]))
+    shape = (rows, slots, width, int(groups[0]))
     old = shapes.get(shape) if capture and shapes is not None else None
     if old is not None:
         _write(old, arrays)
@@ -164,22 +155,12 @@ def plan_inputs(
     else:
         layout = Layout(t["lengths"], t["row_seq"], t["row_offset"], width)
         passes = _passes(state, layout, plans)
-    screen_groups: list[tuple[int, Tensor | None]] = [(int(groups[0]), None)]
-    if len(groups) > 1:
-        screen_groups = [
-            (int(g), torch.as_tensor(np.flatnonzero(host["group"] == g), device=dev))
-            for g in groups
-        ]
     inputs = StepInputs(
         rows=rows,
         live=live,
         slots=slots,
         passes=passes,
         seed=t["seed"],
-        screen_ids=t["ids"],
-        token_index=(t["row_seq"], t["row_pos"]),
-        where=(t["seq_rows"], t["seq_pos"]),
-        screen_groups=screen_groups,
         flags=flags,
         capture=capture,
     )
@@ -235,9 +216,8 @@ def soda_step(
         # The first largest of each row, as `Tensor.max` takes it: fresh each step, so the
         # host may read a step's tokens while the next one runs.
         tokens = state.rows.view("z", x.live).argmax(-1)
-        passed = _screen(state, x, tokens)
         schedules(state, x, step, resetting)
-    return Status(tokens, loss.detach(), passed)
+    return Status(tokens, loss.detach())
 
 
 def relaxed_gradient(
@@ -363,35 +343,6 @@ def _correction(state: SodaState, rows: int, step: Tensor) -> tuple[Tensor, Tens
     first = torch.where(on, 1 - state.column("h64", "beta1", rows) ** age, 1.0)
     second = torch.where(on, 1 - state.column("h64", "beta2", rows) ** age, 1.0)
     return first.float(), second.float()
-
-
-def _screen(state: SodaState, x: StepInputs, tokens: Tensor) -> Tensor:
-    """Which slots' tokens pass the match check's screen, (slots,) bool: their sequences in one
-    batch at the model's own precision and attention, held to a necessary condition of a match
-    (the observation's probe where it has one: its largest observed logits, loosened past
-    anything a shape does to the arithmetic; else the whole test so loosened). It never turns
-    a match down; the confirm, on the host, decides (`SodaBatch._confirm`)."""
-    model = state.model
-    x.screen_ids.index_put_(x.token_index, tokens)
-    hidden = model.hidden(model.embed(x.screen_ids), prepadded=True)
-    states = hidden[x.where]
-    batch = observed_of(state, x.slots)
-    passed = None
-    for g, idx in x.screen_groups:
-        objective, atol, rtol = state.groups[g]
-        kind = observation(objective.kind)
-        rows = states if idx is None else states[idx]
-        sub = batch if idx is None else batch.select(idx)
-        ok = kind.probe(model, objective, rows, sub, slice(None))
-        if ok is None:
-            slack = screen_slack(model)
-            ok = kind.match(model, objective, rows, sub, slice(None), atol, rtol, slack)
-        if idx is None:
-            return ok
-        passed = ok.new_zeros(x.slots) if passed is None else passed
-        passed = passed.index_put((idx,), ok)
-    assert passed is not None
-    return passed
 
 
 @torch.no_grad()
