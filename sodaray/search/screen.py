@@ -34,8 +34,7 @@ from sodaray.observations import observation, screen_slack
 from sodaray.scoring import observed_positions
 from sodaray.search.executor import Executor
 from sodaray.search.scheduler import static_width
-from sodaray.search.soda_state import SodaState
-from sodaray.search.soda_step import observed_of
+from sodaray.search.soda_state import SodaState, observed_of
 
 MIN_ROWS = 8  # the smallest captured screen: smaller ones would each be a shape of their own
 # On CUDA, whether screens run on a stream of their own, beside the next step (which at small

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from sodaray.models import LoadedModel
 from sodaray.objectives import Objective
-from sodaray.observations import screen_slack
+from sodaray.observations import BatchTargets, screen_slack
 from sodaray.search.base import SlotEntry, observed_rows
 from sodaray.search.slots import Buffers, apply_plan, removal_plan
 from sodaray.search.soda_config import SodaConfig
@@ -231,3 +231,12 @@ class SodaState:
             return None
         counts = np.bincount(h["config"], minlength=len(self.configs))[h["config"]]
         return np.where(h["mean"], 1.0 / counts, 1.0)
+
+
+def observed_of(state: SodaState, slots: int) -> BatchTargets:
+    """The observed rows of slots [0, slots) (views of the batch's buffers): what a step's loss
+    and a screen read."""
+    s = state.slots
+    return BatchTargets(
+        *(s.view(name, slots) if name in s else None for name in BatchTargets.FIELDS)
+    )

@@ -32,7 +32,7 @@ from sodaray.search.adam import adam_step
 from sodaray.search.denormals import flush_denormals
 from sodaray.search.relaxed import RelaxedEmbedding, Workspace, tf32
 from sodaray.search.scheduler import Scheduler, static_batch, static_rows
-from sodaray.search.soda_state import SodaState
+from sodaray.search.soda_state import SodaState, observed_of
 
 
 @dataclass
@@ -288,14 +288,6 @@ def update(state: SodaState, x: StepInputs, grad: Tensor) -> Tensor:
     if decays:  # x * 1.0 is x: skipping it where no slot decays is exact
         z.mul_(h("decay"))
     return step
-
-
-def observed_of(state: SodaState, slots: int) -> BatchTargets:
-    """The observed rows of slots [0, slots)."""
-    s = state.slots
-    return BatchTargets(
-        *(s.view(name, slots) if name in s else None for name in BatchTargets.FIELDS)
-    )
 
 
 def _pass_loss(
