@@ -31,6 +31,10 @@ def test_changed_slots_line_up_rows_by_position_or_by_slot_id():
     assert changed_slots(ids2, slot2, offset2, kept, before).tolist() == [False, False, True]
     kept[1] = 3  # slot 12's token changed too
     assert changed_slots(ids2, slot2, offset2, kept, before).tolist() == [False, True, True]
+    # Keys hold any offset: a slot's row 70,000 is not its neighbour's row 0.
+    long = (np.array([1, 2]), np.array([0, 1]), np.array([70_000, 0]), np.array([4, 4]))
+    moved_in = (np.array([2, 1]), np.array([0, 1]), np.array([0, 70_000]), np.array([4, 5]))
+    assert changed_slots(*moved_in, long).tolist() == [False, True]
 
 
 def test_captured_screen_sizes_are_few_and_waste_at_most_a_quarter():

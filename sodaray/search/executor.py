@@ -38,7 +38,8 @@ T = TypeVar("T")
 EXECUTORS = ("eager", "graph")
 DEFAULT_EXECUTOR = "graph"  # captured on CUDA; on a CPU the same step as "eager"
 # Captured shapes kept per executor: a run uses a handful (static_batch x static_rows buckets);
-# past this the oldest is dropped (its memory with it) and built again if it comes back.
+# past this the least recently used is dropped (its memory with it) and built again if it
+# comes back.
 MAX_SHAPES = 32
 
 
@@ -76,8 +77,11 @@ class Executor:
     """Runs a step function under one executor: eagerly, or (on CUDA, "graph") captured once per
     key and replayed. `builds` lists each capture's key and seconds (warm-up step included)."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(
+        self, name: str | None = None, what: str = "SODA steps", max_shapes: int = MAX_SHAPES
+    ) -> None:
         self.name = resolve_executor(name)
+        self.what, self.max_shapes = what, max_shapes  # what it runs (for its warning)
         self._graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, Any, tuple[Any, ...]]] = {}
         self._pool: object | None = None
         self._side: torch.cuda.Stream | None = None
@@ -94,8 +98,9 @@ class Executor:
         real, eagerly, as the warm-up), or eagerly (key None, or no capture here)."""
         if key is None or not self.captures(device):
             return step()
-        held = self._graphs.get(key)
+        held = self._graphs.pop(key, None)
         if held is not None:
+            self._graphs[key] = held  # the most recently used last: the oldest goes first
             held[0].replay()
             self.replays += 1
             return held[1]
@@ -121,12 +126,12 @@ class Executor:
             self._graphs.clear()
             self._pool = None
             log.warning(
-                "SODA steps run eagerly: this model's step cannot be captured (%s)", self.refused
+                "%s run eagerly: this model's cannot be captured (%s)", self.what, self.refused
             )
             return out
         torch.cuda.synchronize(device)
         seconds = time.perf_counter() - began
-        if len(self._graphs) >= MAX_SHAPES:  # others stay: the shared pool keeps a user
+        if len(self._graphs) >= self.max_shapes:  # others stay: the shared pool keeps a user
             self._graphs.pop(next(iter(self._graphs)))
         # The caches a step reads (attention biases, masks, zero rows, positions) are pinned
         # with its graph: a replay reads them where the capture found them.

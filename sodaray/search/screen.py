@@ -70,8 +70,9 @@ def changed_slots(
     if ids0 is ids and slot0 is row_slot:  # no slot came or went: the rows line up
         moved = tokens != tokens0
     else:  # rows matched by (slot id, offset); a row absent before is a changed one
-        key0 = (ids0[slot0] << 16) | offset0
-        key = (ids[row_slot] << 16) | row_offset
+        span = int(max(offset0.max(initial=0), row_offset.max(initial=0))) + 1
+        key0 = ids0[slot0] * span + offset0
+        key = ids[row_slot] * span + row_offset
         order = np.argsort(key0, kind="stable")
         at = np.minimum(np.searchsorted(key0[order], key), max(len(order) - 1, 0))
         same = (key0[order[at]] == key) & (tokens0[order[at]] == tokens) if len(order) else key < 0
@@ -106,14 +107,15 @@ class Screener:
 
     def __init__(self, state: SodaState, executor: str | None) -> None:
         self.state = state
-        self.executor = Executor(executor)
+        # Its shapes: about four per power of two of slots, per objective group.
+        self.executor = Executor(executor, "match-check screens", max_shapes=64)
         self.turn = 0
         # Per turn (two screens are on their way at once): the host's input and where the
         # verdicts land, each with its numpy view; per shape on CUDA: the device's input.
         self._host: list[dict] = [{}, {}]
         self._out: list[dict] = [{}, {}]
         self._busy: list[torch.cuda.Event | None] = [None, None]  # a turn's last screen's end
-        self._device: dict[int, Tensor] = {}
+        self._device: dict[tuple[bool, int], Tensor] = {}  # (on the side stream, size)
         self._stream: torch.cuda.Stream | None = None  # SIDE_STREAM's, made on first use
         self._written: torch.cuda.Event | None = None  # the last write of the observed rows
 
@@ -121,13 +123,15 @@ class Screener:
         self.executor.forget(owner)
 
     def writing(self) -> None:
-        """The batch's observed rows are about to change (slots come or go): the step's stream
-        waits for the screens under way on the side stream, which read them."""
+        """The batch's observed rows are about to change or move (slots come or go, buffers
+        grow): the step's stream waits for the screens under way on the side stream, which
+        read them (and a freed buffer is not reused under them)."""
         if self._stream is not None:
             torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
 
     def written(self) -> None:
-        """They changed: a screen on the side stream waits for that before it reads them."""
+        """Everything the step's stream has been given so far: a screen on the side stream
+        waits for it (not for the step launched after it) before it reads the observed rows."""
         if self._stream is not None:
             self._written = torch.cuda.Event()
             self._written.record()
@@ -154,10 +158,12 @@ class Screener:
         capture = capture and bool((groups == groups[0]).all())
         p, m = len(model.prefix_ids), state.groups[0][0].output_tokens
         lengths = state.host["length"][current]
-        width = static_width(int(lengths.max())) if capture else int(lengths.max())
+        # A GPU screens a bucketed count at the batch's width (a few shapes, captured or not,
+        # which change only as slots come and go); a CPU the count at the candidates' width.
+        cuda = dev.type == "cuda"
+        width = static_width(int(state.host["length"].max())) if cuda else int(lengths.max())
         length = p + width + m - 1
-        # A GPU screens a bucketed count (a few shapes, captured or not); a CPU the count.
-        k = screen_rows(count) if dev.type == "cuda" else count
+        k = screen_rows(count) if cuda else count
         rows = k + padding_items(k, dev, length)
         # One flat buffer, two contiguous blocks: the sequences (rows, length), then per
         # candidate its observed positions, its slot and its row (k, m + 2).
@@ -181,13 +187,14 @@ class Screener:
         slot_len = np.ones(k, dtype=np.int64)
         slot_len[:count] = lengths
         meta[:, :m] = observed_positions(slot_len, p, m)[1]
+        meta[:, m] = current[-1]  # a bucket's padding rows: the last candidate's slot
         meta[:count, m] = current
         meta[:, m + 1] = np.arange(k)
         spans = []
         for g in np.unique(groups):
             chosen = np.flatnonzero(groups == g)
             spans.append((int(g), int(chosen[0]), int(chosen[-1]) + 1))
-        spans[-1] = (spans[-1][0], spans[-1][1], k)  # a bucket's padding rows: any verdict
+        spans[-1] = (spans[-1][0], spans[-1][1], k)  # its padding rows: verdicts never read
         key = (owner, k, rows, length, spans[0][0]) if capture else None
         if dev.type != "cuda":  # the host's buffer is the input; verdicts read where they lie
             inputs = held[:size]
@@ -201,9 +208,11 @@ class Screener:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if stream is not None and self._written is not None:
                 stream.wait_event(self._written)
-            inputs = self._device.get(size)  # copied whole from its pinned twin
+            # Copied whole from its pinned twin; one per stream (each orders its own uses).
+            inputs = self._device.get((stream is not None, size))
             if inputs is None:
-                inputs = self._device[size] = torch.empty_like(held, device=dev)
+                inputs = torch.empty_like(held, device=dev)
+                self._device[(stream is not None, size)] = inputs
             inputs.copy_(held, non_blocking=True)
             verdicts = self.executor.run(
                 key, lambda: screen(state, inputs, k, rows, length, m, spans), dev
@@ -217,6 +226,7 @@ class Screener:
     def _side(self, dev: torch.device) -> torch.cuda.Stream | None:
         if SIDE_STREAM and self._stream is None:
             self._stream = torch.cuda.Stream(dev)
+            self._stream.wait_stream(torch.cuda.current_stream(dev))  # all written so far
         return self._stream
 
     def _grown(

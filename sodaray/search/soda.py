@@ -187,7 +187,8 @@ class SodaBatch:
         self._screening: _Launch | None = None  # the one before: its tokens' screen launched
         self._read: _Launch | None = None  # the status the last outcome came from
         self._index = np.zeros(0, dtype=np.int64)  # current slot -> its row in `_read`
-        self._addresses: tuple[int, ...] = ()
+        self._addresses: tuple[int, ...] = ()  # what the captured steps read
+        self._screen_addresses: tuple[int, ...] = ()  # what the captured screens read
         self.owner = next(_OWNERS)  # this batch's captures, among its executor's
 
     def __len__(self) -> int:
@@ -201,12 +202,10 @@ class SodaBatch:
     def add(self, entries: Sequence[SlotEntry]) -> None:
         self.screener.writing()
         self.state.add(entries, self.precision)
-        self.screener.written()
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
         self.screener.writing()
         self.state.remove(left, holes, movers)
-        self.screener.written()
 
     def close(self) -> None:
         """The batch is done: its captures go (their memory with them)."""
@@ -292,7 +291,10 @@ class SodaBatch:
         the last step's changed tokens, then read the screen of the step before: the outcome
         is that step's (`lag`), in the current slot order (`StepOutcome.settled`: the slots
         it covers)."""
+        if self.state.dirty:  # a re-plan may grow (move) the buffers a screen reads
+            self.screener.writing()
         x = self.refresh()
+        self.screener.written()  # what the screens launched next wait for on a side stream
         dev = self.model.device
         key = None
         if x.capture:
@@ -303,14 +305,18 @@ class SodaBatch:
             )
             key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
         if self.executor.captures(dev):
+            # Reallocated: what was captured reads old memory. A screen reads the observed
+            # rows (`slots`) alone.
             state = self.state
             addresses = (
                 state.rows.addresses() + state.slots.addresses() + self.workspace.addresses()
             )
-            if addresses != self._addresses:  # reallocated: what was captured reads old memory
+            if addresses != self._addresses:
                 self.executor.forget(self.owner)
-                self.screener.forget(self.owner)
                 self._addresses = addresses
+            if state.slots.addresses() != self._screen_addresses:
+                self.screener.forget(self.owner)
+                self._screen_addresses = state.slots.addresses()
         resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
             key = (*key, resetting)
