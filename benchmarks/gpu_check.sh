@@ -22,7 +22,7 @@ if [ -d .device/authors/src/inversion_optimisation ]; then
 fi
 python3 benchmarks/gpu_check.py --budget "${BUDGET:-270}" --stages 1234 ${authors[@]+"${authors[@]}"} \
     2>&1 | grep -v -e "^Loading" -e "it/s\]" | tee "$OUT/check.log"
-timeout 90 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_executor.py 2>&1 \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_executor.py 2>&1 \
     | tail -4 | tee "$OUT/cuda-tests.log"
 python3 benchmarks/gpu_check.py --budget "${SCALE_S:-80}" --stages 5 2>&1 \
     | grep -v -e "^Loading" -e "it/s\]" | tee "$OUT/scaling.log"
