@@ -6,9 +6,9 @@ only the slots whose tokens changed go through the model: a slot whose tokens di
 was screened at the step that made them, and whether they match depends on them and the slot's
 target alone (the screen never turns a match down; the confirm decides, in one shape). So a
 search is screened at every step it reaches a new candidate, as before, and every find is found
-at the step that made it, while most steps screen part of the batch: after the first ten
-steps, a third of the slots change their tokens a step on stories260K, and 57-79% on
-Qwen2.5-0.5B in its first 200 steps (RESULTS.md, issue 52).
+at the step that made it, while a step screens only the slots it moved: after the first ten
+steps, a quarter to a third of the slots change their tokens a step on stories260K, but 57-94%
+on Qwen2.5-0.5B in its first 200 steps (RESULTS.md, issue 52).
 
 The screen is one function of a packed host-built input (`Screener.launch`: each candidate's
 sequence, its observed positions, its slot's row in the observed buffers), captured on CUDA once
