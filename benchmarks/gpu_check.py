@@ -194,12 +194,18 @@ def stage_qwen64(args, models) -> None:
         ("eager", "float32", False),
         ("eager", "tf32", False),
     ):
+        where = ", screens on a side stream" if side else ""
         screen_module.SIDE_STREAM = side
         try:
             r = steady(model, targets, executor, precision, args.device, args.steps)
+        except OutOfTime:
+            raise
+        except Exception as exc:  # one line lost (the side stream is new), not the stage
+            failed = f"{type(exc).__name__}: {exc}"
+            say(f"qwen:3:64 {precision} {executor}{where} FAILED: {failed}"[:300])
+            continue
         finally:
             screen_module.SIDE_STREAM = False
-        where = ", screens on a side stream" if side else ""
         say(line("qwen:3:64", precision, executor, r, where))
 
 
