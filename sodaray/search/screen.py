@@ -34,6 +34,7 @@ from sodaray.observations import observation, screen_slack
 from sodaray.scoring import observed_positions
 from sodaray.search.executor import Executor
 from sodaray.search.scheduler import static_width
+from sodaray.search.slots import locate
 from sodaray.search.soda_state import SodaState, observed_of
 
 MIN_ROWS = 8  # the smallest captured screen: smaller ones would each be a shape of their own
@@ -71,12 +72,9 @@ def changed_slots(
         moved = tokens != tokens0
     else:  # rows matched by (slot id, offset); a row absent before is a changed one
         span = int(max(offset0.max(initial=0), row_offset.max(initial=0))) + 1
-        key0 = ids0[slot0] * span + offset0
-        key = ids[row_slot] * span + row_offset
-        order = np.argsort(key0, kind="stable")
-        at = np.minimum(np.searchsorted(key0[order], key), max(len(order) - 1, 0))
-        same = (key0[order[at]] == key) & (tokens0[order[at]] == tokens) if len(order) else key < 0
-        moved = ~same
+        at, present = locate(ids[row_slot] * span + row_offset, ids0[slot0] * span + offset0)
+        moved = ~present
+        moved[present] = tokens0[at[present]] != tokens[present]
     return np.bincount(row_slot[moved], minlength=slots) > 0
 
 
@@ -172,7 +170,7 @@ class Screener:
         if self._busy[self.turn] is not None:  # this turn's buffers are still being read
             self._busy[self.turn].synchronize()
             self._busy[self.turn] = None
-        held, flat = self._grown(self._host, size, torch.long, dev, exact=dev.type == "cuda")
+        held, flat = self._grown(self._host, size, torch.long, dev, exact=cuda)
         flat[:size] = 0  # the padding rows: token 0, slot 0, position 0 after the prefix
         ids = flat[: rows * length].reshape(rows, length)
         meta = flat[rows * length : size].reshape(k, m + 2)
@@ -196,7 +194,7 @@ class Screener:
             spans.append((int(g), int(chosen[0]), int(chosen[-1]) + 1))
         spans[-1] = (spans[-1][0], spans[-1][1], k)  # its padding rows: verdicts never read
         key = (owner, k, rows, length, spans[0][0]) if capture else None
-        if dev.type != "cuda":  # the host's buffer is the input; verdicts read where they lie
+        if not cuda:  # the host's buffer is the input; verdicts read where they lie
             inputs = held[:size]
             verdicts = self.executor.run(
                 key, lambda: screen(state, inputs, k, rows, length, m, spans), dev

@@ -27,6 +27,17 @@ def removal_plan(count: int, removed: np.ndarray) -> tuple[int, np.ndarray, np.n
     return left, holes, movers
 
 
+def locate(keys: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `keys` sits in `among` (distinct values: slot ids, or row keys), and
+    whether it is there at all (where not, the index is 0)."""
+    if not len(among):
+        return np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=bool)
+    order = np.argsort(among)
+    at = np.minimum(np.searchsorted(among[order], keys), len(order) - 1)
+    present = among[order[at]] == keys
+    return np.where(present, order[at], 0), present
+
+
 def apply_plan(array: np.ndarray, left: int, holes: np.ndarray, movers: np.ndarray) -> np.ndarray:
     """A host array after a removal plan."""
     array[holes] = array[movers]

@@ -53,7 +53,7 @@ from sodaray.search.relaxed import (  # noqa: F401  (their home before issue 52)
 )
 from sodaray.search.scheduler import Scheduler
 from sodaray.search.screen import Screened, Screener, changed_slots
-from sodaray.search.slots import Buffers
+from sodaray.search.slots import Buffers, locate
 from sodaray.search.soda_config import SodaConfig, keyed_normal  # noqa: F401
 from sodaray.search.soda_state import SodaState
 from sodaray.search.soda_step import (
@@ -364,7 +364,7 @@ class SodaBatch:
             then = (before.ids, before.row_slot, before.row_offset, before.tokens)
         changed = changed_slots(launch.ids, launch.row_slot, launch.row_offset, launch.tokens, then)
         picks = np.flatnonzero(changed)
-        current, present = _where_now(launch.ids[picks], self.state.host["id"])
+        current, present = locate(launch.ids[picks], self.state.host["id"])
         picks, current = picks[present], current[present]
         if len(picks):
             dev = self.model.device
@@ -388,7 +388,7 @@ class SodaBatch:
         loss: np.ndarray | _LazyLoss = np.full(count, np.nan, dtype=np.float32)
         self._read, self._index = launch, np.zeros(count, dtype=np.int64)
         if launch is not None and len(launch.ids) and count:
-            at, present = _where_now(self.state.host["id"], launch.ids)
+            at, present = locate(self.state.host["id"], launch.ids)
             settled = present
             self._index = np.where(settled, at, 0)
             screened = np.flatnonzero(settled & launch.passed()[self._index])
@@ -453,14 +453,3 @@ class SodaBatch:
         self.state.rows["m"][where] = 0.0
         self.state.rows["v"][where] = 0.0
         self.state.z[where] = fresh.to(dev, non_blocking=True)
-
-
-def _where_now(ids: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of `ids` sits in `among` (slot ids, distinct), and whether it is there at all
-    (where not, the index is 0)."""
-    if not len(among):
-        return np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
-    order = np.argsort(among)
-    at = np.minimum(np.searchsorted(among[order], ids), len(order) - 1)
-    present = among[order[at]] == ids
-    return np.where(present, order[at], 0), present

@@ -127,17 +127,17 @@ def plan_inputs(
     slot_len[:count] = lengths
     seed = np.zeros(slots, dtype=np.float32)
     seed[:count] = 1.0 if weights is None else weights
-    seq_rows, seq_pos = observed_positions(slot_len, p, m)
-    seq_rows = np.broadcast_to(seq_rows, seq_pos.shape)
     arrays = {
         "row_seq": row_seq,
-        "row_pos": row_pos + p,
         "row_offset": row_pos,
         "lengths": slot_len,
         "seed": seed,
-        "seq_rows": np.ascontiguousarray(seq_rows),
-        "seq_pos": seq_pos,
     }
+    if capture:  # the layout's derived indices, made here so that a re-plan writes them in place
+        seq_rows, seq_pos = observed_positions(slot_len, p, m)
+        arrays["row_pos"] = row_pos + p
+        arrays["seq_rows"] = np.ascontiguousarray(np.broadcast_to(seq_rows, seq_pos.shape))
+        arrays["seq_pos"] = seq_pos
     # A captured step has its objective built in: a shape is one objective group's.
     shape = (rows, slots, width, int(groups[0]))
     old = shapes.get(shape) if capture and shapes is not None else None
