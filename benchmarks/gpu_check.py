@@ -5,6 +5,12 @@ Done-when's order, within a time budget (a lease is 15 minutes, start-up include
     python benchmarks/gpu_check.py --device cpu --quick      # the same stages, tiny, here
 
 Stages (each under its own deadline; one that runs out prints so and the next begins):
+0. The fused vocabulary kernels (issue 60), first: Qwen2.5-0.5B shape, n=3, bf16, captured,
+   B=1000 then B=64, the fused step (`fused: on`) and the same run's unfused one: ms per steady
+   step, the ratio to its roofline (the vocabulary passes `benchmarks/vocab_passes.py` counts,
+   at the copy bandwidth measured here, plus the step's FLOPs at the bf16 peak measured here),
+   and CUDA kernels per step (eager executor, torch.profiler). Goals: <= 28 ms at B=1000,
+   <= 10 ms and <= 1,200 kernels at B=64. A kernel that fails to compile shows here first.
 1. Qwen2.5-0.5B shape, n=3, B=64: ms per steady step, captured ("graph") in float32, tf32 and
    bf16, and eager in float32 and tf32 as the same run's baseline. The goal: <= 20 ms, match
    check included (it is: every step screens, and confirms what passes).
@@ -93,7 +99,9 @@ def targets_for(model, n: int, batch: int, seed: int = 1):
     return targets
 
 
-def steady(model, targets, executor: str, precision: str, device: str, steps: int) -> dict:
+def steady(
+    model, targets, executor: str, precision: str, device: str, steps: int, fused: str = "off"
+) -> dict:
     """ms per steady step on one engine: a run of 3 steps, then of 3 + `steps`; and the share
     of slot-steps whose tokens the match check screened (those a step changed)."""
     import sodaray
@@ -103,7 +111,7 @@ def steady(model, targets, executor: str, precision: str, device: str, steps: in
     engine = Engine(model, executor=executor)
     n = len(targets.true_tokens[0])
     cfg = sodaray.SodaConfig.from_preset(
-        "tinystories-33m", max_batch_size=len(targets), precision=precision
+        "tinystories-33m", max_batch_size=len(targets), precision=precision, fused=fused
     )
     screens: dict[int, Screener] = {}
     screened = [0]
@@ -176,6 +184,73 @@ def bf16_peak(device: str) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000)
     return 2 * 8192**3 / float(np.median(times))
+
+
+# Float32 (T x V) passes per step, bf16 (`benchmarks/vocab_passes.py --shape qwen`; the eager
+# step's from ../shared/tools/vocabpasses.py, counted in float32).
+PASSES = {"on": 9.3, "off": 41.1}
+
+
+def bandwidth(device: str) -> float:
+    """Bytes/s of a 2 GiB device-to-device copy here (read + write; median of 5)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return float("nan")
+    a = torch.empty(2**29, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return 2 * a.numel() * 4 / float(np.median(times[1:]))
+
+
+def kernels_per_step(model, targets, precision: str, device: str, fused: str) -> float:
+    """CUDA kernels a steady step launches (eager executor: a graph replay hides them)."""
+
+    if not device.startswith("cuda"):
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = []
+    for steps in (2, 6):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            steady(model, targets, "eager", precision, device, steps, fused)
+        counts.append(sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA"))
+    # steady() runs 3, 3 and 3 + steps steps: the difference of the two profiles is 4 steps.
+    return (counts[1] - counts[0]) / 4
+
+
+def stage_fused(args, models, peak: float) -> None:
+    from bench_invert import flops_per_sample_step
+
+    model = models("qwen")
+    bw = bandwidth(args.device)
+    say(f"copy bandwidth measured here: {bw / 1e12:.2f} TB/s")
+    flops = flops_per_sample_step(model, 3)
+    vocab = model.vocab_size
+    for batch in (16,) if args.quick else (1000, 64):
+        targets = targets_for(model, 3, batch)
+        rows = 3 * batch
+        for fused in ("on", "off"):
+            try:
+                r = steady(model, targets, "graph", "bfloat16", args.device, 8, fused)
+            except OutOfTime:
+                raise
+            except Exception as exc:
+                say(f"qwen:3:{batch} bf16 fused={fused} FAILED: {type(exc).__name__}: {exc}"[:300])
+                continue
+            bound = PASSES[fused] * 4 * rows * vocab / bw + batch * flops / peak
+            extra = f", roofline {1000 * bound:.2f} ms (x{r['ms'] / (1000 * bound):.1f})"
+            if batch == 64:
+                k = kernels_per_step(model, targets, "bfloat16", args.device, fused)
+                extra += f", {k:.0f} kernels/step"
+            say(line(f"qwen:3:{batch} fused={fused}", "bfloat16", "graph", r, extra))
 
 
 def stage_qwen64(args, models) -> None:
@@ -318,8 +393,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="timed steps at B=64")
     p.add_argument("--authors-cmd", help="as bench_invert.py's: {n} {B} {steps}")
     p.add_argument("--quick", action="store_true", help="tiny batches (a CPU dry run)")
-    p.add_argument("--stages", default="12345")
+    p.add_argument("--stages", default="012345")
     args = p.parse_args()
+    if not args.device.startswith("cuda"):  # the fused kernels on a CPU: Triton's interpreter
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
     from bench_invert import QWEN_SHAPES, build_model
 
@@ -343,8 +422,9 @@ def main() -> None:
     assert set(QWEN_SHAPES) >= {"qwen", "qwen3b"}
     peak = bf16_peak(args.device)
     say(f"bf16 matrix peak measured here: {peak / 1e12:.0f} TFLOP/s")
-    shares = {"1": 0.18, "2": 0.2, "3": 0.22, "4": 0.25, "5": 0.15}
+    shares = {"0": 0.25, "1": 0.18, "2": 0.2, "3": 0.22, "4": 0.25, "5": 0.15}
     stages = {
+        "0": ("fused kernels, qwen bf16", lambda: stage_fused(args, models, peak)),
         "1": ("qwen B=64", lambda: stage_qwen64(args, models)),
         "2": ("qwen B=1000", lambda: stage_qwen1000(args, models, peak)),
         "3": ("neo B=1000 vs authors", lambda: stage_neo1000(args, models)),

@@ -12,7 +12,8 @@ from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.api import ALGORITHMS, invert, make_config
-    from sodaray.models import LoadedModel, ModelLoadError, load_model, wrap_model
+    from sodaray.modelfiles import ModelLoadError
+    from sodaray.models import LoadedModel, load_model, wrap_model
     from sodaray.objectives import Objective
     from sodaray.presets import PRESETS, get_preset
     from sodaray.results import RunContext, read_results, result_rows
@@ -36,7 +37,7 @@ _LAZY: dict[str, str] = {
     "GcgConfig": "sodaray.search.gcg",
     "InversionResult": "sodaray.search.base",
     "LoadedModel": "sodaray.models",
-    "ModelLoadError": "sodaray.models",
+    "ModelLoadError": "sodaray.modelfiles",
     "Objective": "sodaray.objectives",
     "PRESETS": "sodaray.presets",
     "RunContext": "sodaray.results",

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.cost import KNOWN_SHAPES, ModelShape
+from sodaray.paths import brief
 
 KINDS = ("gpu", "cpu")  # the jobs a costs table prices: those asking a GPU, or none
 PRECISIONS = ("float32", "tf32", "bfloat16")
@@ -360,6 +361,17 @@ def load_costs(source: str) -> DeviceCosts:
     return costs_from_data(data, str(path))
 
 
+def _number(value: Any) -> float | None:
+    """A YAML number as a float; None for anything else, a bool, or an integer too large for a
+    float (`math.isfinite(10**400)` raised OverflowError, a line naming no file)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def costs_from_data(data: Any, where: str) -> DeviceCosts:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: a costs file is a mapping ({', '.join(FILE_KEYS)})")
@@ -381,11 +393,11 @@ def costs_from_data(data: Any, where: str) -> DeviceCosts:
         if not isinstance(values, dict) or set(values) != set(CONSTANTS):
             raise ValueError(f"{where}: precisions.{name} must give exactly {', '.join(CONSTANTS)}")
         for key in CONSTANTS:
-            value = values[key]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value < 0:
+            value = _number(values[key])
+            if value is None or not math.isfinite(value) or value < 0:
                 raise ValueError(
-                    f"{where}: precisions.{name}.{key} must be a finite number >= 0, not {value!r}"
+                    f"{where}: precisions.{name}.{key} must be a finite number >= 0, "
+                    f"not {brief(values[key], 40)}"
                 )
         if values["flops_per_second"] < MIN_RATE:
             raise ValueError(
@@ -394,12 +406,12 @@ def costs_from_data(data: Any, where: str) -> DeviceCosts:
         if values["pass_seconds"] + values["layer_seconds"] > MAX_STEP_SECONDS:
             raise ValueError(f"{where}: precisions.{name}: a pass's floor above an hour")
         table[name] = PrecisionCosts(*(float(values[k]) for k in CONSTANTS))
-    startup = data.get("startup_seconds", 0.0)
-    ok = isinstance(startup, (int, float)) and not isinstance(startup, bool)
-    if not ok or not math.isfinite(startup) or not 0 <= startup <= MAX_STEP_SECONDS:
+    given = data.get("startup_seconds", 0.0)
+    startup = _number(given)
+    if startup is None or not math.isfinite(startup) or not 0 <= startup <= MAX_STEP_SECONDS:
         raise ValueError(
             f"{where}: startup_seconds must be a number of seconds from 0 to "
-            f"{MAX_STEP_SECONDS:g}, not {startup!r}"
+            f"{MAX_STEP_SECONDS:g}, not {brief(given, 40)}"
         )
     source = data.get("source", where)
     return DeviceCosts(device.strip(), kind, table, str(source)[:300], float(startup))

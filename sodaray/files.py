@@ -246,7 +246,53 @@ def check_model_files(
         raise error(f"{location} holds no config.json: not a model folder")
     if config != "a regular file":
         raise error(f"{folder / 'config.json'} is {config}, not a model's config file")
+    check_model_config(folder / "config.json", error)
     if not any(
         f.suffix in WEIGHT_SUFFIXES and what_is(f) == "a regular file" for f in folder.iterdir()
     ):
         raise error(f"{location} holds no weights (no *.safetensors or *.bin file)")
+
+
+# A model config's sizes, each a whole number from 1 to its bound when given: far above any
+# model (the largest have ~130 layers, ~260k tokens, a width of ~30k, contexts of ~1M), far
+# below what hangs or exhausts memory while transformers builds the empty model (a
+# `num_hidden_layers` of 10**9 ran for minutes; a negative `vocab_size` was a traceback).
+CONFIG_SIZES = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 18,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 10_000,
+    "num_attention_heads": 1 << 14,
+    "num_key_value_heads": 1 << 14,
+    "max_position_embeddings": 1 << 26,
+    "n_embd": 1 << 18,
+    "n_layer": 10_000,
+    "n_head": 1 << 14,
+    "n_positions": 1 << 26,
+    "num_layers": 10_000,
+    "num_heads": 1 << 14,
+}
+
+
+def check_model_config(
+    path: str | os.PathLike, error: type[Exception] = ValueError
+) -> dict[str, Any]:
+    """A model folder's `config.json`, read by `read_json_object`'s rule (bounded size and
+    nesting, one line naming it), whose sizes (`CONFIG_SIZES`, at the top level and in a
+    `text_config`) are whole numbers in range: refused here, before transformers builds a
+    model from them. Returns the config."""
+    config = read_json_object(path, "model's config file", error)
+    parts = [("", config)]
+    if isinstance(config.get("text_config"), dict):
+        parts.append(("text_config.", config["text_config"]))
+    for prefix, part in parts:
+        for key, bound in CONFIG_SIZES.items():
+            value = part.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+                raise error(
+                    f"{path}: {prefix}{key} must be a whole number from 1 to {bound:,}, "
+                    f"not {value!r:.40}"
+                )
+    return config

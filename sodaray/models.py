@@ -22,6 +22,14 @@ from torch import Tensor, nn
 
 from sodaray.attention import install, prepared_mask
 from sodaray.errors import first_line
+from sodaray.modelfiles import (
+    ModelLoadError,
+    check_gguf_file,
+    check_tokenizer_files,
+    check_weight_files,
+    damaged_tokenizer_file,
+    weight_file_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +179,6 @@ def prepared_positions(length: int, device: torch.device) -> Tensor:
             _POSITIONS.clear()
         _POSITIONS[key] = positions = torch.arange(length, device=device)[None]
     return positions
-
-
-class ModelLoadError(ValueError):
-    """The model could not be loaded (unknown id, missing file, unsupported format)."""
 
 
 def default_device() -> torch.device:
@@ -481,6 +485,11 @@ def resolve_model_path(
 ) -> tuple[str, str | None]:
     """(folder or hub id, GGUF file name): a path ending in `.gguf` is split into the two, and a
     local path that does not exist is an `error` (checked before any slow work)."""
+    if name_or_path.endswith(".gguf") and gguf_file is not None:
+        raise error(
+            f"{name_or_path} is a GGUF file and a GGUF file name ({gguf_file}) is given too: "
+            "give the .gguf path alone, or its folder and the file name"
+        )
     if name_or_path.endswith(".gguf") and gguf_file is None:
         path = Path(name_or_path)
         name_or_path, gguf_file = str(path.parent), path.name
@@ -492,20 +501,12 @@ def resolve_model_path(
             f"{name_or_path} is a file, not a model folder (give the folder that holds "
             "config.json and the weights, or a .gguf file)"
         )
-    if gguf_file is not None and os.path.isdir(name_or_path):
-        if not (Path(name_or_path) / gguf_file).is_file():
+    if gguf_file is not None and os.path.isdir(os.path.expanduser(name_or_path)):
+        file = Path(name_or_path).expanduser() / gguf_file
+        if not file.is_file():
             raise error(f"GGUF file {gguf_file!r} not found in {name_or_path}")
+        check_gguf_file(Path(name_or_path) / gguf_file, error)  # a cut download, said so
     return name_or_path, gguf_file
-
-
-def _weight_file_errors() -> tuple[type[BaseException], ...]:
-    """What a corrupt or truncated weight file raises (safetensors' own error type)."""
-    try:
-        from safetensors import SafetensorError
-
-        return (SafetensorError,)
-    except ImportError:
-        return ()
 
 
 def load_model(
@@ -531,23 +532,66 @@ def load_model(
     kwargs: dict = {"trust_remote_code": trust_remote_code}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
+    else:
+        check_weight_files(name_or_path)  # a cut or damaged file named, not only its folder
+        check_tokenizer_files(name_or_path)  # a FIFO would block the tokenizer's read
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
+    except RuntimeError as exc:
+        # What transformers raises for weights whose shapes are not the config's (another
+        # model's checkpoint beside this config): about the files, so said about them.
+        if "mismatched_sizes" not in str(exc) and "size mismatch" not in str(exc):
+            raise
+        raise ModelLoadError(
+            f"cannot load model {_weights_label(name_or_path, gguf_file)}: its tensors' shapes "
+            "are not the ones its config.json describes (weights of another model?)"
+        ) from exc
     except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused the file
         raise ModelLoadError(
             f"cannot load model {name_or_path!r}: its weights are a pickle that holds more than "
             "tensors, which could run code when loaded; refused (convert it to safetensors)"
         ) from exc
-    except (OSError, ValueError, KeyError, *_weight_file_errors()) as exc:
-        raise ModelLoadError(f"cannot load model {name_or_path!r}: {first_line(exc)}") from exc
+    except (OSError, ValueError, KeyError, *weight_file_errors()) as exc:
+        raise ModelLoadError(
+            f"cannot load model {_load_label(name_or_path, gguf_file, exc)}"
+        ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
+        damaged = damaged_tokenizer_file(name_or_path)
+        if damaged is not None:  # a tokenizer is there but broken: said, not dropped
+            raise ModelLoadError(f"cannot load the tokenizer: {damaged}") from exc
         log.warning("no tokenizer for %s (%s); token ids only", name_or_path, exc)
         tokenizer = None
     model.to(device)
     label = f"{name_or_path}/{gguf_file}" if gguf_file else name_or_path
     return wrap_model(model, tokenizer, name=label, bos=bos)
+
+
+def _weights_label(name_or_path: str, gguf_file: str | None) -> str:
+    """The weight files a load read, for its error: the GGUF file, a local folder's weight
+    files (named when few), else the model as given."""
+    local = Path(name_or_path).expanduser()
+    if gguf_file is not None:
+        return str(local / gguf_file)
+    if local.is_dir():
+        files = sorted(f.name for f in local.iterdir() if f.suffix in (".safetensors", ".bin"))
+        if 0 < len(files) <= 3:
+            return ", ".join(str(local / f) for f in files)
+    return repr(name_or_path)
+
+
+def _load_label(name_or_path: str, gguf_file: str | None, exc: BaseException) -> str:
+    """What a failed load names, then why: the GGUF file, a local folder's config.json when
+    the config is what was refused (an architecture this transformers does not know), else
+    the model as given."""
+    why = first_line(exc)
+    local = Path(name_or_path).expanduser()
+    if gguf_file is not None:
+        return f"{local / gguf_file}: {why}"
+    if local.is_dir() and "model type" in why and "config.json" not in why:
+        return f"{local / 'config.json'}: {why}"
+    return f"{name_or_path!r}: {why}"
 
 
 # (path, size, mtime) of each file -> its content hash: an actor hashes its model once, not

@@ -137,3 +137,27 @@ def looked_for(path: str, folder: str | Path | None) -> str:
     if folder is None or os.path.isabs(expand_path(path)):
         return path if where == path else f"{path} ({where})"
     return f"{path} (looked for {os.path.normpath(where)}: {RELATIVE_RULE})"
+
+
+def same_spelling(path: str, folder: str | Path | None = None) -> str:
+    """One spelling for a local path however it was written: a trailing `/`, `./`, `//` and a
+    `name/..` dropped (`os.path.normpath`), so `m/`, `./m` and `x/../m` are all `m`. `~` and
+    `$NAME` stay as written (a portable name: they are what a file means on every machine).
+    Where dropping a `name/..` would name another place (`name` a link elsewhere), the path keeps
+    its `..` and loses only its trailing `/`. A spelling already in this form is returned as it
+    is, so what hashes it (a job, a study) keeps its hash."""
+    if not path:
+        return path
+    short = os.path.normpath(path)
+    if short == path:
+        return path
+    if ".." in Path(path).parts:
+        try:
+            same = os.path.realpath(in_file(short, folder)) == os.path.realpath(
+                in_file(path, folder)
+            )
+        except ValueError:  # an unset variable: nothing to compare on this machine
+            same = False
+        if not same:
+            return path.rstrip("/") or "/"
+    return short

@@ -7,6 +7,7 @@ output, `make_targets`), from observed text (`targets_from_text`) or from observ
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -287,6 +288,36 @@ def targets_from_logits(
     )
 
 
+def _check_npy(path: Path) -> None:
+    """A `.npy` file's header, checked before numpy reads the array: the NUMPY magic bytes, a
+    header numpy can read, no Python objects, and exactly the bytes the header's shape and
+    dtype need (a file cut short, or one whose header claims more than it holds: numpy would
+    allocate what the header says before finding out). ValueError naming the file."""
+    from numpy.lib import format as npy
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if f.read(6) != npy.MAGIC_PREFIX:
+            raise ValueError(f"{path}: not a .npy file (it does not start with the NUMPY bytes)")
+        f.seek(0)
+        try:
+            version = npy.read_magic(f)
+            read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = read(f)
+        except (ValueError, EOFError, SyntaxError, TypeError) as exc:
+            raise ValueError(f"{path}: damaged .npy header ({first_line(exc)})") from exc
+        if dtype.hasobject:
+            raise ValueError(
+                f"{path}: holds Python objects, not numbers; refused (never unpickled)"
+            )
+        needed = f.tell() + math.prod(shape) * dtype.itemsize
+    if needed != size:
+        raise ValueError(
+            f"{path}: its header describes an array of shape {tuple(shape)} ({needed:,} bytes "
+            f"with the header) but the file has {size:,} bytes: cut short or damaged"
+        )
+
+
 def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
     """Read observed logits from .npy (values only) or .safetensors (`values`/`logits` and
     optional `indices`). Never unpickles."""
@@ -297,6 +328,11 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
         raise ValueError(f"logits file not found: {path}")
     if path.suffix not in (".npy", ".safetensors"):
         raise ValueError(f"logits file must be .npy or .safetensors, not {path.suffix!r}")
+    if path.suffix == ".npy":
+        try:  # before numpy reads it
+            _check_npy(path)
+        except ValueError as exc:  # "PATH: why"
+            raise ValueError(f"cannot read logits file {exc}") from exc
     try:
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False), None

@@ -40,6 +40,8 @@ LINK = "a symbolic link"
 # A folder below `base`: never through a link; O_NONBLOCK so that a FIFO in its place cannot
 # block the open (O_DIRECTORY refuses it anyway).
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# The longest name (one path component) Linux filesystems take, in bytes.
+NAME_MAX = 255
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -65,7 +67,9 @@ def write_file(
     with _folder(top, parts[:-1], create=True) as fd:
         if not exclusive:
             _check_replaceable(fd, name, path)
-        tmp = f".{name[:100]}.{secrets.token_hex(4)}.tmp"
+        # Cut in bytes, not characters: 100 wide characters would pass NAME_MAX.
+        short = os.fsencode(name)[:100].decode("utf-8", "ignore")
+        tmp = f".{short}.{secrets.token_hex(4)}.tmp"
         out = os.open(tmp, _NEW, 0o666, dir_fd=fd)
         try:
             with os.fdopen(out, "wb") as f:
@@ -174,6 +178,9 @@ def _parts(
     """`base` made absolute, and `path`'s components below it. Both are made absolute without
     following links: a `..` is taken by name, and a path that then lies outside `base` is
     refused. (By name is safe: no folder below `base` may be a link.)"""
+    for given in (base, path):
+        if "\0" in os.fspath(given):  # the OS refuses it only later, in a line naming nothing
+            raise UnsafeWrite(f"{os.fspath(given)!r}: a path cannot hold a NUL byte")
     top = Path(os.path.abspath(base))
     try:
         rel = Path(os.path.abspath(path)).relative_to(top)
@@ -181,6 +188,14 @@ def _parts(
         raise PathEscape(f"{path} would be written outside {base}") from None
     if not rel.parts and not allow_base:
         raise UnsafeWrite(f"{path} is the folder {base} itself, not a file in it")
+    for part in Path(os.path.abspath(path)).parts:
+        # Refused before any work: the OS says only "File name too long", after the search.
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise UnsafeWrite(
+                f"{path}: the name {part[:40]}... is {size:,} bytes; a file or folder name "
+                f"is at most {NAME_MAX}"
+            )
     return top, list(rel.parts)
 
 
@@ -211,13 +226,17 @@ def _folder(top: Path, parts: list[str], create: bool) -> Iterator[int]:
 
 def _open_base(top: Path, create: bool) -> int:
     """The folder the user gave, links followed (their choice), made when missing."""
-    if create:
-        with contextlib.suppress(FileExistsError, NotADirectoryError):  # said by the open
-            os.makedirs(top, exist_ok=True)
     try:
+        if create:
+            with contextlib.suppress(FileExistsError, NotADirectoryError):  # said by the open
+                os.makedirs(top, exist_ok=True)
         return os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
     except NotADirectoryError:
         raise UnsafeWrite(refusal(top, _kind(top) or "nothing", folder=True)) from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:  # others (no room, read-only) stay OSErrors: callers' own
+            raise
+        raise UnsafeWrite(f"{top} is a loop of symbolic links, not a folder") from None
 
 
 def _kind(name: str | os.PathLike, dir_fd: int | None = None) -> str | None:

@@ -367,7 +367,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "sweep-mlflow-experiment-empty",
         ["sweep", "run", "{tmp}/s.yaml", "--out", "{tmp}/o", "--mlflow", "sqlite:///{tmp}/m.db"]
         + ["--mlflow-experiment", ""],
-        "--mlflow-experiment must be a non-empty name",
+        "--mlflow-experiment: empty value",
         sweep(),
     ),
     # ---- sweep plan, train-inverter
@@ -375,7 +375,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (  # issue 38: no preset, so the family's defaults, which need the model's config
         "plan-family-config-unreadable",
         ["sweep", "plan", "{tmp}/s.yaml", "--no-calibrate"],
-        "model m: cannot read the config of",
+        "models/m/config.json: not valid JSON",
         {
             "models/m": "bad-config-model",
             "s.yaml": SWEEP.replace('"{model}"', "models/m").format(
@@ -386,7 +386,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
     (
         "tune-family-config-too-large",
         ["tune", "{tmp}/t.yaml", "--dry-run"],
-        "larger than 4 MB",
+        "bytes is not a model's config file (at most 4,194,304)",
         {
             "models/m": "huge-config-model",
             "t.yaml": tuning()["t.yaml"].replace('"{model}"', "models/m"),

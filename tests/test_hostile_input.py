@@ -260,7 +260,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         "booleans",
         {"b.npy": "bool-logits"},
     ),
-    ("invert-out-empty", [*INV, "--tokens", "172", "--out", ""], "--out: empty path", {}),
+    ("invert-out-empty", [*INV, "--tokens", "172", "--out", ""], "--out: empty value", {}),
     (
         "jsonl-text-not-a-string",
         [
@@ -677,7 +677,7 @@ CASES: list[tuple[str, list[str], str, dict[str, str]]] = [
         {"rows.parquet": "rows", "again.parquet": "rows"},
     ),
     # ---- issue 53: every wait has a bound (`waits.CHECK_SECONDS`; timed in test_bounded_waits)
-    ("run-mlflow-empty", [*RUN, "--mlflow", ""], "--mlflow: an empty tracking URI", SWEEP_FILE),
+    ("run-mlflow-empty", [*RUN, "--mlflow", ""], "--mlflow: empty value", SWEEP_FILE),
     ("tune-mlflow-blank", [*TUNE, "--mlflow", "  "], "--mlflow: an empty tracking URI", TUNE_FILE),
     (
         "tune-journal-fifo",  # appending to a FIFO waits for a reader for ever

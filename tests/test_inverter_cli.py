@@ -48,9 +48,12 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def train(capsys, out, epochs: int, *extra: str) -> tuple[int, str, str]:
+    # An option in `extra` replaces TINY's (the command refuses one given twice).
+    pairs = [TINY[i : i + 2] for i in range(0, len(TINY), 2)]
+    base = [a for pair in pairs if pair[0] not in extra for a in pair]
     return run(
         capsys, "train-inverter", "--model", M, "--out", str(out), "--epochs", str(epochs),
-        *TINY, *extra,
+        *base, *extra,
     )  # fmt: skip
 
 

@@ -18,11 +18,11 @@ import yaml
 from conftest import STORIES, another_driver, finish_all
 
 from sodaray.cli import main
+from sodaray.experiment.owner import STALE_SECONDS
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 from sodaray.runner.layout import (
     LOCK_FILE,
-    LOCK_STALE_SECONDS,
     acquire_lock,
     meta_folder,
     plan_jobs,
@@ -148,11 +148,11 @@ def test_stale_locks_are_broken(tmp_path, owner, held):
     elif owner == "other-host-fresh":
         _write_lock(folder, "elsewhere.example", 1)
     elif owner == "other-host-stale":
-        _write_lock(folder, "elsewhere.example", 1, age=LOCK_STALE_SECONDS + 60)
+        _write_lock(folder, "elsewhere.example", 1, age=STALE_SECONDS + 60)
     else:
         folder.mkdir()
         (folder / LOCK_FILE).write_text("{not json")
-        old = time.time() - LOCK_STALE_SECONDS - 60
+        old = time.time() - STALE_SECONDS - 60
         os.utime(folder / LOCK_FILE, (old, old))
     other = acquire_lock(folder)
     assert (other is not None) == held

@@ -11,11 +11,11 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NoReturn
+
+from sodaray import jsontext
 
 EXIT_USAGE = 2
 
@@ -24,10 +24,43 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
 
 
+# Options whose empty value is meaningful, so `--x ''` is taken as given: none so far. Every
+# other option and positional refuses an empty value: it is what an unset shell variable
+# (`--storage "$STORAGE"`) gives, and read as "unset" it silently fell back to a default
+# (a cluster study landing in a local journal).
+EMPTY_ALLOWED: frozenset[str] = frozenset()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not usage + traceback
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """Every value given on the command line passes here (defaults do not), in every
+        subcommand (each is a `_Parser`): the one place an empty one is refused."""
+        if (
+            "" in arg_strings
+            and not isinstance(action, argparse._SubParsersAction)
+            and not EMPTY_ALLOWED.intersection(action.option_strings)
+        ):
+            name = action.option_strings[-1] if action.option_strings else action.metavar
+            self.error(f"{name or action.dest}: empty value (unset variable?)")
+        value = super()._get_values(action, arg_strings)
+        if type(action) is argparse._StoreAction and action.option_strings:
+            # `--max-steps 1 ... --max-steps 3`: argparse keeps the last, silently.
+            given = self.__dict__.setdefault("_given", {})
+            if action.dest in given and given[action.dest] != value:
+                self.error(
+                    f"{action.option_strings[-1]} given twice ({given[action.dest]!r}, then "
+                    f"{value!r}): give it once"
+                )
+            given[action.dest] = value
+        return value
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given: dict[str, Any] = {}  # what each option was given in this parse
+        return super().parse_known_args(args, namespace)
 
 
 def _parse_tokens(text: str) -> list[int]:
@@ -114,14 +147,20 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         "known, as with --prompt/--tokens (both, default: turns down one space's near-collisions), "
         "or in the space alone; a --logits-file is always checked in its space",
     )
-    obj.add_argument("--output-tokens", type=int, default=1, help="observed output positions")
+    obj.add_argument(
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="observed output positions of --prompt/--tokens (default 1; an observed output "
+        "has its own)",
+    )
     # None: the preset file's setting, else the objective's default (huber, 0).
     obj.add_argument("--loss", choices=["huber", "mse"], default=None, help="default: huber")
     obj.add_argument("--fluency-weight", type=float, default=None, help="default: 0")
     obj.add_argument(
         "--text-loss",
         choices=["logprob", "prob"],
-        default="logprob",
+        default=None,
         help="text objective: log-prob margins (authors' code, default) or Eq. 5's prob margins",
     )
     obj.add_argument(
@@ -144,7 +183,9 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="input length N, or 'auto' (default: the true length when known)",
     )
-    srch.add_argument("--max-length", type=int, default=10, help="longest length for --length auto")
+    srch.add_argument(
+        "--max-length", type=int, default=None, help="longest length for --length auto (default 10)"
+    )
     srch.add_argument("--preset", help="paper preset name, e.g. tinystories-33m")
     srch.add_argument("--preset-file", help="preset YAML (e.g. written by `sodaray tune`)")
     srch.add_argument(
@@ -156,7 +197,7 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     )
     srch.add_argument("--max-steps", type=int, default=None)
     srch.add_argument("--max-batch-size", type=int, default=None)
-    srch.add_argument("--seed", type=int, default=0)
+    srch.add_argument("--seed", type=int, default=None, help="default 0")
     run = p.add_argument_group("model placement")
     run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     run.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -183,6 +224,80 @@ def _add_invert(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_invert)
 
 
+MAX_LENGTH = 10  # --length auto's longest length when --max-length is not given
+
+
+def _note(text: str) -> None:
+    """A line on stderr saying which of two values given for one setting is used (stdout may
+    be JSON; stderr's error lines start `sodaray: error:`, these `sodaray: note:`)."""
+    from sodaray.errors import shown
+
+    sys.stderr.write(f"sodaray: note: {shown(text)}\n")
+
+
+def _given_once(args: argparse.Namespace) -> None:
+    """A setting given two ways where one would silently win is refused in one line, or, where
+    one overriding the other is the point (a --param over a named preset), a note says which
+    is used; a flag the chosen inputs never read is refused by name. Checked before the load."""
+    from sodaray.errors import shown
+
+    params: dict[str, Any] = {}
+    for key, value in args.param:
+        if key in params and params[key] != value:
+            raise CliError(
+                f"--param {key} given twice ({params[key]!r}, then {value!r}): give it once"
+            )
+        params[key] = value
+    for flag, key in (
+        ("--max-steps", "max_steps"),
+        ("--max-batch-size", "max_batch_size"),
+        ("--seed", "seed"),
+    ):
+        if getattr(args, key) is not None and key in params:
+            raise CliError(f"{flag} and --param {key}=... both given: give {key} once")
+    observed = bool(args.output_text or args.logits_file)
+    if observed and args.output_tokens is not None:
+        raise CliError(
+            "--output-tokens counts the observed positions of --prompt/--tokens; an observed "
+            "output (--output-text, --logits-file) has its own: leave it out"
+        )
+    if args.output_text and args.objective == "logits":
+        raise CliError("--output-text observes text: use --objective text, not logits")
+    if args.logits_file and args.objective == "text":
+        raise CliError("--logits-file observes logits: use --objective logits, not text")
+    kind = args.objective or ("text" if args.output_text else "logits")
+    if args.text_loss is not None and kind != "text":
+        raise CliError("--text-loss is for the text objective (--objective text); leave it out")
+    auto = args.length == "auto" or (args.length is None and observed)
+    if args.max_length is not None and not auto:
+        raise CliError(
+            "--max-length bounds --length auto; with a fixed length (given, or the inputs' "
+            "own) it is never read: leave it out or give --length auto"
+        )
+    if args.gguf_file is not None and args.model.endswith(".gguf"):
+        raise CliError(
+            f"--model {args.model} is a GGUF file and --gguf-file names another: give "
+            "--model FILE.gguf, or --model FOLDER --gguf-file FILE.gguf"
+        )
+    if args.preset and args.preset_file:
+        raise CliError(
+            "--preset and --preset-file both given (the file's values would silently win): give one"
+        )
+    if not args.dataset_label.isprintable():  # a label in tables and figures: one line
+        raise CliError(
+            f"--dataset-label {shown(args.dataset_label, 80)!r}: not a printable name (a line "
+            "break or control character)"
+        )
+    if (args.preset or args.preset_file) and args.algorithm == "soda":
+        from sodaray.presets import get_preset, load_preset_file
+
+        preset = dict(get_preset(args.preset).soda) if args.preset else {}
+        preset.update(load_preset_file(args.preset_file) if args.preset_file else {})
+        for key, value in sorted(params.items()):
+            if key in preset and preset[key] != value:
+                _note(f"{key}: --param's {value!r} is used, not the preset's {preset[key]!r}")
+
+
 def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
     """The algorithm's config from the flags: the named preset, or with none the model's family
     defaults (`defaults`, a `sodaray.families.Defaults`; None before the model is loaded, to
@@ -198,7 +313,7 @@ def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
         params["max_steps"] = args.max_steps
     if args.max_batch_size is not None:
         params["max_batch_size"] = args.max_batch_size
-    params["seed"] = args.seed
+    params["seed"] = args.seed if args.seed is not None else params.get("seed", 0)
     return make_config(args.algorithm, params, source="parameters")
 
 
@@ -216,8 +331,8 @@ def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults:
             kind=kind,
             top_k=args.top_k,
             **settings,
-            output_tokens=args.output_tokens,
-            text_loss=args.text_loss,
+            output_tokens=1 if args.output_tokens is None else args.output_tokens,
+            text_loss=args.text_loss or "logprob",
             fluency_form=args.fluency_form,
             confirm=args.confirm,
             atol=args.atol,
@@ -259,6 +374,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         raise CliError("--prompt is empty")
     if args.top_k is not None and args.top_k < 1:
         raise CliError(f"--top-k must be at least 1, not {args.top_k}")
+    _given_once(args)
     config = _algorithm_config(args)  # validate before the (slow) model load
     from sodaray.validation import check_context, check_device, check_output_file
 
@@ -278,6 +394,11 @@ def cmd_invert(args: argparse.Namespace) -> int:
         observed = read_logits_file(args.logits_file)
         if observed[1] is not None:
             top_k = int(observed[1].shape[-1])
+            if args.top_k is not None and args.top_k != top_k:
+                raise CliError(
+                    f"--top-k {args.top_k}, but {args.logits_file} holds the top {top_k} logits "
+                    "of each position: leave out --top-k"
+                )
     objective: Objective = _objective(args, kind, top_k)
     logging.info("loading %s", args.model)
     model = load_model(
@@ -296,7 +417,11 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if args.prompt or args.tokens:
         texts_tokens = [model.encode(p) for p in args.prompt] + list(args.tokens)
         longest = max(len(t) for t in texts_tokens)  # the greedy continuation must fit too
-        check_context(model, length if isinstance(length, int) else longest, args.output_tokens)
+        check_context(
+            model,
+            length if isinstance(length, int) else longest,
+            1 if args.output_tokens is None else args.output_tokens,
+        )
         targets = make_targets(model, texts_tokens, objective=objective)
     elif args.output_text:
         if kind != "text":
@@ -305,9 +430,15 @@ def cmd_invert(args: argparse.Namespace) -> int:
         length = length or "auto"
     else:
         values, indices = observed
-        targets = targets_from_logits(model, values, indices, objective=objective)
+        try:
+            targets = targets_from_logits(model, values, indices, objective=objective)
+        except ValueError as exc:  # its shape or values: the file is what is wrong
+            from sodaray.errors import first_line
+
+            raise CliError(f"{args.logits_file}: {first_line(exc)}") from exc
         length = length or "auto"
 
+    max_length = MAX_LENGTH if args.max_length is None else args.max_length
     from sodaray.results import RunContext, result_rows
 
     context = RunContext.for_model(
@@ -321,7 +452,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         from sodaray.cost import most_sample_steps
         from sodaray.progress import InvertProgress
 
-        per_target = most_sample_steps(1, config, length, args.max_length)
+        per_target = most_sample_steps(1, config, length, max_length)
         bar = InvertProgress(len(targets), per_target, config.stepwise)
     done: dict[int, Any] = {}  # sample id -> its result row (a one-row table)
     chosen = None if defaults is None else defaults.to_dict()
@@ -365,25 +496,24 @@ def cmd_invert(args: argparse.Namespace) -> int:
         logging.info("defaults: %s", note)
         if not args.json:
             print(f"defaults: {note}", flush=True)
-    main_thread = threading.current_thread() is threading.main_thread()  # signals: main only
-    previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
+    from sodaray import stops
+
     interrupted = False
     try:
-        invert(
-            model,
-            targets,
-            config,
-            length=length,
-            max_length=args.max_length,
-            on_result=show,
-            on_batch=again,
-            executor=args.executor,
-        )
+        with stops.handled(on_interrupt):  # SIGINT, SIGTERM and SIGHUP alike; main thread only
+            invert(
+                model,
+                targets,
+                config,
+                length=length,
+                max_length=max_length,
+                on_result=show,
+                on_batch=again,
+                executor=args.executor,
+            )
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, previous)
         if bar is not None:
             bar.close()
     if args.out is not None and done:  # after printing: a failed write must not lose them
@@ -401,7 +531,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
     if interrupted:
         kept = f"; their rows are in {args.out}" if args.out is not None and done else ""
         print(f"interrupted: {len(done)} of {len(targets)} targets finished{kept}", file=sys.stderr)
-        return 130
+        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
     return 0
 
 
@@ -416,7 +546,7 @@ def _result_line(
         row["params"] = json.loads(row["params"])
         row["versions"] = json.loads(row["versions"])
         row["finished_at"] = row["finished_at"].isoformat()  # as JSON, with its UTC offset
-        return json.dumps(row)
+        return jsontext.dumps(row, default=str)  # a diverged loss: null, not NaN
     status = "FOUND" if res.found else "not found"
     exact = "" if res.exact is None else (" exact" if res.exact else " (differs from true)")
     return (
@@ -487,7 +617,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "notes": list(report.notes),
             "captions": dict(report.captions),
         }
-        print(json.dumps(summary))
+        print(jsontext.dumps(summary))
         return 0
     print(f"{report.rows} result rows -> {len(report.tables)} tables in {args.out}")
     for path in report.files:
@@ -527,14 +657,14 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--vocab",
         choices=["tokenizer", "model"],
-        default="tokenizer",
+        default=None,
         help="random ids over len(tokenizer) (default, as the authors) or the config's padded "
         "vocab_size",
     )
     b.add_argument(
         "--records",
         choices=["whole", "prefix"],
-        default="whole",
+        default=None,
         help="privacy: records whose whole text has the length (default, as the authors) or "
         "prefixes of longer records",
     )
@@ -555,6 +685,18 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths) if args.lengths is not None else None
     if args.per_length is not None and args.per_length < 1:
         raise CliError(f"--per-length must be at least 1, not {args.per_length}")
+    from sodaray.data.build import DATASETS
+
+    # Flags only one kind of dataset reads, refused by name where another would ignore them
+    # (an unknown dataset is refused as such by the build).
+    if args.vocab is not None and args.dataset in DATASETS and args.dataset != "random":
+        raise CliError(
+            f"--vocab is for the random dataset (ids drawn at random), not {args.dataset}"
+        )
+    if args.records is not None and args.dataset in DATASETS and args.dataset != "privacy":
+        raise CliError(f"--records is for the privacy dataset, not {args.dataset}")
+    if not 0 <= args.seed < 2**63:  # as a sweep's seeds: numpy's generators take no more
+        raise CliError(f"--seed must be in [0, 2**63), not {args.seed}")
     if not args.out.endswith(".parquet"):
         raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
     from sodaray.validation import check_output_file
@@ -568,8 +710,8 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         seed=args.seed,
         source=args.source,
         gguf_file=args.gguf_file,
-        vocab=args.vocab,
-        records=args.records,
+        vocab=args.vocab or "tokenizer",
+        records=args.records or "whole",
     )
     path = write_dataset(table, args.out)
     # Where the rows came from, as the file's metadata records it: a privacy build that could
@@ -581,7 +723,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         lengths = table.column("length").to_pylist()
         counts = {str(n): lengths.count(n) for n in sorted(set(lengths))}
         print(
-            json.dumps(
+            jsontext.dumps(
                 {
                     "path": str(path),
                     "rows": len(table),
@@ -624,6 +766,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sodaray import stops
+
+    # Before anything imports Ray: no native SIGTERM handler (a stack dump, no cleanup) in
+    # this driver; the stop rule below answers SIGTERM.
+    os.environ.setdefault(stops.NO_NATIVE_HANDLER, "1")
+
+    try:
+        # SIGTERM and SIGHUP stop a command as Ctrl-C does, from before the parse on: one
+        # "interrupted" line, what finished kept, Ray shut down; exit 128 + the signal's number.
+        with stops.handled():
+            code = _command(argv)
+    except KeyboardInterrupt:
+        sys.stderr.write("sodaray: interrupted\n")
+        return stops.exit_code()
+    except Exception:
+        if stops.last_signal() is None:
+            raise
+        # The stop came as an error (a KeyboardInterrupt inside a lazy import is raised as an
+        # ImportError): a stop all the same, not a traceback.
+        sys.stderr.write("sodaray: interrupted\n")
+        return stops.exit_code()
+    if stops.last_signal() is not None and code != stops.exit_code():
+        # A stop some layer swallowed (turned into an error it noted and went past): the
+        # command did not do all it was asked, and says so as a stopped one.
+        sys.stderr.write("sodaray: interrupted\n")
+        return stops.exit_code()
+    return code
+
+
+def _command(argv: list[str] | None) -> int:
+    """The command `argv` names, run: its exit code, or one line and 2 for bad input."""
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     # KEY=VALUE overrides may come after options (`sweep run F --out o max_steps=5`), where a
@@ -640,9 +813,6 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        sys.stderr.write("sodaray: interrupted\n")
-        return 130
     except _edge_errors() as exc:
         from sodaray.errors import first_line
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
+from sodaray import jsontext
 from sodaray.cost import format_duration
 from sodaray.errors import shown
 
@@ -213,7 +213,9 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             "searches that ended in unfinished shards; run the same command again to continue",
             file=sys.stderr,
         )
-        return 130
+        from sodaray import stops
+
+        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
     progress.close()
     if track is not None:
         track(f"{args.out}/{sweep.name}")
@@ -228,7 +230,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         check = check_run(planned, run)
     if args.json:
         summary = {**run_summary(sweep.name, run, jobs), "plan": check, "defaults": defaults}
-        print(json.dumps(summary))
+        print(jsontext.dumps(summary))
         return incomplete
     _print_status(jobs)
     occupancy = run.occupancy
@@ -315,8 +317,6 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
-    import json
-
     from sodaray.cost import check_rate
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import check_jobs_fit, plan_sweep
@@ -340,7 +340,7 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
     )
     if args.json:
-        print(json.dumps({"sweep": sweep.name, **plan, "defaults": defaults}))
+        print(jsontext.dumps({"sweep": sweep.name, **plan, "defaults": defaults}))
         return 0
     rows, width = plan["jobs"], max(len(shown(r["job"])) for r in plan["jobs"])
     print(f"sweep {sweep.name}: {len(rows)} jobs")
@@ -410,10 +410,9 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
         raise ValueError(f"no sweep jobs (.sodaray/jobs/*/job.json) under {args.out}")
     if args.json:
         import dataclasses
-        import json
 
         for j in jobs:  # JSON Lines: one job a line, for jq and scripts
-            print(json.dumps({**dataclasses.asdict(j), "pending": j.pending}))
+            print(jsontext.dumps({**dataclasses.asdict(j), "pending": j.pending}))
         return 0
     _print_status(jobs)
     return 0

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import math
 import os
+
+from sodaray import jsontext
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,8 +41,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mlp-hidden",
         type=int,
-        default=1024,
-        help="logits: hidden width of the slice MLP (the paper's 32768 is for a GPU)",
+        default=None,
+        help="logits: hidden width of the slice MLP (default 1024; the paper's 32768 is for a GPU)",
     )
     p.add_argument("--warmup-steps", type=int, default=1000)
     p.add_argument("--shape", default="small", help="small (T5-Small), mini, micro or tiny")
@@ -61,6 +63,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train_inverter)
 
 
+MLP_HIDDEN = 1024  # --mlp-hidden when not given
+
+
 def cmd_train_inverter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -74,6 +79,13 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
     from sodaray.models import load_model
     from sodaray.validation import check_context
 
+    if args.mlp_hidden is not None and args.observation != "logits":
+        raise ValueError(
+            "--mlp-hidden sizes the logits encoder's MLP: it is for --observation logits"
+        )
+    from sodaray.validation import check_device
+
+    check_device(args.device)  # `--device tpu`: one line, before anything loads
     paper = PAPER_DEFAULTS[args.observation]
 
     def pick(name: str) -> float | int:
@@ -93,7 +105,7 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_seconds=args.max_seconds,
         observation=args.observation,
-        mlp_hidden=args.mlp_hidden,
+        mlp_hidden=MLP_HIDDEN if args.mlp_hidden is None else args.mlp_hidden,
     )
     cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
     check_resumable(cfg, Path(args.out))
@@ -112,11 +124,17 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
     state = train_inverter(model, cfg, args.out, None if args.json else _print_epoch(cfg.epochs))
     summary = outcome(state, cfg.epochs, Path(args.out))
     if args.json:
-        print(json.dumps(summary))
+        print(jsontext.dumps(summary))
         return 0
     best = summary["best_epoch"]
-    if best is None:
+    if not summary["history"]:
         print(f"nothing trained: {args.out} holds no epoch")
+        return 0
+    if best is None:
+        print(
+            f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; no epoch had a "
+            "finite validation loss (training diverged): no best checkpoint"
+        )
         return 0
     print(
         f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; best val loss "
@@ -137,14 +155,21 @@ def _print_epoch(epochs: int):
     return show
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def outcome(state: dict, epochs: int, out) -> dict:
     """What `train-inverter --json` prints: where the checkpoints are, how far training got,
     the best epoch (by validation loss, the one `best/` holds) and every epoch's row."""
     history = state.get("history") or []
-    best = min(history, key=lambda r: r["val_loss"]) if history else None
+    # An epoch whose validation loss is not finite (diverged; null once read back from JSON)
+    # is never best, and `best/` is written only for a finite one.
+    ranked = [r for r in history if _finite(r.get("val_loss"))]
+    best = min(ranked, key=lambda r: r["val_loss"]) if ranked else None
     return {
         "out": str(out),
-        "best": str(out / "best") if history else None,
+        "best": str(out / "best") if best is not None else None,
         "last": str(out / "last") if history else None,
         "epochs_done": int(state.get("epoch", 0)),
         "epochs": epochs,

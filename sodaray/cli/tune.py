@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from sodaray import jsontext
 from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP
 
 
@@ -98,6 +98,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.validation import check_output_dir
 
     check_output_dir(args.out)
+    from sodaray.tuner.study import check_storage
+
+    check_storage(spec, args.out, args.storage)  # empty, unknown, its driver missing
     from sodaray.cost import check_rate
     from sodaray.device_costs import load_costs
 
@@ -107,7 +110,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return cmd_evaluate(spec, args)
     if args.dry_run:
         study = describe(spec, args, costs)
-        print(json.dumps(study, default=str))
+        print(jsontext.dumps(study, default=str))
         for line in dry_run_lines(study["estimate"]):
             print(line, file=sys.stderr)
         return 0
@@ -133,6 +136,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
         callbacks.append(tracker.trial)
     progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
+    from sodaray import stops
+    from sodaray.tuner.run import TuneInterrupted
+
     try:
         run = run_tuning(
             spec,
@@ -147,20 +153,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
             callbacks=callbacks,
             on_progress=progress.progress,
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if tracker is not None:
             tracker.stop()
-        print("interrupted: finished trials are in the study; run again to resume", file=sys.stderr)
-        return 130
+        left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
+        again = f"; running trials {left} failed, to run again" if left else ""
+        print(
+            f"interrupted: finished trials are in the study{again}; run again to resume",
+            file=sys.stderr,
+        )
+        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
     finally:
         progress.close()
     board = leaderboard(run)
     if tracker is not None:
         tracker.finish(run, board)
+    if run.joined and not args.json:
+        print(
+            f"joined the study beside its live run{'s' * (len(run.joined) > 1)}: "
+            + "; ".join(run.joined)
+        )
     if run.grid is not None and run.grid[1] < run.asked and not args.json:
         print(grid_line(*run.grid))
     if args.json:
-        print(json.dumps({**board, "defaults": None if defaults is None else defaults.to_dict()}))
+        print(
+            jsontext.dumps({**board, "defaults": None if defaults is None else defaults.to_dict()})
+        )
     else:
         print_leaderboard(run, board)
     failure = no_trial_completed(run)
@@ -184,7 +202,7 @@ def cmd_evaluate(spec, args: argparse.Namespace) -> int:
         wait_for_nodes=args.wait_for_nodes,
     )
     if args.json:
-        print(json.dumps(verdict.to_dict(), default=str))
+        print(jsontext.dumps(verdict.to_dict(), default=str))
     else:
         print("\n".join(verdict.lines()))
     return 0
@@ -282,6 +300,8 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
         **board(study, top),
         "storage": run.storage,
         "stale_failed": list(run.stale_failed),
+        # Other runs live on the study as this one opened it: it ran beside them.
+        "joined": list(run.joined),
         "best_preset": str(run.preset_path) if run.preset_path else None,
         "plots": [str(p) for p in run.plots],
         "plots_skipped": dict(run.plots_skipped),
@@ -298,7 +318,7 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
     )
     if run.stale_failed:
         print(
-            f"  trials {run.stale_failed} were left running by an earlier run: "
+            f"  trials {run.stale_failed} were left running by an earlier run, now over: "
             "marked failed, retried"
         )
     for t in board["top"]:

@@ -323,6 +323,23 @@ def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
     kind = build.get("dataset", name)
     if kind not in DATASETS:
         raise BuildSpecError("dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})")
+    # Fields only one kind of dataset reads: refused by name where another would ignore them
+    # (and, in the job hash, make a job of its own that runs the same samples).
+    if "vocab" in build and kind != "random":
+        raise BuildSpecError(
+            "vocab", f"is for the random dataset (ids drawn at random), not {kind}"
+        )
+    if "records" in build and kind != "privacy":
+        raise BuildSpecError("records", f"is for the privacy dataset, not {kind}")
+    source = build.get("source")
+    if source is not None and kind == "random":
+        raise BuildSpecError("source", "the random dataset has no source: leave it out")
+    if source == "synthetic" and kind != "privacy":
+        raise BuildSpecError("source", f"synthetic is for the privacy dataset, not {kind}")
+    if source == "synthetic" and "records" in build:
+        raise BuildSpecError(
+            "records", "synthetic text has no records to take whole or in part: leave it out"
+        )
     if kind == "random":
         vocab = build.get("vocab", "tokenizer")
         if vocab not in VOCABS:
@@ -386,6 +403,8 @@ def build_dataset(
     if int(seed) < 0:
         raise DatasetError(f"seed must be non-negative, not {seed}")
     source = _resolve_source(name, source)
+    if source == "synthetic" and records != "whole":
+        raise DatasetError("records is for records from the hub or a file, not synthetic text")
     if tokenizer is None:
         check_model_path(model, gguf_file)
     total = len(length_list) * per_length

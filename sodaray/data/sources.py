@@ -20,6 +20,7 @@ counted) as its id, so every sample can be traced back to the text it came from.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import re
@@ -97,24 +98,47 @@ def _check_file(path: str | os.PathLike) -> Path:
     return regular_file(path, "source file", DatasetError)  # a FIFO would block its read
 
 
+def _read_text(path: Path) -> str:
+    """A source file's text: UTF-8, and text (a NUL byte is in binary files, never in text);
+    else one line naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"{path}: not UTF-8 text ({first_line(exc)}); a source file is JSONL, CSV or "
+            "plain text saved as UTF-8"
+        ) from exc
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read it ({first_line(exc)})") from exc
+    if "\0" in text:
+        raise DatasetError(
+            f"{path}: holds NUL bytes, so it is a binary file, not a JSONL, CSV or text source"
+        )
+    return text
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                rows.append({})
-                continue
-            try:
-                row = parse_json(line, f"{path}:{number}")
-            except ValueError as exc:
-                raise DatasetError(str(exc)) from exc
-            rows.append(row if isinstance(row, dict) else {"text": row})
+    lines = _read_text(path).split("\n")  # not splitlines(): U+2028 may be inside a string
+    if lines and not lines[-1]:
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            rows.append({})
+            continue
+        try:
+            row = parse_json(line, f"{path}:{number}")
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from exc
+        rows.append(row if isinstance(row, dict) else {"text": row})
     return rows
 
 
 def _read_csv(path: Path) -> list[str]:
-    with path.open(encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        rows = list(csv.DictReader(io.StringIO(_read_text(path), newline="")))
+    except csv.Error as exc:
+        raise DatasetError(f"{path}: not a readable CSV file ({first_line(exc)})") from exc
     if not rows:
         return []
     columns = list(rows[0].keys())
@@ -144,7 +168,7 @@ def read_local_documents(path: str | os.PathLike) -> list[Document]:
     elif suffix == ".csv":
         texts = _read_csv(p)
     else:
-        texts = _BLOCK_BREAK.split(p.read_text(encoding="utf-8"))
+        texts = _BLOCK_BREAK.split(_read_text(p))
     docs = [Document(i, t) for i, t in enumerate(texts) if t.strip()]
     if not docs:
         raise DatasetError(f"no documents in {path}")

@@ -176,9 +176,28 @@ def read_dataset(path: str | os.PathLike, *, verify: bool = True) -> pa.Table:
 
 def check_rows(table: pa.Table, where: str) -> None:
     """A dataset's rows: at least one, and no sample id twice (a result row is named by its
-    sample id: two samples with one id would write two rows that say the same thing)."""
+    sample id: two samples with one id would write two rows that say the same thing); no
+    null where the schema has none, no negative token id, and each `length` its row's number
+    of tokens (a file written by hand with any of these ran, and failed shard by shard or
+    searched inputs of another length than it said)."""
     if not len(table):
         raise DatasetError(f"{where} holds no samples")
+    for field in SCHEMA:
+        if not field.nullable and table.column(field.name).null_count:
+            raise DatasetError(f"{where}: {field.name} is null in a row; every row has one")
+    tokens = table.column("tokens")
+    lowest = pc.min(pc.list_flatten(tokens)).as_py()
+    if lowest is not None and lowest < 0:
+        raise DatasetError(f"{where}: token id {lowest} is negative")
+    counts = pc.list_value_length(tokens)
+    wrong = pc.not_equal(counts, pc.cast(table.column("length"), counts.type))
+    if pc.any(wrong).as_py():
+        i = pc.index(wrong, True).as_py()
+        row = table.slice(i, 1).to_pylist()[0]
+        raise DatasetError(
+            f"{where}: sample_id {row['sample_id']} has length {row['length']} but "
+            f"{len(row['tokens'])} tokens"
+        )
     ids = table.column("sample_id")
     if pc.count_distinct(ids).as_py() != len(ids):
         counts = pc.value_counts(ids)

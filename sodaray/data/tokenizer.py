@@ -59,9 +59,11 @@ def load_tokenizer(
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DatasetError(
-            f"cannot load a tokenizer for {name_or_path!r}: {first_line(exc)}"
-        ) from exc
+        from sodaray.modelfiles import damaged_tokenizer_file
+
+        damaged = damaged_tokenizer_file(name_or_path)  # "PATH: why", naming the file
+        why = f": {damaged}" if damaged else f" for {name_or_path!r}: {first_line(exc)}"
+        raise DatasetError(f"cannot load a tokenizer{why}") from exc
     vocab_size = None
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)

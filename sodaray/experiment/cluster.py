@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sodaray import stops
 from sodaray.errors import first_line
 from sodaray.experiment.spec import ModelSpec
 from sodaray.waits import CHECK_SECONDS, within
@@ -104,9 +106,28 @@ def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
         ) from exc
 
 
+# One call each kind of Ray server answers (any status but UNIMPLEMENTED: a token refused is
+# Ray's to say): the GCS at HOST:PORT, Ray Client's server at ray://HOST:PORT. A gRPC server of
+# another kind (another service, the other port of the two) held Ray's connect loop 50 s
+# (ray://) to 180 s (HOST:PORT), retrying.
+RAY_CALLS = {
+    "": (
+        "/ray.rpc.NodeInfoGcsService/GetClusterId",
+        "a Ray cluster's GCS (the head's --port, 6379 by default; a Ray Client port is "
+        "given as ray://HOST:PORT)",
+    ),
+    "ray": (
+        "/ray.rpc.RayletDriver/ClusterInfo",
+        "a Ray Client server (the head's --ray-client-server-port, 10001 by default; its "
+        "GCS port is given as HOST:PORT)",
+    ),
+}
+
+
 def _answers(host: str, port: int, timeout: float, scheme: str) -> None:
-    """`host:port` accepts a connection and completes a gRPC (HTTP/2) handshake; an OSError
-    saying which did not. Over TLS (`rays://`, RAY_USE_TLS) the connection alone is checked."""
+    """`host:port` accepts a connection, completes a gRPC (HTTP/2) handshake and serves the
+    Ray call its scheme implies (`RAY_CALLS`); an OSError saying which did not. Over TLS
+    (`rays://`, RAY_USE_TLS) the connection alone is checked."""
     start = time.monotonic()
     socket.create_connection((host, port), timeout=timeout).close()
     if scheme == "rays" or os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
@@ -114,13 +135,23 @@ def _answers(host: str, port: int, timeout: float, scheme: str) -> None:
     import grpc
 
     channel = grpc.insecure_channel(f"{host}:{port}")
-    left = max(timeout - (time.monotonic() - start) - 0.5, 0.1)  # before `within` gives up
+    no_answer = f"it accepts connections but does not answer as a Ray cluster within {timeout:g} s"
+
+    def left() -> float:  # what is left of the bound, less a margin for `within`
+        return max(timeout - (time.monotonic() - start) - 0.5, 0.1)
+
+    method, kind = RAY_CALLS[scheme if scheme == "ray" else ""]
     try:
-        grpc.channel_ready_future(channel).result(timeout=left)
+        grpc.channel_ready_future(channel).result(timeout=left())
+        channel.unary_unary(method)(b"", timeout=left())  # bytes in and out
     except grpc.FutureTimeoutError as exc:
-        raise TimeoutError(
-            f"it accepts connections but does not answer as a Ray cluster within {timeout:g} s"
-        ) from exc
+        raise TimeoutError(no_answer) from exc
+    except grpc.RpcError as exc:
+        code = exc.code() if callable(getattr(exc, "code", None)) else None
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            raise ConnectionError(f"it answers gRPC but is not {kind}") from exc
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise TimeoutError(no_answer) from exc
     finally:
         channel.close()
 
@@ -138,13 +169,14 @@ def init_ray(address: str | None) -> None:
     }
     target = cluster_address(address)
     if target is None:
-        ray.init(address="local", **options)
+        with _signals_kept():
+            ray.init(address="local", **options)
         return
     check_address(address)
     where, hint = _where(address)
     held: list[str] = []
     try:
-        with _connect_tries(CONNECT_TRIES), _stderr_held(held):
+        with _signals_kept(), _connect_tries(CONNECT_TRIES), _stderr_held(held):
             ray.init(address=target, **options)
     except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
         raise ValueError(
@@ -153,6 +185,27 @@ def init_ray(address: str | None) -> None:
         ) from exc
     if held and held[0]:  # joined: what Ray printed while connecting is the user's to read
         sys.stderr.write(held[0])
+
+
+@contextmanager
+def _signals_kept() -> Iterator[None]:
+    """`ray.init` under sodaray's stop rule. While it runs, Ray's own Python handler for SIGTERM
+    is in force (`sys.exit`, or its node's, which ends the node's processes first): a SystemExit
+    out of the block is that signal, raised as `stops.Stop` after Ray is shut down. Other stop
+    signals are only noted (`stops.deferred`) and raised once Ray is up, so that the caller's
+    cleanup shuts it down. After the block sodaray's handlers are back in force."""
+    os.environ.setdefault(stops.NO_NATIVE_HANDLER, "1")  # for an import of ray not yet made
+    try:
+        with stops.deferred():
+            yield
+    except SystemExit as exc:  # Ray's SIGTERM handler, mid-start
+        import ray
+
+        with stops.deferred():
+            ray.shutdown()
+        raise stops.stopped_by(signal.SIGTERM) from exc
+    finally:
+        stops.reinstall()
 
 
 @contextmanager
@@ -243,17 +296,32 @@ def ray_session(
     local = own and cluster_address(address) is None
     if local:
         check_resources(requests)
-    if own:
-        init_ray(address)
     placement = Placement(local=local, wait_for_nodes=wait_for_nodes)
     try:
+        if own:  # in the block: a stop signal while Ray starts still shuts it down
+            init_ray(address)
         if not local:  # what no node holds, in one line before any work is handed out
             for label, cpus, gpus in requests:
                 room_for(label, cpus, gpus, placement)
         yield placement
     finally:
         if own:
-            ray.shutdown()
+            # A stop signal during the shutdown waits for its end: cut short, it left Ray's
+            # processes running after the command had gone.
+            with stops.deferred():
+                ray.shutdown()
+
+
+def end_groups(groups: list[Any], seconds: float = CHECK_SECONDS) -> None:
+    """Each actor group's replicas ended (`ActorGroup.kill`), each within `seconds`: a stop
+    signal sent to the whole process group (Slurm's, `timeout`'s) ends Ray's raylet too, and
+    removing a placement group then waited in Ray's core for ever, where no signal handler
+    runs. One that does not end in time is left to Ray's shutdown, with a warning."""
+    for group in groups:
+        try:
+            within(group.kill, "Ray, ending a model's replicas", seconds)
+        except TimeoutError as exc:
+            log.warning("%s: going on to shut Ray down", exc)
 
 
 def actor_options(model: ModelSpec, concurrency: int, reserved: Any) -> dict[str, Any]:

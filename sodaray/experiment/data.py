@@ -128,8 +128,12 @@ def dataset_table(
     from sodaray.data import build_dataset, write_dataset
 
     log.info("building dataset %s for %s", spec.name, model.label)
+    # A local model by its real path, links and `..` resolved: the rows name the tokenizer they
+    # came from (the dataset's content hash takes it), and a model named by another path must
+    # build the same rows, or every shard searched on them would be taken for another dataset's.
+    where = model.location
     table = build_dataset(
-        model.location,
+        os.path.realpath(where) if model.is_local() else where,
         build.get("dataset", spec.name),
         build.get("lengths"),
         build.get("per_length"),

@@ -26,7 +26,8 @@ from sodaray.errors import first_line
 from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
-from sodaray.models import LoadedModel, ModelLoadError
+from sodaray.modelfiles import ModelLoadError
+from sodaray.models import LoadedModel
 
 log = logging.getLogger(__name__)
 

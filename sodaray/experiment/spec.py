@@ -10,6 +10,7 @@ whichever file kind it came from.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -37,7 +38,7 @@ from sodaray.fields import (
 )
 from sodaray.files import check_model_files, regular_file
 from sodaray.objectives import Objective
-from sodaray.paths import brief, expand_path, in_file, local_path, looked_for
+from sodaray.paths import brief, expand_path, in_file, local_path, looked_for, same_spelling
 from sodaray.presets import PRESETS, load_preset_file, load_preset_objective
 from sodaray.search.base import SearchConfig
 from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
@@ -95,7 +96,9 @@ class ModelSpec:
 
     @functools.cached_property  # frozen: asked for every job of a plan
     def label(self) -> str:
-        return self.name or Path(self.gguf_file or self.id.rstrip("/")).name.removesuffix(".gguf")
+        # The last part as `same_spelling` writes it: `m/`, `m/.` and `x/../m` are labelled `m`.
+        named = Path(os.path.normpath(self.gguf_file or self.id)).name
+        return self.name or named.removesuffix(".gguf")
 
     @property
     def location(self) -> str:
@@ -152,8 +155,24 @@ class ModelSpec:
 
     def weights(self) -> dict[str, Any]:
         """Which model this is, as what it computes from (a dataset built for its tokenizer
-        depends on this and nothing else)."""
-        return {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+        depends on this and nothing else). A local path by one spelling (`same_spelling`): `m/`
+        and `./m` are the model `m` is; a hub id as written."""
+        out = {k: getattr(self, k) for k in ("id", "gguf_file", "dtype", "bos")}
+        if self.is_local():
+            out["id"] = same_spelling(self.id, self.base)
+        if self.gguf_file:
+            out["gguf_file"] = same_spelling(self.gguf_file, self.location)
+        return out
+
+    def is_local(self) -> bool:
+        """Whether `id` names a local folder or file (written as a path, or one that exists)
+        rather than a hub id."""
+        if looks_local(self.id):
+            return True
+        try:
+            return os.path.exists(in_file(self.id, self.base))
+        except ValueError:  # an unset variable: not a hub id either
+            return True
 
     def identity(self) -> dict[str, Any]:
         """What decides results (resources do not). The executor only where it is not the
@@ -189,11 +208,36 @@ class DatasetSpec:
         return in_file(source, self.base)
 
     def identity(self) -> dict[str, Any]:
-        """What the entry says (its folder aside: where it was read from decides nothing)."""
-        return {"name": self.name, "path": self.path, "build": self.build}
+        """What the entry says (its folder aside: where it was read from decides nothing), its
+        paths by one spelling (`same_spelling`: `data/x.parquet` and `./data//x.parquet` are one
+        file)."""
+        build = self.build
+        source = (build or {}).get("source")
+        if isinstance(source, str) and source not in SOURCE_KEYWORDS:
+            build = {**build, "source": same_spelling(source, self.base)}
+        path = self.path if self.path is None else same_spelling(self.path, self.base)
+        return {"name": self.name, "path": path, "build": build}
 
 
 SOURCE_KEYWORDS = ("hf", "synthetic")  # a build `source` that names no file
+
+
+def places(model: ModelSpec, dataset: DatasetSpec) -> dict[str, str]:
+    """Where a model and a dataset's files lie on this machine, links and `..` resolved: the
+    model (a local one), the dataset file, a build's source file ({}: a hub model, a built
+    set). What tells two spellings of one run apart from two runs where a path's spelling
+    (relative, absolute, through a link) differs: not hashed, compared."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError):
+        if model.is_local():
+            found["model"] = os.path.realpath(model.location)
+        if dataset.location is not None and os.path.isfile(dataset.location):
+            found["path"] = os.path.realpath(dataset.location)
+        if dataset.build is not None:
+            source = dataset.source_location()
+            if source is not None and os.path.isfile(source):
+                found["source"] = os.path.realpath(source)
+    return found
 
 
 def looks_local(model_id: str) -> bool:
@@ -222,7 +266,16 @@ def check_top(
     name = data["name"]
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise fail("name", f"use letters, digits, '.', '_' or '-', not {brief(name)}")
-    return fail, path_name(name, "name", fail)
+    name = path_name(name, "name", fail)
+    if name.startswith((".", "_")):
+        # The name is the folder the rows go in: pyarrow's dataset discovery and DuckDB pass
+        # over a folder named `.x` or `_x` as hidden, and every row in it would go unread.
+        raise fail(
+            "name",
+            f"must not start with '.' or '_' ({name!r}): readers (pyarrow, DuckDB) take such "
+            "a folder for hidden and would not read its rows",
+        )
+    return fail, name
 
 
 def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:

@@ -15,7 +15,6 @@ Two observations, as in the paper's appendix (after Morris et al. 2023):
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import shutil
@@ -29,6 +28,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor, nn
 from transformers import T5Config, T5ForConditionalGeneration
 
+from sodaray import jsontext
 from sodaray.errors import first_line
 from sodaray.files import read_json_object, what_is
 from sodaray.writes import write_file
@@ -187,7 +187,7 @@ def save_inverter(
     if net.logits_encoder is not None:
         tensors = {k: v.detach().contiguous() for k, v in net.logits_encoder.state_dict().items()}
         write_file(base, path / LOGITS_ENCODER, save(tensors))
-    write_file(base, path / META, json.dumps(asdict(meta), indent=2))
+    write_file(base, path / META, jsontext.dumps(asdict(meta), indent=2))
 
 
 def _copy(source: Path, f: BinaryIO) -> None:

@@ -7,7 +7,6 @@ state, and this loop keeps resume on safetensors + a JSON state, with nothing to
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save
 from tqdm import tqdm
 
+from sodaray import jsontext
 from sodaray.files import read_json_object
 from sodaray.inverter.data import build_pairs, encode_targets
 from sodaray.inverter.model import (
@@ -204,6 +204,8 @@ def train_inverter(
     state = {"epoch": 0, "best_val": float("inf"), "history": [], "seconds": 0.0}
     if state_path.is_file():
         state = read_json_object(state_path, "training state file")
+        if not isinstance(state.get("best_val"), int | float):  # null: no finite loss yet
+            state["best_val"] = float("inf")
         net, _ = load_inverter(out / "last")
         log.info("resuming from epoch %d", state["epoch"])
     else:
@@ -215,7 +217,7 @@ def train_inverter(
     if state_path.is_file() and (out / "optim.safetensors").is_file():
         _load_optim(opt, sched, out / "optim.safetensors", state)
     # Every file under `out`, the folder the user gave, by the rule for writes (`writes`).
-    write_file(out, out / "train_config.json", json.dumps(asdict(cfg), indent=2))
+    write_file(out, out / "train_config.json", jsontext.dumps(asdict(cfg), indent=2))
 
     gen = torch.Generator().manual_seed(cfg.seed + state["epoch"])
     for epoch in range(state["epoch"], cfg.epochs):
@@ -253,7 +255,7 @@ def train_inverter(
         state["epoch"] = epoch + 1
         save_inverter(out / "last", net, meta)
         _save_optim(opt, sched, out / "optim.safetensors", state)
-        write_file(out, state_path, json.dumps(state, indent=2))
+        write_file(out, state_path, jsontext.dumps(state, indent=2))  # strict JSON: NaN as null
         if on_epoch is not None:
             on_epoch(row)
         if cfg.max_seconds is not None and state["seconds"] >= cfg.max_seconds:

@@ -23,7 +23,8 @@ ids and dataset hash the job file records, so it says what the next run keeps. A
 holds `.sodaray/jobs/<job>/job.lock` (its host, pid, boot id and process start time, refreshed
 while it runs) for every job it runs; a second driver on the same folder skips those jobs, and
 breaks a lock that is not a lock or whose owner is gone (same host: the pid is dead, another
-process now, or from before a restart; another host: not refreshed for `LOCK_STALE_SECONDS`).
+process now, or from before a restart; another host: not renewed for
+`experiment.owner.STALE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +46,8 @@ import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.owner import describe_owner, me, owner_gone, record_problem
+from sodaray.experiment.spec import places as job_places
 from sodaray.files import read_json, what_is
 from sodaray.paths import brief, inside
 from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
@@ -65,8 +67,6 @@ log = logging.getLogger(__name__)
 
 REGULAR = "a regular file"  # `files.what_is` of one
 LOCK_FILE = "job.lock"
-LOCK_REFRESH_SECONDS = 30.0
-LOCK_STALE_SECONDS = 300.0
 
 
 def found_exact(table: pa.Table) -> tuple[int, int]:
@@ -211,80 +211,9 @@ def set_aside(
 
 
 # ---- per-job locks ------------------------------------------------------------------------------
-# A lock names its driver so that another driver can tell whether it still runs: the host, the
-# pid, and (Linux) the boot and the process's start time, so that a pid reused by an unrelated
-# process, or a lock left before a reboot, is not taken for a live driver. A lock naming a live
-# pid with another start time (or, from a sodaray that recorded none, a process that is not a
-# sodaray run) is stale; so is a file that is not a lock at all (a JSON list, garbage): it is
-# broken with a warning instead of being obeyed or ending the run in a traceback.
-def _proc(pid: int | str, name: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/{name}", encoding="utf-8", errors="replace") as f:
-            return f.read(1 << 16)
-    except OSError:
-        return None
-
-
-def _boot_id() -> str | None:
-    text = _proc("sys/kernel/random", "boot_id")
-    return text.strip() if text else None
-
-
-def _process_start(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); None if unknown."""
-    text = _proc(pid, "stat")
-    if not text or ")" not in text:
-        return None
-    fields_ = text.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
-    try:
-        return int(fields_[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    except (OverflowError, ValueError):  # not a pid this system has
-        return False
-    return True
-
-
-def _me() -> dict[str, Any]:
-    me: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-    boot, start = _boot_id(), _process_start(os.getpid())
-    if boot is not None and start is not None:
-        me.update(boot=boot, start=start)
-    # What runs, for a person reading the lock: the program and its arguments up to the first
-    # option (an option's value may be a credential: `--mlflow http://user:secret@host`).
-    words = [Path(sys.argv[0]).name if sys.argv else "?"]
-    for arg in sys.argv[1:]:
-        if arg.startswith("-"):
-            break
-        words.append(arg)
-    me["command"] = " ".join(words)[:200]
-    return me
-
-
-def _lock_problem(owner: Any) -> str | None:
-    """Why a lock's content is not a lock sodaray writes, or None."""
-    if not isinstance(owner, dict):
-        return f"it holds {type(owner).__name__}, not a JSON object"
-    if not isinstance(owner.get("host"), str) or not owner["host"]:
-        return "it names no host"
-    pid = owner.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
-        return f"its pid is {brief(pid)}, not a process id"
-    for key, kind in (("boot", str), ("start", int), ("since", (int, float))):
-        if key in owner and (not isinstance(owner[key], kind) or isinstance(owner[key], bool)):
-            return f"its {key} is {brief(owner[key])}"
-    return None
-
-
+# A lock holds its driver's record (`experiment.owner`): a lock whose driver is over is stale; so
+# is a file that is not a lock at all (a JSON list, garbage): it is broken with a warning instead
+# of being obeyed or ending the run in a traceback.
 def lock_state(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     """A job's lock: (its live owner, None) when another driver holds it; (None, why) when a
     lock is there but stale or invalid (to break); (None, None) when there is none or it is
@@ -299,47 +228,18 @@ def lock_state(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, None
     except (OSError, ValueError) as exc:  # not a regular file, too large, not JSON
         return None, f"not a lock ({first_line(exc)})"
-    problem = _lock_problem(owner)
+    problem = record_problem(owner)
     if problem is not None:
         return None, f"not a lock: {problem}"
-    pid = owner["pid"]
-    where = f"{owner['host']} pid {pid}"
-    if owner["host"] != socket.gethostname():  # its pid means nothing here: only its age tells
-        if age > LOCK_STALE_SECONDS:
-            return None, f"{where} has not refreshed it for {age:.0f}s"
-        return owner, None
-    if pid == os.getpid():
+    if owner["host"] == socket.gethostname() and owner["pid"] == os.getpid():
         return None, None
-    if "boot" in owner and owner["boot"] != _boot_id():
-        return None, f"{where} held it before this machine restarted"
-    if not _pid_alive(pid):
-        return None, f"{where} is gone"
-    start = _process_start(pid)
-    if "start" in owner and start is not None and start != owner["start"]:
-        return None, f"{where} is another process now (the pid was reused)"
-    command = _proc(pid, "cmdline")
-    if "start" not in owner and command is not None and "sodaray" not in command:
-        # A lock without a start time (hand-written, or from an older sodaray): its pid must
-        # at least be a sodaray run.
-        shown = command.replace("\0", " ").strip()[:60] or "?"
-        return None, f"{where} is not a sodaray run ({shown})"
-    return owner, None
+    why = owner_gone(owner, age)
+    return (None, why) if why is not None else (owner, None)
 
 
 def lock_owner(folder: Path) -> dict[str, Any] | None:
     """The live owner of a job's lock (host, pid, ...), or None when unlocked or stale."""
     return lock_state(folder)[0]
-
-
-def describe_owner(owner: dict[str, Any]) -> str:
-    """`host pid N since HH:MM:SS` for a message about who holds a lock."""
-    since = owner.get("since")
-    when = (
-        time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
-        if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0
-        else ""
-    )
-    return f"{owner.get('host', '?')} pid {owner.get('pid', '?')}{when}"
 
 
 def acquire_lock(folder: Path, base: Path | None = None) -> dict[str, Any] | None:
@@ -349,7 +249,7 @@ def acquire_lock(folder: Path, base: Path | None = None) -> dict[str, Any] | Non
     `base`: the output folder, below which nothing may be a link (default: `folder`)."""
     base = folder if base is None else base
     path = folder / LOCK_FILE
-    text = json.dumps(_me()) + "\n"
+    text = json.dumps(me()) + "\n"
     for _ in range(2):
         if write_file(base, path, text, exclusive=True):
             return None
@@ -373,7 +273,7 @@ def release_lock(folder: Path, base: Path | None = None) -> None:
     except (OSError, ValueError):
         return
     if (
-        _lock_problem(owner) is None
+        record_problem(owner) is None
         and owner["host"] == socket.gethostname()
         and owner["pid"] == os.getpid()
     ):
@@ -421,9 +321,13 @@ def plan_jobs(
     base = Path(root).parent if base is None else Path(base)
     plans: list[JobPlan] = []
     held: list[Path] = []
+    earlier = EarlierJobs(Path(root))
     try:
+        planned: set[str] = set()
         for job in jobs:
-            plans.append(_plan_job(job, root, base, lock, overrides, held))
+            plan = _plan_job(job, root, base, lock, overrides, held, earlier, planned)
+            if plan is not None:
+                plans.append(plan)
     except BaseException:
         # A job that cannot be planned (a link where its job.json goes) ends the run: the
         # locks taken so far are given back, not left for the next run to break.
@@ -440,12 +344,23 @@ def _plan_job(
     lock: bool,
     overrides: list[str] | None,
     held: list[Path],
-) -> JobPlan:
-    """One job's plan (`plan_jobs`); the meta folder of a lock it takes is added to `held`."""
+    earlier: EarlierJobs | None = None,
+    planned: set[str] | None = None,
+) -> JobPlan | None:
+    """One job's plan (`plan_jobs`), or None for a job `planned` holds already; the meta
+    folder of a lock it takes is added to `held`. A job new to `root` that an earlier run
+    wrote with its paths spelled otherwise (`EarlierJobs`) takes that run's name and hash."""
     table = dataset_table(job.model, job.dataset, root, base)
     identity = dataset_identity(table)
     if job.dataset.path is not None:  # its rows decide the results, not its path
         job = dataclasses.replace(job, dataset_hash=identity.hash or "")
+    places = job_places(job.model, job.dataset)
+    if earlier is not None and not os.path.lexists(meta_folder(root, job.name)):
+        job = earlier.match(job, places)
+    if planned is not None:
+        if job.name in planned:  # two entries naming one model by two paths: one job
+            return None
+        planned.add(job.name)
     folder = inside(root, job.name)
     meta = meta_folder(root, job.name)
     rows = select_rows(table, job.samples_per_length, job.limit)
@@ -465,6 +380,9 @@ def _plan_job(
         "dataset_hash": identity.hash,
         "config": job.config(),
         "overrides": list(overrides or []),
+        # Where the model and a build's source lie, links resolved: a later run that names
+        # them by another path finds this job by them (`EarlierJobs`). Not hashed.
+        "places": places,
         # The family defaults a model entry without a preset got, and why (not hashed).
         "defaults": None if job.defaults is None else job.defaults.to_dict(),
     }
@@ -506,6 +424,73 @@ def _plan_job(
     # A pending shard's error file is written when it fails: a link there is refused now.
     check_places(base, [error_path(meta, i) for i in plan.pending])
     return plan
+
+
+class EarlierJobs:
+    """The jobs an earlier run planned in a sweep's folder, read (once, when a job new to the
+    folder asks) from their `job.json`: a job that one of them is, but for how its model or
+    build source path was spelled (`/m` against `../m` or a link to `/m`: the same `places`),
+    is that job. Job files from before `places` was recorded are not matched."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.index: dict[str, dict[str, Any]] | None = None
+
+    def match(self, job: Job, places: dict[str, str]) -> Job:
+        if not places:
+            return job
+        if self.index is None:
+            self.index = self._read()
+        info = self.index.get(_place_key(_plain(job.config()), places))
+        if info is None:
+            return job
+        config = info["config"]
+        spelled = {"name": info["job"], "model": config["model"]["id"]}
+        if "source" in places:
+            spelled["source"] = config["dataset"]["build"]["source"]
+        found = dataclasses.replace(job, spelled=spelled)
+        if found.config_hash != info["config_hash"]:  # not the same job after all
+            return job
+        log.info(
+            "%s: the job %s an earlier run wrote, its model or source named by another path",
+            job.name,
+            found.name,
+        )
+        return found
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        index: dict[str, dict[str, Any]] = {}
+        jobs = self.root / META_DIR / "jobs"
+        if what_is(jobs) != "a directory":
+            return index
+        for path in sorted(jobs.glob(f"*/{JOB_FILE}")):
+            try:  # a regular file, size-limited: anything may lie in a results folder
+                info = read_json(path, "job file")
+                places, config = info["places"], info["config"]
+                key = _place_key(config, places)
+                # Its name is the folder it lies in (a file edited to name another is not
+                # followed: the name becomes the folder this run writes in).
+                name = path.parent.name
+                if info["job"] == name and not name.startswith((".", "_")):
+                    index.setdefault(key, info)
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue  # not ours, or from before `places`: never matched
+        return index
+
+
+def _plain(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` as its job file holds it (JSON, `default=str`)."""
+    return json.loads(json.dumps(config, default=str))
+
+
+def _place_key(config: dict[str, Any], places: dict[str, str]) -> str:
+    """A job's settings with its path spellings replaced by the places they name."""
+    config = json.loads(json.dumps(config))  # a copy, changed below
+    if "model" in places:
+        config["model"]["id"] = None
+    if "source" in places:
+        config["dataset"]["build"]["source"] = None
+    return json.dumps([config, places], sort_keys=True)
 
 
 def _suffix(why: str) -> str:

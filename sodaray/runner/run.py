@@ -34,16 +34,16 @@ from sodaray.experiment.cluster import (
     check_resources,
     check_wait,
     cluster_address,
+    end_groups,
     ray_session,
 )
 from sodaray.experiment.group import ActorGroup, Failure, next_event
+from sodaray.experiment.owner import REFRESH_SECONDS, describe_owner
 from sodaray.experiment.work import Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
-    LOCK_REFRESH_SECONDS,
     JobPlan,
-    describe_owner,
     error_path,
     found_exact,
     kept_path,
@@ -331,8 +331,8 @@ class _Shards:
         try:
             refreshed = time.monotonic()
             while any(len(g) for g in self.groups):
-                event = next_event(self.groups, timeout=LOCK_REFRESH_SECONDS)
-                if time.monotonic() - refreshed >= LOCK_REFRESH_SECONDS:
+                event = next_event(self.groups, timeout=REFRESH_SECONDS)
+                if time.monotonic() - refreshed >= REFRESH_SECONDS:
                     refresh_locks(held, base)  # our locks stay fresh for other hosts' drivers
                     refreshed = time.monotonic()
                 if event is None:
@@ -368,8 +368,7 @@ class _Shards:
                     # whose actors wait for room (more models than the machine runs at once).
                     group.kill()
         except BaseException:  # Ctrl-C, or a run that stops (`ReplicasLost`, `NotPlaced`)
-            for group in self.groups:
-                group.kill()
+            end_groups(self.groups)  # bounded: Ray itself may be what was stopped
             raise
 
     def move(self, new: UnitProgress, ended: bool = False) -> set[str]:

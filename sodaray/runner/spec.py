@@ -76,14 +76,27 @@ class Job:
     # its job file reports and why. Not hashed: their effect is in `search` and `objective`,
     # so a job equal to one that named the same preset hashes as that job.
     defaults: Defaults | None = field(default=None, compare=False)
+    # Set when planning, where an earlier run in the results folder wrote this same job with
+    # its model or a build's source named by another path to the same place (relative against
+    # absolute, through a link): that run's job name and spellings (`runner.layout`), so the
+    # job keeps its folder and hash and runs nothing again.
+    spelled: dict[str, Any] | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """Everything that decides this job's results (hashed into its folder name)."""
-        return {
-            "model": self.model.identity(),
-            "dataset": self.dataset.identity()
+        model = self.model.identity()
+        dataset = (
+            self.dataset.identity()
             if self.dataset_hash is None
-            else {"name": self.dataset.name, "hash": self.dataset_hash},
+            else {"name": self.dataset.name, "hash": self.dataset_hash}
+        )
+        if self.spelled:
+            model["id"] = self.spelled.get("model", model["id"])
+            if "source" in self.spelled and dataset.get("build"):
+                dataset["build"] = {**dataset["build"], "source": self.spelled["source"]}
+        return {
+            "model": model,
+            "dataset": dataset,
             "algorithm": self.algorithm,
             "params": self.search.to_dict(),
             "objective": self.objective.identity(),
@@ -102,6 +115,8 @@ class Job:
 
     @functools.cached_property
     def name(self) -> str:
+        if self.spelled and "name" in self.spelled:
+            return str(self.spelled["name"])
         obj = self.objective
         what = observation(obj.kind).label(obj)
         if obj.fluency_weight:
@@ -112,6 +127,9 @@ class Job:
         # No `=`: readers (pyarrow, DuckDB, `datasets`) take `key=value` folders for hive
         # partitions and add a column that is not in the rows.
         slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts)).strip("-")
+        # Nor a leading `.` or `_`: pyarrow's dataset discovery and DuckDB pass over such
+        # folders as hidden, and the job's rows would vanish from every reader.
+        slug = slug.lstrip("._-") or "job"
         return f"{slug}-{self.config_hash[:8]}"
 
 
@@ -135,6 +153,9 @@ class AlgorithmEntry:
         return out
 
 
+MAX_LENGTH = 10  # the longest input a length search (`length: auto`) tries, by default
+
+
 @dataclass
 class Sweep:
     name: str
@@ -152,7 +173,7 @@ class Sweep:
     samples_per_length: int | None = field(default=None, metadata=AT_LEAST_1)
     shard_size: int = field(default=100, metadata=AT_LEAST_1)
     length: str = "fixed"
-    max_length: int = field(default=10, metadata=AT_LEAST_1)
+    max_length: int = field(default=MAX_LENGTH, metadata=AT_LEAST_1)  # `length: auto`'s only
     # Assumed lengths: each one a job searching every sample at that length, whatever its true
     # length (the paper's length table; `length: [1, 2, 3]` in the file).
     assumed_lengths: list[int] = field(default_factory=list)
@@ -223,7 +244,9 @@ class Sweep:
                     config,
                     objective,
                     length,
-                    self.max_length,
+                    # Read by a length search alone: any other job hashes the default, so a
+                    # value that cannot change its run does not make it another job.
+                    self.max_length if length == "auto" else MAX_LENGTH,
                     self.samples_per_length,
                     limit,
                     self.shard_size,

@@ -256,7 +256,10 @@ class Engine:
         cls = BATCHES[config.algorithm]
         if getattr(cls, "mixes_lengths", False):  # any length, any config
             precision = getattr(config, "precision", "float32")
-            return cls(self.model, precision, self.mix_lengths, self.policy, self.executor)
+            fused = getattr(config, "fused", "off")
+            return cls(
+                self.model, precision, self.mix_lengths, self.policy, self.executor, fused=fused
+            )
         generator = torch.Generator(device=self.model.device).manual_seed(config.seed)
         return cls(self.model, config, length, generator)
 
@@ -356,6 +359,8 @@ def pool_key(config: SearchConfig, targets: TargetSet, length: int) -> tuple[str
     objective = targets.objective
     if getattr(BATCHES[config.algorithm], "mixes_lengths", False):
         family: list[Any] = [config.algorithm, getattr(config, "precision", ""), objective.shape()]
+        if getattr(config, "fused", "off") != "off":  # one step kind per batch
+            family.append(config.fused)
         name = json.dumps(family, sort_keys=True, default=str)
         return name, name
     tolerance = [targets.atol, targets.rtol]

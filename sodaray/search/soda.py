@@ -55,6 +55,7 @@ from sodaray.search.scheduler import Scheduler
 from sodaray.search.screen import Screened, Screener, changed_slots
 from sodaray.search.slots import Buffers, locate
 from sodaray.search.soda_config import SodaConfig, keyed_normal  # noqa: F401
+from sodaray.search.soda_fused import FusedWorkspace, fused_soda_step, invalidate, resolve
 from sodaray.search.soda_state import SodaState
 from sodaray.search.soda_step import (
     Status,
@@ -167,8 +168,11 @@ class SodaBatch:
         policy: str = "exact",
         executor: Executor | None = None,
         bucketed: bool | None = None,
+        fused: str = "off",
     ) -> None:
         self.model, self.precision = model, precision
+        # The fused vocabulary kernels (`soda_fused`), where `fused` and the device allow.
+        self.fused = resolve(fused, model.device)
         # Steps at bucketed shapes (`soda_step.bucket`, one pass) where the executor captures
         # them (None), or as asked: True takes a capture's shapes on any device (on a CPU,
         # eagerly: tests check them there), False the slots' own shapes.
@@ -178,7 +182,9 @@ class SodaBatch:
         mix = mix_lengths and model.for_precision(precision).invariant
         self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
         self.state = SodaState(model)
+        self.state.fused = self.fused
         self.workspace = Workspace()
+        self.fused_ws = FusedWorkspace()
         self.inputs: StepInputs | None = None
         self._shapes: dict[tuple[int, ...], StepInputs] = {}  # captured shapes' inputs
         self._status = _HostStatus(model.device)
@@ -260,6 +266,7 @@ class SodaBatch:
         if len(grad) == len(self.state.row_slot):  # no guard row given: a zero one
             grad = torch.cat([grad, grad.new_zeros((1, grad.shape[1]))])
         update(self.state, self.refresh(), grad)
+        invalidate(self.state)
 
     def apply_schedules(self, steps_after: np.ndarray) -> None:
         """The schedules after a step that left each slot at `steps_after` steps."""
@@ -267,6 +274,7 @@ class SodaBatch:
         x = self.refresh()
         step = self.state.column("hi", "step", x.rows)
         schedules(self.state, x, step, resetting=True)
+        invalidate(self.state)
         self.redraw(steps_after)
 
     # ---- one step -------------------------------------------------------------------------------
@@ -300,16 +308,21 @@ class SodaBatch:
         if x.capture:
             # The workspace at this shape's size before the step: a capture must not grow it.
             z = self.state.rows.view("z", x.rows)
-            self.workspace.fit(
-                z, workspace_pad(z, self.model.for_precision(self.precision).embedding_matrix)
-            )
+            embedding = self.model.for_precision(self.precision).embedding_matrix
+            if self.fused:
+                self.fused_ws.fit(x.rows, embedding)
+            else:
+                self.workspace.fit(z, workspace_pad(z, embedding))
             key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
         if self.executor.captures(dev):
             # Reallocated: what was captured reads old memory. A screen reads the observed
             # rows (`slots`) alone.
             state = self.state
             addresses = (
-                state.rows.addresses() + state.slots.addresses() + self.workspace.addresses()
+                state.rows.addresses()
+                + state.slots.addresses()
+                + self.workspace.addresses()
+                + self.fused_ws.addresses()
             )
             if addresses != self._addresses:
                 self.executor.forget(self.owner)
@@ -320,11 +333,18 @@ class SodaBatch:
         resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
             key = (*key, resetting)
-        status = self.executor.run(
-            key,
-            lambda: soda_step(self.state, x, self.precision, self.workspace, resetting),
-            dev,
-        )
+        if self.fused and not x.flags[4]:  # the fluency penalty is the eager step's alone
+
+            def run() -> Status:
+                return fused_soda_step(self.state, x, self.precision, self.fused_ws, resetting)
+        else:
+
+            def run() -> Status:
+                status = soda_step(self.state, x, self.precision, self.workspace, resetting)
+                invalidate(self.state)  # Z moved without its statistics (none kept: no-op)
+                return status
+
+        status = self.executor.run(key, run, dev)
         launch = self._launch(status)
         self.redraw(steps_after)
         last, self._pending = self._pending, launch
@@ -453,3 +473,4 @@ class SodaBatch:
         self.state.rows["m"][where] = 0.0
         self.state.rows["v"][where] = 0.0
         self.state.z[where] = fresh.to(dev, non_blocking=True)
+        invalidate(self.state, where)

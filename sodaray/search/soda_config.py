@@ -57,10 +57,19 @@ class SodaConfig(SearchConfig):
     # equal budget on stories260K (V 512); costs several budgets per position at V 49,152 on a
     # CPU (benchmarks/RESULTS.md, issue 38). Off: out of the job hash.
     scan_positions: bool = False
+    # The CUDA step's full-vocabulary passes as fused Triton kernels (`sodaray.search.fused`):
+    # "off" (the eager step everywhere), "auto" (fused on CUDA where triton imports), "on"
+    # (fused, or an error where it cannot run). Fused steps follow the eager formulas, not
+    # their bits; a CPU batch stays eager under "auto". Off: out of the job hash.
+    fused: str = "off"
 
     algorithm = "soda"
     display_name = "SODA"
-    NEUTRAL: ClassVar[dict[str, Any]] = {"temperature_end": None, "scan_positions": False}
+    NEUTRAL: ClassVar[dict[str, Any]] = {
+        "temperature_end": None,
+        "scan_positions": False,
+        "fused": "off",
+    }
     # The ablation switches: SODA's value and the label of a row that changes it.
     SWITCHES: ClassVar[dict[str, tuple[bool, str]]] = {
         "bias_correction": (False, "+ bias correction"),
@@ -102,6 +111,13 @@ class SodaConfig(SearchConfig):
             raise ValueError(f"precision must be float32, tf32 or bfloat16, not {self.precision!r}")
         if self.loss_reduction not in ("sum", "mean"):
             raise ValueError(f"loss_reduction must be sum or mean, not {self.loss_reduction!r}")
+        if self.fused not in ("off", "auto", "on"):
+            raise ValueError(f"fused must be off, auto or on, not {self.fused!r}")
+        if self.fused == "on":
+            from sodaray.search.fused import available
+
+            if not available():
+                raise ValueError("fused: on needs the triton package (pip install triton)")
         if self.eps <= 0 or self.reinit_std < 0:
             raise ValueError("eps must be positive and reinit_std non-negative")
 

@@ -87,6 +87,9 @@ class SodaState:
         self.groups: list[tuple[Objective, float, float]] = []
         self._next_id = 0
         self.dirty = True
+        # A fused batch's rows carry the next step's softmax (`q`, `fs`) from one step to the
+        # next (`soda_fused`); set before the first `add`.
+        self.fused = False
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -155,6 +158,7 @@ class SodaState:
                 "h64": torch.as_tensor(np.asarray(h64, np.float64), device=dev),
                 "hi": torch.as_tensor(np.asarray(hi, np.int64), device=dev),
             }
+            | (self._fused_rows(total, precision) if self.fused else {})
         )
         misses = np.empty(len(entries), dtype=object)
         misses[:] = [set() for _ in entries]
@@ -169,6 +173,16 @@ class SodaState:
             [self.row_offset, np.concatenate([np.arange(n) for n in lengths])]
         )
         self.dirty = True
+
+    def _fused_rows(self, total: int, precision: str) -> dict[str, Tensor]:
+        """A fused batch's new rows: the next step's unnormalised probabilities `q` at the
+        GEMM's dtype and their statistics `fs` (shift, sum, fresh, max), stale (fresh 0)."""
+        dtype = self.model.for_precision(precision).embedding_matrix.dtype
+        dev, vocab = self.model.device, self.model.vocab_size
+        return {
+            "q": torch.zeros((total, vocab), device=dev, dtype=dtype),
+            "fs": torch.zeros((total, 4), device=dev),
+        }
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
         count = len(self.slots)

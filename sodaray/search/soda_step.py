@@ -18,6 +18,7 @@ a captured step finds them where it left them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -231,7 +232,6 @@ def relaxed_gradient(
     fluency = x.flags[4]
     z = state.rows.view("z", x.rows)
     tau = state.column("h32", "tau", x.rows)
-    observed = observed_of(state, x.slots)
     leaf = z.detach().requires_grad_(True)
     # The relaxed pass may flush denormals (faster; it moves values below 1.2e-38 only); the
     # screen runs outside it, at the model's own precision, and the confirm on the host.
@@ -239,30 +239,47 @@ def relaxed_gradient(
         rows = RelaxedEmbedding.apply(leaf, run.embedding_matrix, tau, workspace)
         rows = run.relaxed_embeds(rows)
         probs = torch.softmax(leaf / tau, dim=-1)[: len(state.row_slot)] if fluency else None
-        continuation = observed.continuation
-        loss: Tensor | None = None
-        for p in x.passes:
-            if p.slots is None:  # one pass holds every slot
-                embeds = sequence_embeds(
-                    run, p.layout, rows, continuation, p.width, p.batch, spare=p.spare
-                )
-                hidden = run.hidden(embeds, prepadded=True)
-                loss = _pass_loss(state, run, hidden, p, observed, probs)
-                break
-            embeds = sequence_embeds(
-                run, p.layout, rows[p.rows], continuation[p.index], p.width, p.batch
-            )
-            hidden = run.hidden(embeds, prepadded=True)
-            sub = observed.select(p.index)
-            part = _pass_loss(state, run, hidden, p, sub, None if probs is None else probs[p.rows])
-            if loss is None:
-                loss = part.new_zeros(x.slots)
-            loss = loss.index_put((p.index,), part)
-        assert loss is not None
+        loss = step_loss(state, x, run, rows, probs)
         # d(sum of w * loss) / d loss is w: seeding the backward with it is the same
         # arithmetic as summing first, without the sum, its seed and the product.
         (grad,) = torch.autograd.grad(loss, leaf, grad_outputs=x.seed.to(loss.dtype))
     return grad, loss.detach()
+
+
+def step_loss(
+    state: SodaState,
+    x: StepInputs,
+    run: LoadedModel,
+    rows: Tensor,
+    probs: Tensor | None,
+    loss_of: Callable[..., Tensor] = objective_loss,
+) -> Tensor:
+    """Each slot's loss (x.slots,) from the relaxed input rows (embedded, (rows, d)): one
+    transformer pass per planned pass, each slot under its objective (`loss_of`, with
+    `objective_loss`'s arguments)."""
+    observed = observed_of(state, x.slots)
+    continuation = observed.continuation
+    loss: Tensor | None = None
+    for p in x.passes:
+        if p.slots is None:  # one pass holds every slot
+            embeds = sequence_embeds(
+                run, p.layout, rows, continuation, p.width, p.batch, spare=p.spare
+            )
+            hidden = run.hidden(embeds, prepadded=True)
+            return _pass_loss(state, run, hidden, p, observed, probs, loss_of)
+        embeds = sequence_embeds(
+            run, p.layout, rows[p.rows], continuation[p.index], p.width, p.batch
+        )
+        hidden = run.hidden(embeds, prepadded=True)
+        sub = observed.select(p.index)
+        part = _pass_loss(
+            state, run, hidden, p, sub, None if probs is None else probs[p.rows], loss_of
+        )
+        if loss is None:
+            loss = part.new_zeros(x.slots)
+        loss = loss.index_put((p.index,), part)
+    assert loss is not None
+    return loss
 
 
 @torch.no_grad()
@@ -297,15 +314,16 @@ def _pass_loss(
     p: Pass,
     batch: BatchTargets,
     probs: Tensor | None,
+    loss_of: Callable[..., Tensor] = objective_loss,
 ) -> Tensor:
     """The loss of a pass's slots, each under its own objective (once per objective in it)."""
     if len(p.groups) == 1:
         objective = state.groups[p.groups[0][0]][0]
-        return objective_loss(model, objective, hidden, p.layout, batch, probs)
+        return loss_of(model, objective, hidden, p.layout, batch, probs)
     loss = None
     for g, idx, sub, rows in p.groups:
         assert idx is not None and sub is not None and rows is not None
-        part = objective_loss(
+        part = loss_of(
             model,
             state.groups[g][0],
             hidden[idx],
@@ -364,6 +382,8 @@ def padding_rows_from_row0(state: SodaState, start: int, end: int) -> None:
         return
     for table in ("h32", "h64", "hi"):
         state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
+    if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
+        state.rows.view("fs", end)[start:end, 2] = 0.0
 
 
 __all__ = [

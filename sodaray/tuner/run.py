@@ -6,8 +6,12 @@ streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a
 unit, passes on the running trials' progress (`on_progress`), and tells Optuna the outcome once
 the trial's rows are written. Trials share a replica's batch: as many run at once as fill it. A
 trial whose replica died runs again in the same trial (its samples' results do not depend on
-the replica); trials left RUNNING by a driver that died are marked failed and their parameters
-tried again when the study is resumed.
+the replica). Each run records itself in the study and names itself in each trial it asks
+(`tuner.study.RunOwner`): a second run on a study whose first is live joins it, asking its own
+trials and touching none of the first's; trials left RUNNING by a run known to be over are
+marked failed and their parameters tried again when the study is opened next. A run stopped by
+a signal (SIGINT, SIGTERM, SIGHUP: `TuneInterrupted`) or an error fails its running trials
+itself, marked `interrupted`, and enqueues their parameters for the next run.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sodaray import stops
 from sodaray.errors import first_line
-from sodaray.experiment.cluster import check_address, check_wait, ray_session
+from sodaray.experiment.cluster import check_address, check_wait, end_groups, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
+from sodaray.experiment.owner import describe_owner
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.paths import inside
 from sodaray.report.study import PLOTS, save_plots
@@ -32,6 +38,8 @@ from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     SIGNALS,
+    RunOwner,
+    abandon_trials,
     ask_trial,
     checkpoint_steps,
     checkpoint_value,
@@ -77,6 +85,20 @@ class TuneRun:
     # grid). A run asks no more trials than are left; a covered grid runs none.
     grid: tuple[int, int] | None = None
     asked: int = 0  # the trials this run was asked for
+    # Other runs live on the study when this one opened it ("host pid N since ..."): this run
+    # joined them, its trials its own.
+    joined: list[str] = field(default_factory=list)
+    # This run's trials it failed as it stopped (a signal, an error): enqueued to run again.
+    abandoned: list[int] = field(default_factory=list)
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP): finished trials are told, running ones failed
+    and enqueued again (`TuneRun.abandoned`); `run` holds this run so far."""
+
+    def __init__(self, run: TuneRun) -> None:
+        super().__init__("interrupted")
+        self.run = run
 
 
 def run_tuning(
@@ -119,18 +141,44 @@ def run_tuning(
     study_name = spec.study_name or spec.name
     # The default journal lies in the study's folder; a storage the user named is theirs.
     journal_base = base if storage is None and spec.storage is None else None
-    study, stale = open_study(spec, url, study_name, open_storage(url, journal_base))
+    owner = RunOwner.new()
+    study, stale = open_study(spec, url, study_name, open_storage(url, journal_base), owner)
     run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
-    if spec.sampler == "grid":
-        run.grid = grid_left(spec, study)
-        n_trials = min(n_trials, run.grid[1])
-    check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
-    rows, identity = validation_rows(spec, study, out, base)
-    check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
-    if n_trials:  # a covered grid runs none: no Ray, no actor
-        with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
-            loop = _Trials(spec, study, run, rows, identity, group, on_launch, on_progress)
-            loop.drain(n_trials, on_trial, callbacks)
+    run.joined = [describe_owner(r) for r in owner.others.values()]
+    loop: _Trials | None = None
+    try:
+        if spec.sampler == "grid":
+            run.grid = grid_left(spec, study)
+            n_trials = min(n_trials, run.grid[1])
+        check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
+        rows, identity = validation_rows(spec, study, out, base)
+        check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
+        if n_trials:  # a covered grid runs none: no Ray, no actor
+            with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
+                loop = _Trials(
+                    spec, study, run, rows, identity, group, on_launch, on_progress, owner
+                )
+                loop.drain(n_trials, on_trial, callbacks)
+    except BaseException as exc:
+        # Its running trials are this run's to end: failed, and enqueued to run again (a
+        # second signal meanwhile waits, so that none is left RUNNING).
+        with stops.deferred():
+            if loop is not None and loop.live:
+                why = (
+                    f"stopped by {stops.signal_name()}"
+                    if isinstance(exc, KeyboardInterrupt)
+                    else f"the run stopped: {first_line(exc)}"
+                )
+                live = [trial for trial, _ in loop.live.values()]
+                names = {p.name for p in spec.space}
+                with contextlib.suppress(Exception):  # the storage may be what failed
+                    run.abandoned = abandon_trials(study, live, names, why)
+            with contextlib.suppress(Exception):
+                owner.end(study)
+        if isinstance(exc, KeyboardInterrupt):
+            raise TuneInterrupted(run) from exc
+        raise
+    owner.end(study)
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
@@ -162,7 +210,7 @@ def study_replicas(
         try:
             yield group
         finally:
-            group.kill()
+            end_groups([group])  # bounded: Ray itself may be what was stopped
 
 
 def study_folder(out: str | Path, spec: TuningSpec) -> Path:
@@ -248,10 +296,12 @@ class _Trials:
         group: ActorGroup,
         on_launch: Callable[[int, list[int]], None] | None,
         on_progress: Callable[[int, UnitProgress], None] | None = None,
+        owner: RunOwner | None = None,
     ) -> None:
         self.spec, self.study, self.run, self.rows = spec, study, run, rows
         self.identity, self.group, self.on_launch = identity, group, on_launch
         self.on_progress = on_progress
+        self.owner = RunOwner.new() if owner is None else owner
         self.distributions = spec.distributions()
         self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
         self.reported: dict[str, set[int]] = {}
@@ -266,6 +316,7 @@ class _Trials:
     ) -> None:
         launched = 0
         while launched < n_trials or self.live:
+            self.owner.refresh(self.study)  # other runs on the study see this one live
             while launched < n_trials and self.group.room(self.unit(None)):
                 self.launch()
                 launched += 1
@@ -304,7 +355,7 @@ class _Trials:
     def launch(self) -> None:
         import optuna
 
-        trial = ask_trial(self.study, self.distributions)
+        trial = ask_trial(self.study, self.distributions, self.owner)
         try:
             unit = self.unit(trial)
             self.group.submit(unit)

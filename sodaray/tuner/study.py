@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,11 +39,28 @@ log = logging.getLogger(__name__)
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
-    """An RDB URL as given, else a journal file (default: OUT/<name>/study.journal)."""
-    url = override or spec.storage
+    """An RDB URL as given (`override`, else the file's), else a journal file
+    (OUT/<name>/study.journal). An empty one is refused: it is an unset variable
+    (`--storage "$DB"`), and the local journal in its place put a cluster's study on one
+    node's disk."""
+    url = spec.storage if override is None else override
     if url is None:
         return str(out / "study.journal")
+    if not url.strip():
+        where = "--storage" if override is not None else f"{spec.path}: storage"
+        raise ValueError(
+            f"{where} is empty (an unset variable?): give an Optuna storage URL or a journal "
+            "file, or leave it out for OUT/<name>/study.journal"
+        )
     return url
+
+
+def check_storage(spec: TuningSpec, out: str | Path, override: str | None = None) -> None:
+    """The study's storage as given (`storage_url`), before anything runs: not empty, and an
+    RDB URL of a kind SQLAlchemy knows whose driver is installed."""
+    url = storage_url(spec, Path(out), override)
+    if "://" in url:
+        _check_rdb_url(url)
 
 
 def open_storage(url: str, base: Path | None = None):
@@ -141,13 +159,33 @@ def check_journal_lock(journal: Path, base: Path) -> None:
     move_file(base, lock, aside)  # kept, never deleted (a device, a FIFO, a folder)
 
 
+# The package to install for each database driver SQLAlchemy names (its module): Optuna's
+# RDB storage said only "Failed to import DB access module" in a traceback.
+DRIVER_PACKAGES = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pg8000": "pg8000",
+    "asyncpg": "asyncpg",
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+    "mysql": "mysql-connector-python",
+    "mariadb": "mariadb",
+    "oracledb": "oracledb",
+    "cx_Oracle": "cx_Oracle",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+}
+
+
 def _check_rdb_url(url: str) -> None:
-    """An RDB URL whose database kind SQLAlchemy knows (the connection is tried later)."""
+    """An RDB URL whose database kind SQLAlchemy knows and whose driver is installed (the
+    connection is tried later): one line naming the package to install when it is not."""
     check_sqlite_url(url, "storage")
     try:
         from sqlalchemy.engine import make_url
 
-        make_url(url).get_dialect()
+        parsed = make_url(url)
+        dialect = parsed.get_dialect()
     except ImportError as exc:
         raise ValueError(f"storage {url}: {exc} (install the database driver)") from exc
     except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError
@@ -155,20 +193,34 @@ def _check_rdb_url(url: str) -> None:
             f"storage {url}: {first_line(exc)} (an Optuna RDB URL: sqlite:///study.db, "
             "postgresql://user@host/db, ...)"
         ) from exc
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi  # SQLAlchemy 2; 1.4
+        load()
+    except ImportError as exc:
+        module = (getattr(exc, "name", None) or "").split(".")[0]
+        package = DRIVER_PACKAGES.get(module, module or parsed.get_driver_name())
+        raise ValueError(
+            f"storage {shown}: its database driver {parsed.get_driver_name()} is not "
+            f"installed ({first_line(exc)}): pip install '{package}'"
+        ) from exc
 
 
-def make_sampler(spec: TuningSpec, trials_so_far: int = 0):
+def make_sampler(spec: TuningSpec, trials_so_far: int = 0, salt: int = 0):
     """The study's sampler, seeded from (seed, trials so far): a resumed study proposes new
-    points instead of replaying the first run's (a new study keeps the file's seed)."""
+    points instead of replaying the first run's (a new study keeps the file's seed). `salt`
+    (a run's own number) joins them where another run is live on the study: two runs that
+    opened it at the same count would otherwise propose the same points."""
     import numpy as np
     import optuna
 
     seed = spec.seed
     # Not the grid's: its seed shuffles the grid, and its first trials take points by their
     # number in that order; another seed's order gave a resumed study's trials points it had
-    # tried (the issue's resume repeated a trial).
-    if trials_so_far and spec.sampler != "grid":
-        seed = int(np.random.SeedSequence([spec.seed, trials_so_far]).generate_state(1)[0])
+    # tried (the issue's resume repeated a trial). Optuna's grid sampler skips running points.
+    if (trials_so_far or salt) and spec.sampler != "grid":
+        entropy = [spec.seed, trials_so_far, *([salt] if salt else [])]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "grid":
@@ -220,6 +272,7 @@ def grid_left(spec: TuningSpec, study: Any) -> tuple[int, int]:
 
 
 SPEC_HASH_ATTR = "sodaray.spec_hash"
+PLACES_HASH_ATTR = "sodaray.places_hash"  # the same, paths by where they lead (`places_hash`)
 
 
 def spec_hash(spec: TuningSpec) -> str:
@@ -227,6 +280,30 @@ def spec_hash(spec: TuningSpec) -> str:
     steps, metric, checkpoints and seed (not trials, sampler, pruner or storage)."""
     from sodaray.results import config_hash
 
+    return config_hash(_identity(spec))
+
+
+def places_hash(spec: TuningSpec) -> str:
+    """`spec_hash` with each local path replaced by where it leads on this machine
+    (`experiment.spec.places`): one value for a tuning file whose model or data is written
+    relative in one run and absolute, or through a link, in another."""
+    from sodaray.experiment.spec import places
+    from sodaray.results import config_hash
+
+    identity = _identity(spec)
+    where = places(spec.model, spec.data)
+    model, data = dict(identity["model"]), dict(identity["data"])
+    if "model" in where:
+        model.pop("id")
+    if "path" in where:
+        data.pop("path")
+    if "source" in where and isinstance(data.get("build"), dict):
+        data["build"] = {k: v for k, v in data["build"].items() if k != "source"}
+    return config_hash({**identity, "model": model, "data": data, "places": where})
+
+
+def _identity(spec: TuningSpec) -> dict[str, Any]:
+    """What `spec_hash` hashes."""
     # A preset file by what it holds, not where it is: a study whose preset file was edited
     # (the same path) got the old study's hash, and its next `tune` added trials to the old
     # study; one moved elsewhere keeps its study.
@@ -234,25 +311,23 @@ def spec_hash(spec: TuningSpec) -> str:
     # With no preset, what the model's family defaults change in the trials, only where they
     # change something: a study they leave as it was keeps its hash.
     effect = spec.defaults_effect()
-    return config_hash(
-        {
-            # Named only when given, so files without a preset keep their studies' hashes.
-            **(preset if spec.model.preset or spec.model.preset_file else {}),
-            **({"defaults": effect} if effect else {}),
-            # Only where a trial's check changed with it, so other studies keep their hashes.
-            **({"confirm": "both"} if spec.confirms_raw() else {}),
-            "model": spec.model.identity(),
-            "data": spec.data.identity(),
-            "algorithm": spec.algorithm,
-            "objective": spec.objective,
-            "fixed": spec.fixed,
-            "space": [dataclasses.asdict(p) for p in spec.space],
-            "steps": spec.max_steps,  # the key older studies' hashes were made with
-            "metric": spec.metric,
-            "checkpoints": spec.checkpoints,
-            "seed": spec.seed,
-        }
-    )
+    return {
+        # Named only when given, so files without a preset keep their studies' hashes.
+        **(preset if spec.model.preset or spec.model.preset_file else {}),
+        **({"defaults": effect} if effect else {}),
+        # Only where a trial's check changed with it, so other studies keep their hashes.
+        **({"confirm": "both"} if spec.confirms_raw() else {}),
+        "model": spec.model.identity(),
+        "data": spec.data.identity(),
+        "algorithm": spec.algorithm,
+        "objective": spec.objective,
+        "fixed": spec.fixed,
+        "space": [dataclasses.asdict(p) for p in spec.space],
+        "steps": spec.max_steps,  # the key older studies' hashes were made with
+        "metric": spec.metric,
+        "checkpoints": spec.checkpoints,
+        "seed": spec.seed,
+    }
 
 
 def preset_content(path: str | None) -> dict[str, Any] | None:
@@ -265,12 +340,109 @@ def preset_content(path: str | None) -> dict[str, Any] | None:
     return {"params": load_preset_file(path), "objective": load_preset_objective(path)}
 
 
+RUN_ATTR = "sodaray.run:"  # a study's user attribute per run: its driver (RunOwner.record)
+TRIAL_RUN_ATTR = "sodaray.run"  # a trial's user attribute: the run that asked it (its key)
+INTERRUPTED_ATTR = "interrupted"  # a trial's: why its run stopped it (it is run again)
+
+
+@dataclasses.dataclass
+class RunOwner:
+    """A `tune` run's driver as its study records it: one study user attribute per run
+    (`RUN_ATTR` + `key`: host, pid, boot id and process start, as a sweep's job lock holds
+    them, and when it was last seen), and each trial it asks stamped with `key`. Another run
+    opening the study leaves a RUNNING trial alone while its run's driver lives, and fails it
+    (its parameters tried again) once that driver is known to be over: same host, its process
+    gone, another process now, or from before a restart; another host, not seen for
+    `owner.STALE_SECONDS` (a live driver renews its record every `owner.REFRESH_SECONDS`):
+    `experiment.owner`'s judgment, as a sweep's job lock gets; or its record says it ended."""
+
+    key: str
+    record: dict[str, Any]
+    salt: int
+    refreshed: float = 0.0
+    others: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def new(cls) -> RunOwner:
+        import secrets
+
+        from sodaray.experiment.owner import me
+
+        record = me()
+        token = secrets.token_hex(4)  # two runs of one process (tests) are two runs
+        return cls(f"{record['host']}:{record['pid']}:{token}", record, int(token, 16) or 1)
+
+    def register(self, study: Any) -> dict[str, dict[str, Any]]:
+        """Record this run in `study`; returns the other runs live on it (key -> record)."""
+        self._write(study)
+        self.others = {
+            key: record
+            for key, record in run_records(study).items()
+            if key != self.key and self.gone(key, record) is None
+        }
+        return self.others
+
+    def refresh(self, study: Any) -> None:
+        """The record's `seen` time renewed, at most every `LOCK_REFRESH_SECONDS`."""
+        from sodaray.experiment.owner import REFRESH_SECONDS
+
+        if time.monotonic() - self.refreshed >= REFRESH_SECONDS:
+            self._write(study)
+
+    def end(self, study: Any) -> None:
+        """The run is over: its record says so (its trials are no one's now)."""
+        self.record["ended"] = time.time()
+        self._write(study)
+
+    def _write(self, study: Any) -> None:
+        self.record["seen"] = time.time()
+        study.set_user_attr(RUN_ATTR + self.key, self.record)
+        self.refreshed = time.monotonic()
+
+    def stamp(self, trial: Any) -> None:
+        trial.set_user_attr(TRIAL_RUN_ATTR, self.key)
+
+    def gone(self, key: str, record: Any) -> str | None:
+        """Why the run `key` (its study record) is over, or None while its driver may live."""
+        from sodaray.experiment.owner import owner_gone, record_problem
+
+        if record is None:
+            return "it left no record"
+        problem = record_problem(record)
+        if problem is not None:
+            return f"its record is not one sodaray writes: {problem}"
+        if record.get("ended"):
+            return "it ended"
+        if record["pid"] == os.getpid() and record["host"] == socket.gethostname():
+            return None if key == self.key else "an earlier run of this process"
+        seen = record.get("seen", record.get("since"))
+        age = time.time() - seen if isinstance(seen, (int, float)) else math.inf
+        return owner_gone(record, age)
+
+
+def run_records(study: Any) -> dict[str, Any]:
+    """The runs recorded in `study` (key -> record), as `RunOwner.register` writes them."""
+    return {
+        name[len(RUN_ATTR) :]: value
+        for name, value in study.user_attrs.items()
+        if name.startswith(RUN_ATTR)
+    }
+
+
 def open_study(
-    spec: TuningSpec, url: str, study_name: str, storage: Any = None
+    spec: TuningSpec,
+    url: str,
+    study_name: str,
+    storage: Any = None,
+    owner: RunOwner | None = None,
 ) -> tuple[Any, list[int]]:
-    """Create or resume the study in `storage` (default: `open_storage(url)`): refuse one made by
-    a different tuning file, re-seed the sampler from the trials so far, and fail (then retry)
-    trials a dead driver left RUNNING. Returns the study and the numbers of those stale trials."""
+    """Create or resume the study in `storage` (default: `open_storage(url)`): refuse one made
+    by a different tuning file, record this run in it (`owner`, default a new `RunOwner`),
+    re-seed the sampler from the trials so far (and, where another run is live on the study,
+    this run's own number, so that the two never propose the same points), and fail (then
+    retry) trials left RUNNING by a run known to be over (`rescue_trials`). A live run's
+    trials are never touched: this run joins the study beside it, asking its own trials.
+    Returns the study and the numbers of the trials it failed."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -283,43 +455,99 @@ def open_study(
             direction="maximize",
             load_if_exists=True,
         )
-    key = spec_hash(spec)
+    key, where = spec_hash(spec), places_hash(spec)
     recorded = study.user_attrs.get(SPEC_HASH_ATTR)
+    if recorded is not None and PLACES_HASH_ATTR not in study.user_attrs and recorded == key:
+        study.set_user_attr(PLACES_HASH_ATTR, where)  # a study from before places were kept
     if recorded is None:
         study.set_user_attr(SPEC_HASH_ATTR, key)
+        study.set_user_attr(PLACES_HASH_ATTR, where)
         # What the study is, for optuna-dashboard and `optuna studies` (the hash is for us).
         for name, value in study_attrs(spec).items():
             study.set_user_attr(name, value)
-    elif recorded != key:
+    elif recorded != key and study.user_attrs.get(PLACES_HASH_ATTR) != where:
         raise ValueError(
             f"study {study_name!r} in {url} was made by another tuning file (model, data, "
             "algorithm, objective, space, steps, metric or seed differ); give this one its own "
             "study_name or storage"
         )
+    owner = RunOwner.new() if owner is None else owner
+    others = owner.register(study)  # before the trials are counted: see `make_sampler`
     trials = study.get_trials(deepcopy=False)
-    if trials:
-        study.sampler = make_sampler(spec, len(trials))
-    if not trials and spec.start_params():  # a new study opens with the given preset
+    if trials or others:
+        study.sampler = make_sampler(spec, len(trials), owner.salt if others else 0)
+    # The preset opens a new study once: the earliest of runs starting together enqueues it.
+    first = all(r.get("since", 0) > owner.record["since"] for r in others.values())
+    if not trials and first and spec.start_params():
         study.enqueue_trial(spec.start_params())
-    # Trials a dead driver left RUNNING: failed, and their parameters tried again (when it got
-    # as far as sampling them all).
-    stale = []
+    return study, rescue_trials(study, spec, owner, others)
+
+
+def rescue_trials(
+    study: Any, spec: TuningSpec, owner: RunOwner, others: dict[str, Any]
+) -> list[int]:
+    """Fail the RUNNING trials whose run is over (`RunOwner.gone`), their parameters tried
+    again (when its driver got as far as sampling them all). A trial that names no run (an
+    older sodaray's, or one whose driver died between asking it and naming itself) is left
+    alone while another run is live: it may be that run's. Two runs rescuing at once fail a
+    trial once: the second is told it is finished, and leaves it."""
+    import optuna
+
+    runs = run_records(study)
     names = {p.name for p in spec.space}
+    stale = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        run = t.user_attrs.get(TRIAL_RUN_ATTR)
+        if run is None:
+            why = None if others else "it names no run"
+        elif not isinstance(run, str) or run == owner.key:
+            continue
+        else:
+            why = owner.gone(run, runs.get(run))
+        if why is None:
+            continue
+        log.info("trial %d was left running (its run: %s): failed, tried again", t.number, why)
+        try:
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            continue  # another run failed it first
         if set(t.params) >= names:
             study.enqueue_trial(t.params, skip_if_exists=False)
         stale.append(t.number)
-    return study, stale
+    return stale
 
 
-def ask_trial(study: Any, distributions: dict[str, Any]) -> Any:
-    """`study.ask`, but a failure (storage, sampler) leaves no RUNNING trial behind."""
+def abandon_trials(study: Any, trials: Sequence[Any], names: set[str], why: str) -> list[int]:
+    """This run's RUNNING `trials` failed, marked with `why` (`INTERRUPTED_ATTR`), and their
+    parameters (when they hold all of `names`) enqueued: a run stopped by a signal or an error
+    leaves none RUNNING, and the next run tries them again. Returns their numbers."""
+    import optuna
+
+    done = []
+    for trial in trials:
+        try:
+            trial.set_user_attr(INTERRUPTED_ATTR, why)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+            continue  # told already
+        params = dict(trial.params)
+        if set(params) >= names:
+            study.enqueue_trial(params, skip_if_exists=False)
+        done.append(trial.number)
+    return done
+
+
+def ask_trial(study: Any, distributions: dict[str, Any], owner: RunOwner | None = None) -> Any:
+    """`study.ask`, the trial stamped with its run (`owner`); a failure (storage, sampler)
+    leaves no RUNNING trial behind."""
     import optuna
 
     before = {t.number for t in study.get_trials(deepcopy=False)}
     try:
-        return study.ask(distributions)
+        trial = study.ask(distributions)
+        if owner is not None:
+            owner.stamp(trial)
+        return trial
     except BaseException:
         running = (optuna.trial.TrialState.RUNNING,)
         for t in study.get_trials(deepcopy=False, states=running):
