@@ -87,6 +87,9 @@ def _with_includes(
     names = [names] if isinstance(names, str) else names
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise error(f"{path}: include: a file name or a list of them, not {brief(names)}")
+    for name in names:
+        if "\0" in name:  # the OS refuses it with a message that names no file
+            raise error(f"{path}: include: {brief(name)}: a path cannot hold a NUL byte")
     if len(chain) > MAX_DEPTH:
         raise error(f"{path}: include: more than {MAX_DEPTH} files deep")
     merged: dict = {}

@@ -141,12 +141,24 @@ def model_shape(model_id: str) -> ModelShape | None:
     return None
 
 
+# The least `--rate` a plan takes: one sample-step per million seconds (11.6 days). A model
+# slower than that runs no search anyone waits for; a rate below it (1e-300, a typo) made
+# estimates of hundreds of digits, or an overflow, instead of a time.
+MIN_RATE = 1e-6
+
+
 def check_rate(rate: float | None) -> None:
-    """A plan's `--rate` (`sweep plan`, `tune --dry-run`): sample-steps per second per replica."""
+    """A plan's `--rate` (`sweep plan`, `tune --dry-run`): sample-steps per second per replica,
+    finite and at least `MIN_RATE`; anything else is a ValueError naming `--rate`."""
     import math
 
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--rate must be a positive finite number, not {rate}")
+    if rate is not None and rate < MIN_RATE:
+        raise ValueError(
+            f"--rate {rate:g} is below {MIN_RATE:g} sample-steps per second (one per "
+            f"{1 / MIN_RATE / 86400:.1f} days): no estimate at that rate means anything"
+        )
 
 
 def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:

@@ -48,6 +48,7 @@ CONFIRMS: tuple[str, ...] = ("space", "both")
 # knobs (`sodaray.presets`): a setting tuned or chosen for a model. What is observed (kind,
 # top_k, output_tokens) and when a candidate counts as found (atol, rtol) stay the caller's.
 PRESET_FIELDS: tuple[str, ...] = ("space", "loss", "huber_delta", "fluency_weight")
+HUBER_DELTA = 1.0  # `huber_delta`'s default (read by `loss: huber` alone)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Objective:
     space: ObservationSpace = "raw"
     output_tokens: int = 1
     loss: LossKind = "huber"
-    huber_delta: float = 1.0
+    huber_delta: float = HUBER_DELTA
     fluency_weight: float = 0.0
     text_loss: TextLoss = "logprob"
     fluency_form: FluencyForm = "argmax"
@@ -121,7 +122,9 @@ class Objective:
     def identity(self) -> dict[str, object]:
         """The settings that decide a job's results, for its hash: every field, but `confirm`
         only where it changes the check (raw logits and text have one space), so a job whose
-        check is unchanged keeps the hash it had before the field existed."""
+        check is unchanged keeps the hash it had before the field existed; and `huber_delta`
+        as its default under `loss: mse`, which never reads it (a tuning space that samples
+        both, or a preset's delta under an entry's mse, makes no other job)."""
         return dict(self._identity)  # a copy: the caller's to change
 
     @functools.cached_property  # frozen, and shared by a sweep's jobs: made once
@@ -129,6 +132,8 @@ class Objective:
         fields = asdict(self)
         if not self.confirms_raw:
             del fields["confirm"]
+        if self.loss == "mse":  # the default, not dropped: an mse job keeps its older hash
+            fields["huber_delta"] = HUBER_DELTA
         return fields
 
     def shape(self) -> tuple[str, int | None, str, int]:

@@ -109,7 +109,7 @@ def _read_preset(path: str | Path) -> dict[str, Any]:
                 f"{path}: a preset with an `objective:` section puts its parameters under "
                 "`soda:` (or `params:`)"
             )
-        return data  # flat: every key a parameter, checked as one where it is applied
+        return data
     if "soda" in data and "params" in data:
         raise ValueError(f"{path}: give `soda:` or `params:`, not both (one would be dropped)")
     unknown = [str(k) for k in data if k not in SECTIONS]

@@ -376,7 +376,7 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
             if field.name not in table.column_names:
                 table = table.append_column(field, pa.nulls(len(table), field.type))
         try:
-            tables.append(table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA))
+            table = table.select(RESULT_SCHEMA.names).cast(RESULT_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             wrong = [
                 f"{n} is {table.schema.field(n).type}"
@@ -386,6 +386,8 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
             raise ResultsError(
                 f"{f}: columns of types the result schema does not have ({', '.join(wrong)})"
             ) from exc
+        check_rows(table, f)
+        tables.append(table)
     if not tables:
         raise ResultsError(f"no result files (*.parquet) in {where}")
     table = pa.concat_tables(tables)
@@ -400,6 +402,32 @@ CORE_COLUMNS = ("sample_id", "found", "exact", "steps", "algorithm", "tokens")
 # What names one row: a sweep job's or trial's sample at a seed; rows outside sweeps (`invert
 # --out`) by the call they came from (its model and the time it finished).
 ROW_KEY = ("sweep", "job", "sample_id", "seed", "model", "finished_at")
+
+
+def check_rows(table: pa.Table, path: Path) -> None:
+    """Refuse rows of the file `path` that break what every row written says: `found` is
+    true or false and `steps` a count (0 or more). A rate over such rows would count what no
+    search did; the error names the file and the first such row. (`exact` true with `found`
+    false is a result, not damage: a true input the match check turned down, which the
+    project's checks count as exact-not-found.)"""
+    import pyarrow.compute as pc
+
+    checks = (
+        (pc.is_null(table["found"]), "`found` is null (every row says whether it was found)"),
+        (pc.is_null(table["steps"]), "`steps` is null (every row says how many steps it took)"),
+        (
+            pc.fill_null(pc.less(table["steps"], 0), False),
+            "`steps` is negative (a search takes 0 steps or more)",
+        ),
+    )
+    for bad, what in checks:
+        count = pc.sum(bad).as_py() or 0
+        if count:
+            first = table.filter(bad).slice(0, 1).to_pylist()[0]
+            rows = "row" if count == 1 else "rows"
+            raise ResultsError(
+                f"{path}: {count} {rows} where {what}; the first: sample {first['sample_id']}"
+            )
 
 
 def check_unique(table: pa.Table, where: str) -> None:

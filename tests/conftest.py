@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,31 @@ def finish_all(plans) -> None:
                 write_table_atomic(out.table, shard_path(plan.folder, i))
     finally:
         worker.stop()
+
+
+@contextlib.contextmanager
+def silent_port():
+    """A port that accepts connections and never answers (a firewall's tarpit, a wrong port)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
 
 
 @contextlib.contextmanager

@@ -6,18 +6,15 @@ with a deadline well past the bound, so a regression fails here instead of hangi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import STORIES
+from conftest import STORIES, silent_port
 
 from sodaray.waits import CHECK_SECONDS, within
 
@@ -30,31 +27,6 @@ algorithms: [{{name: soda}}]
 max_steps: 5
 """
 DEADLINE = 60  # seconds: past it the command is taken to hang (the old code's were minutes)
-
-
-@contextlib.contextmanager
-def silent_port():
-    """A port that accepts connections and never answers (a firewall's tarpit, a wrong port)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 def run_cli(args: list[str], cwd: Path) -> tuple[int, str, float]:

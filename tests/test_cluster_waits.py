@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import STORIES
+from conftest import STORIES, silent_port
 
 from sodaray.experiment.cluster import check_address
 from sodaray.waits import CHECK_SECONDS
@@ -31,31 +29,6 @@ datasets: [{{name: random, build: {{dataset: random, lengths: "1", per_length: 2
 algorithms: [{{name: soda}}]
 max_steps: 5
 """
-
-
-@contextlib.contextmanager
-def silent_port():
-    """A port that accepts connections and never answers."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(server.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
 
 
 @contextlib.contextmanager

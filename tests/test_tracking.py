@@ -244,10 +244,10 @@ def test_jobs_and_trials_share_their_parameter_and_curve_names(store):
 
 # ---- the README's command starts the UI ---------------------------------------------------------
 def readme_ui_command() -> list[str]:
-    """The README's `mlflow ui` line, run with this environment's `mlflow`."""
+    """The docs' `mlflow ui` line (docs/mlflow.md), run with this environment's `mlflow`."""
     lines = [
         line.split("#")[0].strip()
-        for line in (ROOT / "README.md").read_text().splitlines()
+        for line in (ROOT / "docs" / "mlflow.md").read_text().splitlines()
         if line.strip().startswith("mlflow ui ")
     ]
     assert len(lines) == 1, lines  # one command to look at the runs

@@ -292,7 +292,11 @@ def _given_once(args: argparse.Namespace) -> None:
         from sodaray.presets import get_preset, load_preset_file
 
         preset = dict(get_preset(args.preset).soda) if args.preset else {}
-        preset.update(load_preset_file(args.preset_file) if args.preset_file else {})
+        if args.preset_file:
+            from sodaray.experiment.spec import check_preset_params
+
+            preset.update(load_preset_file(args.preset_file))
+            check_preset_params(preset, args.preset_file)
         for key, value in sorted(params.items()):
             if key in preset and preset[key] != value:
                 _note(f"{key}: --param's {value!r} is used, not the preset's {preset[key]!r}")

@@ -322,6 +322,12 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
     from sodaray.runner.plan import check_jobs_fit, plan_sweep
 
     check_rate(args.rate)
+    if args.rate is not None and args.no_calibrate:
+        # --no-calibrate is "no rate, counts only": with a rate given, one of the two is ignored.
+        raise ValueError(
+            "--rate and --no-calibrate contradict: --rate prices every job, --no-calibrate "
+            "prices none; give one"
+        )
     costs = _costs(args.costs)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit

@@ -66,6 +66,33 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 MLP_HIDDEN = 1024  # --mlp-hidden when not given
 
 
+def max_threads() -> int:
+    """The most `--threads` taken: four per CPU this process may run on, and never fewer than
+    256. torch hands the count to its OpenMP pool, which starts that many threads, each with
+    its own stack: 100,000,000 ended the process in a segmentation fault. More threads than
+    CPUs only slows the work; the factor and the floor leave room for a count that is sane on
+    another node (or a container that shows fewer CPUs than it runs on)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS and Windows
+        cpus = os.cpu_count() or 1
+    return max(256, 4 * cpus)
+
+
+def check_threads(threads: int | None) -> None:
+    """`--threads`: at least 1 and at most `max_threads()`, checked before torch sees it
+    (ValueError naming the option)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {threads}")
+    if threads > max_threads():
+        raise ValueError(
+            f"--threads {threads} is more than this machine can run: at most {max_threads()} "
+            "(four per CPU, at least 256)"
+        )
+
+
 def cmd_train_inverter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -109,8 +136,7 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
     )
     cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
     check_resumable(cfg, Path(args.out))
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    check_threads(args.threads)
     from sodaray.files import check_model_files
 
     check_model_files(os.path.expanduser(args.model))  # a FIFO, a folder without weights

@@ -94,6 +94,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
+    check_modes(args)
     spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
     from sodaray.validation import check_output_dir
 
@@ -186,6 +187,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(f"sodaray: error: {failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_modes(args: argparse.Namespace) -> None:
+    """Options that contradict each other, or that this mode never reads, are refused
+    (ValueError naming them) before anything loads: `--evaluate` with `--dry-run` (one would
+    be ignored), and `--rate` or `--calibrate` without `--dry-run` (they price its estimate
+    only; a run or a verdict went ahead as if they were not given)."""
+    if args.evaluate and args.dry_run:
+        raise ValueError(
+            "--evaluate and --dry-run contradict: --evaluate runs the verdict, --dry-run runs "
+            "nothing; give one"
+        )
+    for name, given in (("--rate", args.rate is not None), ("--calibrate", args.calibrate)):
+        if given and not args.dry_run:
+            raise ValueError(f"{name} prices the --dry-run estimate only: add --dry-run")
 
 
 def cmd_evaluate(spec, args: argparse.Namespace) -> int:

@@ -420,10 +420,25 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
             shown = looked_for(str(spec.preset_file), spec.base)
             raise fail(f"{where}.preset_file", f"no such preset file: {shown}")
         try:
-            load_preset_file(preset_file)
+            check_preset_params(load_preset_file(preset_file), preset_file)
             load_preset_objective(preset_file)
         except (OSError, ValueError) as exc:
             raise fail(f"{where}.preset_file", str(exc)) from exc
+
+
+def check_preset_params(params: dict[str, Any], path: str | Path) -> None:
+    """Every key of a preset file's parameters a SODA parameter (values are checked where they
+    are applied), else one line naming the file: a sweep or tuning file given as a preset was
+    refused later, by a message that named no file."""
+    from sodaray.search.soda_config import SodaConfig
+
+    known = {f.name for f in fields(SodaConfig)} | set(SodaConfig.RENAMED)
+    unknown = [k for k in params if k not in known]
+    if unknown:
+        raise ValueError(
+            f"{path}: {brief(unknown[0])} is not a SODA parameter (a preset file holds SODA's "
+            "parameters, flat or under `soda:`; not a sweep or tuning file)"
+        )
 
 
 def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:

@@ -170,6 +170,7 @@ def build_report(
     with `extrapolate` (steps), the budget tables and figure too (`sodaray.report.budget`)."""
     formats = list(formats)
     paths = _listed(paths)  # read more than once below
+    where = ", ".join(map(str, paths))
     if extrapolate is not None:  # checked before the rows are read
         from sodaray.report.budget import check_target
 
@@ -181,7 +182,7 @@ def build_report(
     if extrapolate is not None:  # before anything is written
         from sodaray.report.budget import check_above_budget
 
-        check_above_budget(df, extrapolate)
+        check_above_budget(df, extrapolate, where)
     report = Report(rows=len(df))
     if copies is not None:
         log.warning("%s: %s", ", ".join(map(str, paths)), copies)
@@ -208,7 +209,7 @@ def build_report(
     if extrapolate is not None:
         from sodaray.report.budget import budget_tables, groups
 
-        found = groups(df, extrapolate)
+        found = groups(df, extrapolate, where=where)
         made = budget_tables(found, extrapolate)
         report.tables += made
         if not made:

@@ -50,26 +50,57 @@ class Group:
 
 
 def groups(
-    df: pd.DataFrame, target: int, *, boot: int = bud.BOOTSTRAP, seed: int = 0
+    df: pd.DataFrame,
+    target: int,
+    *,
+    boot: int = bud.BOOTSTRAP,
+    seed: int = 0,
+    where: str = "the result rows",
 ) -> list[Group]:
     """SODA's rows (the paper tables' rows: main dataset, fixed lengths, no tuning trials, true
     inputs known) by model, configuration and input length, each measured and extrapolated to
     `target` steps. Rows of one group share a step budget (`max_steps` is part of their
-    configuration: `by_setting` splits by it)."""
-    base = budget_rows(df)
+    configuration: `by_setting` splits by it). `where`: the result files or folders the rows
+    came from, named in the error when a group's rows cannot be samples of its budget."""
     out = []
+    for model, setting, length, sel in _grouped(df):
+        samples = _samples(sel, where)
+        budget = samples.budget
+        # One fit per group, evaluated where the table and the figure need it.
+        steps = sorted(set(_targets(target)) | set(_curve_steps(budget, target)))
+        fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
+        out.append(Group(str(model), setting, int(length), sel, fit))
+    return out
+
+
+def _grouped(df: pd.DataFrame):
+    """(model, setting, length, rows) of each budget group, in the tables' order."""
+    base = budget_rows(df)
     for model, rows in sorted(base.groupby("model_name"), key=lambda kv: str(kv[0])):
         for setting, part in by_setting(rows):
             for length, sel in sorted(part.groupby(part["length"].astype(int))):
-                budget = int(sel["max_steps"].astype(int).max())
-                samples = bud.Samples.from_rows(
-                    sel["steps"], sel["found"].astype(bool), sel["exact"].astype(bool), budget
-                )
-                # One fit per group, evaluated where the table and the figure need it.
-                steps = sorted(set(_targets(target)) | set(_curve_steps(budget, target)))
-                fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
-                out.append(Group(str(model), setting, int(length), sel, fit))
-    return out
+                yield model, setting, length, sel
+
+
+def _samples(sel: pd.DataFrame, where: str) -> bud.Samples:
+    """A group's rows as `budget.Samples` under the group's step budget (its `max_steps`); a
+    ValueError naming `where` and the first row past the budget (or not a count of steps)."""
+    budget = int(sel["max_steps"].astype(int).max())
+    try:
+        return bud.Samples.from_rows(
+            sel["steps"], sel["found"].astype(bool), sel["exact"].astype(bool), budget
+        )
+    except ValueError as exc:
+        steps = sel["steps"].astype(float)
+        bad = sel[~np.isfinite(steps) | (steps < 0) | (steps > budget)]
+        if bad.empty:
+            raise ValueError(f"{where}: {exc}") from exc
+        row = bad.iloc[0]
+        job = row["job"] or "an `invert` run"
+        raise ValueError(
+            f"{where}: sample {row['sample_id']} of {job} took {row['steps']} steps, outside "
+            f"its step budget (max_steps {budget:,}): not rows a search wrote"
+        ) from exc
 
 
 def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -78,13 +109,16 @@ def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
     return base[base["length"].notna() & base["exact"].notna()]
 
 
-def check_above_budget(df: pd.DataFrame, target: int) -> None:
+def check_above_budget(df: pd.DataFrame, target: int, where: str = "the result rows") -> None:
     """`--extrapolate STEPS` reaches past what was measured: a target below the step budget
     the rows ran (10 steps measured, `--extrapolate 1`) would "extrapolate" where the measured
-    share is known. A one-line error naming the budget."""
+    share is known. A one-line error naming the budget; and one naming `where` (the result
+    files or folders) when a group's rows took more steps than their budget."""
     base = budget_rows(df)
     if base.empty:
         return
+    for *_, sel in _grouped(df):  # checked before anything is written
+        _samples(sel, where)
     budget = int(base["max_steps"].astype(int).max())
     if target < budget:
         raise ValueError(

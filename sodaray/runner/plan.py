@@ -108,6 +108,69 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
             check_fits(job.model, longest, job.objective.output_tokens)
         except ValueError as exc:
             raise SweepError(f"{where}: {what}: {first_line(exc)}") from exc
+    check_jobs_vocab(jobs, where)
+
+
+def config_vocab(model: Any) -> int | None:
+    """The vocabulary `model` (a `ModelSpec`) has, from its local `config.json` (a multimodal
+    wrapper's `text_config` first); None when no local config says (a hub id, a GGUF file)."""
+    from sodaray.files import read_json_object, what_is
+
+    location = model.location
+    if model.gguf_file or location.endswith(".gguf"):
+        return None
+    path = Path(location) / "config.json"
+    if what_is(path) != "a regular file":
+        return None
+    config: Any = read_json_object(path, "model config")
+    for section in (config.get("text_config"), config):
+        value = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
+    """Every job's observed top-k and its dataset file's token ids fit its model's vocabulary,
+    where the model's local config says it: a replica refuses them only after it loads the
+    model, as a failure per shard. One line naming the file, before any actor starts."""
+    import pyarrow.compute as pc
+
+    from sodaray.data import read_dataset
+    from sodaray.experiment.spec import SweepError
+
+    vocabs: dict[int, int | None] = {}  # per model entry: its config read once
+    seen: set[tuple[int, str]] = set()  # (model entry, dataset file) pairs checked
+    for job in jobs:
+        if id(job.model) not in vocabs:
+            try:
+                vocabs[id(job.model)] = config_vocab(job.model)
+            except ValueError:
+                vocabs[id(job.model)] = None  # a damaged config: loading it says what is wrong
+        vocab = vocabs[id(job.model)]
+        if vocab is None:
+            continue
+        top_k = job.objective.top_k
+        if top_k is not None and top_k > vocab:
+            raise SweepError(
+                f"{where}: objective top_k {top_k:,} is larger than the vocabulary of "
+                f"{job.model.label} ({vocab:,})"
+            )
+        location = job.dataset.location
+        if location is None or (id(job.model), location) in seen:
+            continue
+        seen.add((id(job.model), location))
+        table = read_dataset(location)
+        if not len(table):
+            continue
+        largest = pc.max(pc.list_flatten(table.column("tokens"))).as_py()
+        if largest is not None and largest >= vocab:
+            built = pc.max(table.column("vocab_size")).as_py()
+            raise SweepError(
+                f"{where}: dataset {job.dataset.name} ({location}) holds token id {largest:,}, "
+                f"outside the vocabulary of {job.model.label} ({vocab:,}); it was built for a "
+                f"vocabulary of {built:,}"
+            )
 
 
 def job_cost(

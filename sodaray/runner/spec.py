@@ -300,6 +300,11 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         for i, e in enumerate(entries(data, "datasets", fail))
     ]
     names = [d.name for d in datasets]
+    _unique([d.name for d in datasets], "datasets", fail)
+    # A model's `name` labels its jobs, its rows' `model` column and an override's entry: two
+    # entries of one name would be told apart by none of them. (Entries that name none may
+    # share an id: their settings differ, and so do their jobs' hashes.)
+    _unique([m.name for m in models], "models", fail)
     for i, m in enumerate(models):
         unknown = [n for n in m.datasets if n not in names]
         if unknown:
@@ -313,7 +318,7 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
     objectives = [
         o
         for i, e in enumerate(data.get("objectives") or [{"kind": "logits"}])
-        for o in expand_objective(parse_objective(e, f"objectives[{i}]", fail))
+        for o in _objective_entry(e, f"objectives[{i}]", fail)
     ]
     assumed: list[int] = []
     if isinstance(data.get("length"), (int, list)) and not isinstance(data["length"], bool):
@@ -384,6 +389,30 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         except (TypeError, ValueError) as exc:
             raise fail(f"models[{i}].preset_file", f"{exc} (with objective {obj})") from exc
     return sweep
+
+
+def _unique(labels: list[str], where: str, fail: Fail) -> None:
+    """Refuse two entries of `where` that share a (non-empty) label: their jobs, rows and
+    cached files would be told apart by nothing a reader sees."""
+    for i, label in enumerate(labels):
+        if label and label in labels[:i]:
+            first = labels.index(label)
+            raise fail(where, f"{where}[{first}] and {where}[{i}] are both named {label!r}")
+
+
+def _objective_entry(entry: Any, where: str, fail: Fail) -> list[dict[str, Any]]:
+    """An objective entry's combinations. A `huber_delta` no combination reads (each one's loss
+    mse) is refused: it cannot change a run, so it was most likely meant for a huber entry. (A
+    tuning file's fixed objective is not held to this: a trial may sample the loss.)"""
+    entry = parse_objective(entry, where, fail)
+    combos = expand_objective(entry)
+    gridded = entry.get("grid") or {}
+    if ("huber_delta" in entry or "huber_delta" in gridded) and not any(
+        o.get("loss", "huber") == "huber" for o in combos
+    ):
+        key = "huber_delta" if "huber_delta" in entry else "grid.huber_delta"
+        raise fail(f"{where}.{key}", "is read by loss: huber alone, and this entry's loss is mse")
+    return combos
 
 
 def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> AlgorithmEntry:

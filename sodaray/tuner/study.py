@@ -99,29 +99,66 @@ def unreadable_storage(url: str) -> Iterator[None]:
     or as a study is made in it. One line instead."""
     try:
         yield
-    except (KeyError, TypeError, IndexError, AssertionError) as exc:
+    except (KeyError, TypeError, IndexError, AssertionError, UnicodeError) as exc:
         raise ValueError(
-            f"{url}: a study storage this Optuna cannot read ({type(exc).__name__}: "
+            f"{shown_url(url)}: a study storage this Optuna cannot read ({type(exc).__name__}: "
             f"{first_line(exc)})"
         ) from exc
+    except json.JSONDecodeError as exc:  # a journal line Optuna cannot parse
+        raise ValueError(f"{shown_url(url)}: not a study journal Optuna can read ({exc})") from exc
+    except Exception as exc:
+        # SQLAlchemy's errors (a file that is not a SQLite database, a server that refuses)
+        # name no database: the URL, its password hidden, says which.
+        if type(exc).__module__.partition(".")[0] != "sqlalchemy":
+            raise
+        raise ValueError(f"storage {shown_url(url)}: {first_line(exc)}") from exc
+
+
+def shown_url(url: str) -> str:
+    """An RDB URL as it may be printed: its password hidden (a journal path: as given)."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: nothing of it shown past the scheme
+        return url.partition("://")[0] + "://..."
+
+
+# How long a journal's last line may stay cut short: a live driver appends a line in one write
+# under Optuna's lock (milliseconds), so one still unfinished after this was left by a driver
+# that stopped mid-write.
+CUT_LINE_SECONDS = 2.0
 
 
 def check_journal(url: str) -> None:
     """Every line of a journal file is what Optuna writes there: a JSON object (held to
     `files.MAX_NESTING`, as every JSON sodaray reads) with an integer `op_code`. Optuna parses
     each line without a bound and replays it unchecked: a line of '[' * 100000 ended in a
-    RecursionError, a list or a string in a TypeError. A last line cut short (a driver killed
-    mid-write) is Optuna's to skip."""
-    with open(url, "rb") as f:
-        lines = f.read().split(b"\n")
+    RecursionError, a list or a string in a TypeError. A last line with no newline after it is
+    waited for (`CUT_LINE_SECONDS`: a live driver may be writing it), then refused: one left by a
+    driver stopped mid-write is skipped by Optuna's reader, but its next entry is appended to
+    it, and that joined line makes the whole journal unreadable."""
+    deadline = time.monotonic() + CUT_LINE_SECONDS
+    while True:
+        with open(url, "rb") as f:
+            lines = f.read().split(b"\n")
+        if not lines[-1].strip() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        if number == len(lines):  # no newline after it: cut short
+            raise ValueError(
+                f"{url}: line {number} is cut short (no newline after it: a driver stopped "
+                "mid-write?); Optuna would append the next entry to it and make the journal "
+                "unreadable: remove that last line to resume the study"
+            )
         try:
             op = parse_json(line, "")
         except ValueError as exc:
-            if number == len(lines):  # no newline after it: cut short
-                continue
             raise ValueError(f"{url}: line {number}{exc}: not a study journal") from exc
         if not isinstance(op, dict) or type(op.get("op_code")) is not int:
             raise ValueError(f"{url}: line {number} is not a journal entry Optuna writes")
