@@ -214,7 +214,13 @@ def study_trials(tmp_path: Path) -> list:
     return optuna.load_study(study_name="sig", storage=open_storage(journal)).trials
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+# SIGHUP's tune run is a benchmark (`-m benchmark`): the same path as SIGTERM's, and the suite's
+# SIGHUP cases are the fuzz's and test_hostile_round's.
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.benchmark)],
+    ids=["SIGTERM", "SIGHUP"],
+)
 def test_a_signal_stops_tune_cleanly_and_its_running_trials_run_again(tmp_path, sig):
     from sodaray.tuner.study import INTERRUPTED_ATTR
 

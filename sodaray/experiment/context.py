@@ -21,23 +21,40 @@ from sodaray.validation import check_positions
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def config_context(model: ModelSpec) -> int | None:
-    """The longest sequence `model` takes, from its local `config.json` (a multimodal wrapper's
-    `text_config` too); None when no local config says (a hub id, a GGUF file)."""
+def local_config(model: ModelSpec) -> dict[str, Any] | None:
+    """`model`'s local `config.json`, read by the bounded JSON rule; None when there is none
+    here to read (a hub id, a GGUF file, no such regular file)."""
     location = model.location  # where the model is loaded from (a hub id names no folder here)
     if model.gguf_file or location.endswith(".gguf"):
         return None
     path = Path(location) / "config.json"
     if what_is(path) != "a regular file":
         return None
-    config: Any = read_json_object(path, "model config")
-    for section in (config, config.get("text_config")):
+    return read_json_object(path, "model config")
+
+
+def config_context(model: ModelSpec) -> int | None:
+    """The longest sequence `model` takes, from its local `config.json` (a multimodal wrapper's
+    `text_config` too); None when no local config says."""
+    config = local_config(model)
+    for section in (config, (config or {}).get("text_config")):
         if not isinstance(section, dict):
             continue
         for key in CONTEXT_KEYS:
             value = section.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
+    return None
+
+
+def config_vocab(model: ModelSpec) -> int | None:
+    """The vocabulary `model` has, from its local `config.json` (a multimodal wrapper's
+    `text_config` first); None when no local config says."""
+    config = local_config(model) or {}
+    for section in (config.get("text_config"), config):
+        value = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return None
 
 

@@ -111,25 +111,6 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
     check_jobs_vocab(jobs, where)
 
 
-def config_vocab(model: Any) -> int | None:
-    """The vocabulary `model` (a `ModelSpec`) has, from its local `config.json` (a multimodal
-    wrapper's `text_config` first); None when no local config says (a hub id, a GGUF file)."""
-    from sodaray.files import read_json_object, what_is
-
-    location = model.location
-    if model.gguf_file or location.endswith(".gguf"):
-        return None
-    path = Path(location) / "config.json"
-    if what_is(path) != "a regular file":
-        return None
-    config: Any = read_json_object(path, "model config")
-    for section in (config.get("text_config"), config):
-        value = section.get("vocab_size") if isinstance(section, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
     """Every job's observed top-k and its dataset file's token ids fit its model's vocabulary,
     where the model's local config says it: a replica refuses them only after it loads the
@@ -137,6 +118,7 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
     import pyarrow.compute as pc
 
     from sodaray.data import read_dataset
+    from sodaray.experiment.context import config_vocab
     from sodaray.experiment.spec import SweepError
 
     vocabs: dict[int, int | None] = {}  # per model entry: its config read once
