@@ -262,7 +262,7 @@ CASES: list[tuple[str, list[str], str | None, dict[str, str]]] = [
     ),
     (
         "gguf-file-escapes-folder",
-        ["invert", "--model", "{model}", "--gguf-file", "../../../../etc/passwd", "--tokens", "1"],
+        ["invert", "--model", "{model}", "--gguf-file", "../" * 40 + "etc/passwd", "--tokens", "1"],
         "not a GGUF model file",
         {},
     ),
