@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import sodaray  # noqa: E402
-from sodaray.search.engine import Engine, Work  # noqa: E402
+from sodaray.search.engine.loop import Engine  # noqa: E402
+from sodaray.search.engine.work import Work  # noqa: E402
 
 STORIES = ROOT.parent / "shared" / "models" / "stories260K"
 

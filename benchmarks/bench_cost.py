@@ -1,4 +1,5 @@
-"""The cost model (`sodaray.cost`) against measured CPU rates: for each real model here, a SODA
+"""The cost model (`sodaray.costs.flops`) against measured CPU rates: for each real model here, a
+SODA
 search's sample-steps per second on one thread beside the rate the model's FLOPs predict at this
 CPU's float32 matmul peak (one thread) and a stated efficiency.
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 
 import sodaray  # noqa: E402
-from sodaray.cost import cpu_peak_flops, model_shape  # noqa: E402
+from sodaray.costs.flops import cpu_peak_flops, model_shape  # noqa: E402
 
 STORIES = real_models.SHARED / "models" / "stories260K"
 

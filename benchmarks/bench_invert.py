@@ -11,10 +11,10 @@
 runs of different lengths, the difference over the extra steps), kernels per step (torch.profiler
 with CUDA activity; the same difference), host-device copies per step, the GPU-busy share (the
 union of the kernels' and copies' time over the wall of a profiled run), achieved TFLOP/s
-(the FLOPs `sodaray.cost` counts), and its share of the bf16 matrix peak measured in the same
+(the FLOPs `sodaray.costs.flops` counts), and its share of the bf16 matrix peak measured in the same
 run (an 8192^3 bf16 product timed with CUDA events); with --authors-cmd, the authors' code on
 each neo case in the same run. Then the ratios, and the per-pass and per-position costs fit to the
-measured steps (`sodaray.device_costs.fit_costs`), written to --out as a costs file that
+measured steps (`sodaray.costs.devices.fit_costs`), written to --out as a costs file that
 `sodaray sweep plan|run --costs FILE` reads. Cases on CUDA: neo (TinyStories-33M shape) n=10 at
 B=1, 8, 64, 256, 1000; qwen (Qwen2.5-0.5B shape: vocab 151936, 24 layers) n=3 at B=64, 256,
 1000. On CPU (`--device cpu`) the same suite runs on stories260K, n=3, B=1 and 8: profiler CPU
@@ -32,7 +32,7 @@ heads, vocab 50257, window 256, alternating global/local attention, initializer_
 nothing is solved within the run); `qwen` a randomly initialised Qwen2.5-0.5B-shaped Qwen2
 (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864, vocab 151936, tied embeddings);
 `stories` is ../shared/models/stories260K (vocab 512); `smollm` is the SmolLM2-135M GGUF (vocab
-49152). FLOPs per sample-step are `sodaray.cost`'s, from the model's config. Targets:
+49152). FLOPs per sample-step are `sodaray.costs.flops`'s, from the model's config. Targets:
 torch.manual_seed(1), randint(0, V, (B, n)); the paper's TinyStories-33M preset; outside the gpu
 suite every case runs in its own process so peak memory is its own.
 """
@@ -178,9 +178,10 @@ def build_model(name: str, device: str, dtype: str):
 
 
 def flops_per_sample_step(model, n: int, m: int = 1) -> float:
-    """FLOPs of one SODA sample-step as the cost model counts them (`sodaray.cost`: a forward,
+    """FLOPs of one SODA sample-step as the cost model counts them (`sodaray.costs.flops`: a
+    forward,
     a backward to the input, the update), from the model's config."""
-    from sodaray.cost import shape_from_config
+    from sodaray.costs.flops import shape_from_config
 
     shape = shape_from_config(model.model.config)
     return shape.step_flops(n, m, bos=bool(model.prefix_ids))
@@ -430,9 +431,9 @@ def gpu_suite(args, device: str) -> None:
     import torch
     import yaml
 
-    from sodaray.cost import shape_from_config
-    from sodaray.device_costs import MeasuredStep, costs_to_data, fit_device
-    from sodaray.search.executor import policy_for, resolve_executor
+    from sodaray.costs.devices import MeasuredStep, costs_to_data, fit_device
+    from sodaray.costs.flops import shape_from_config
+    from sodaray.search.engine.executor import policy_for, resolve_executor
 
     cuda = device.startswith("cuda")
     executor = resolve_executor(args.executor)
@@ -563,7 +564,7 @@ def gpu_suite(args, device: str) -> None:
             },
         )
         header = (
-            "# sodaray device costs (sodaray.device_costs): a step = passes x (pass_seconds + "
+            "# sodaray device costs (sodaray.costs.devices): a step = passes x (pass_seconds + "
             "layers x layer_seconds)\n# + the samples' FLOPs / flops_per_second. Written by "
             "benchmarks/bench_invert.py --suite gpu.\n"
         )

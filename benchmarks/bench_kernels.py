@@ -5,7 +5,7 @@
 
 - softmax: ATen's `_softmax.out` / `_softmax_backward_data.out` into reused buffers, against
   `torch.softmax` (a new (T, V) tensor each step, copied) and the backward written with public
-  ops (`sodaray.search.soda`);
+  ops (`sodaray.search.soda.batch`);
 - denormals: flush-to-zero on every OpenMP thread (`GOMP_parallel` through ctypes), against
   `torch.set_flush_denormal` on the calling thread only (`sodaray.search.denormals`).
 
@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cost import folder  # noqa: E402
 
 import sodaray  # noqa: E402
-from sodaray.search import denormals, soda  # noqa: E402
+from sodaray.search import denormals
+from sodaray.search.soda import batch as soda
 
 FAST = (soda.SOFTMAX_OUT, soda.SOFTMAX_BACKWARD_OUT)
 

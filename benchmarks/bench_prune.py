@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/bench-prune")
     args = parser.parse_args()
 
-    from sodaray.metrics import proportion
+    from sodaray.report.metrics import proportion
 
     sys.path.insert(0, str(ROOT))
     reference = None  # the unpruned study's best: (value, low, high, spent)

@@ -140,7 +140,7 @@ def stream_case(args: argparse.Namespace) -> None:
     import subprocess
     import sys
 
-    from sodaray.metrics import wilson_interval
+    from sodaray.report.metrics import wilson_interval
 
     modes = [("mixed", None), ("split", None)]
     if args.baseline:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import sodaray
-from sodaray.search.executor import EXECUTORS
+from sodaray.search.engine.executor import EXECUTORS
 
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
 

@@ -105,8 +105,9 @@ def steady(
     """ms per steady step on one engine: a run of 3 steps, then of 3 + `steps`; and the share
     of slot-steps whose tokens the match check screened (those a step changed)."""
     import sodaray
-    from sodaray.search.engine import Engine, Work
-    from sodaray.search.screen import Screener
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
+    from sodaray.search.soda.screen import Screener
 
     engine = Engine(model, executor=executor)
     n = len(targets.true_tokens[0])
@@ -258,7 +259,7 @@ def stage_qwen64(args, models) -> None:
     t0 = time.perf_counter()
     targets = targets_for(model, 3, 64)
     say(f"qwen:3:64 targets recorded in {time.perf_counter() - t0:.1f} s")
-    import sodaray.search.screen as screen_module
+    import sodaray.search.soda.screen as screen_module
 
     for executor, precision, side in (
         ("graph", "tf32", False),

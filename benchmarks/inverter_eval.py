@@ -27,8 +27,8 @@ import torch
 import sodaray
 from sodaray.api import make_config
 from sodaray.data.build import _random_samples
-from sodaray.metrics import mean_se, proportion
-from sodaray.search.base import InversionResult
+from sodaray.report.metrics import mean_se, proportion
+from sodaray.search.engine.base import InversionResult
 
 MODEL = "../shared/models/stories260K"
 LENGTHS = [1, 2, 3, 4, 5]

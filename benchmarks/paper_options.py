@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import sodaray
-from sodaray.data import build_dataset, parse_lengths
+from sodaray.data.build import build_dataset, parse_lengths
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 VALIDATION_SEED = 0

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 import sodaray
-from sodaray.objectives import Objective
-from sodaray.observations import BatchTargets
-from sodaray.scoring import hard_match
+from sodaray.objective.objectives import Objective
+from sodaray.objective.observations import BatchTargets
+from sodaray.objective.scoring import hard_match
 
 
 def scan(model, targets, row: int, tokens: list[int], chunk: int) -> tuple[list[int] | None, int]:
@@ -69,7 +69,7 @@ def scan_cost(shape: str, device: str, chunk: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_invert import build_model
 
-    from sodaray.search.scan import position_scan
+    from sodaray.search.engine.scan import position_scan
 
     def sync() -> None:
         if device.startswith("cuda"):
@@ -97,7 +97,7 @@ def scan_cost(shape: str, device: str, chunk: int) -> None:
 
 def scan_case(args: argparse.Namespace) -> None:
     """One failure (its true and found inputs) scanned on `--model`, against a SODA sample-step."""
-    from sodaray.search.scan import position_scan
+    from sodaray.search.engine.scan import position_scan
 
     true, found = ([int(t) for t in part.split(",")] for part in args.case.split(":"))
     model = sodaray.load_model(args.model, device="cpu", bos=not args.no_bos)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 import sodaray
-from sodaray.metrics import wilson_interval
+from sodaray.report.metrics import wilson_interval
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PAPER_QWEN = {1: 99.9, 2: 96.2, 3: 93.2}

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cost import folder  # noqa: E402
 
 import sodaray  # noqa: E402
-from sodaray import metrics  # noqa: E402
-from sodaray.data import parse_lengths  # noqa: E402
-from sodaray.presets import preset_params  # noqa: E402
+from sodaray.config.presets import preset_params  # noqa: E402
+from sodaray.data.build import parse_lengths
+from sodaray.report import metrics  # noqa: E402
 
 # Each variant: factors of the preset's temperature ("start", "end") or a number of restarts.
 IDEAS: dict[str, dict[str, dict[str, float]]] = {

@@ -8,7 +8,7 @@ Inputs. From DIR (any result rows `sodaray.read_results` takes): per input lengt
 outcome as (found, steps / max_steps): the share found and when, relative to its budget. A length
 the file lacks takes the nearest length it has. From the sweep file: its models, lengths, inputs
 per length, step budget and `max_batch_size`. Each model's FLOPs per sample-step come from its
-shape (`sodaray.cost`).
+shape (`sodaray.costs.flops`).
 
 Schedulers, each a replica per model with a batch of `max_batch_size` slots:
 - old (2401ef3): one length at a time; a length's samples fill the batch (up to its size), and
@@ -16,12 +16,13 @@ Schedulers, each a replica per model with a batch of `max_batch_size` slots:
   alone). A step is one pass at that length.
 - new (this tree): every length in one batch; a slot freed by a found sample (or a finished
   budget) takes the next waiting sample (in the order sweeps submit: by length) at the next
-  step; each step the slots are split into passes by `sodaray.search.scheduler.plan_passes`, each
+  step; each step the slots are split into passes by `sodaray.search.engine.scheduler.plan_passes`,
+  each
   pass padded to its longest input.
 
 Device time of a pass: its floor (what a pass costs however few samples it holds: kernel
 launches, dispatch, per layer and besides) plus its samples' FLOPs (padded) at the device's rate
-on a batch's work, both from measured costs (`sodaray.device_costs`: `--costs h100`, issue 41's
+on a batch's work, both from measured costs (`sodaray.costs.devices`: `--costs h100`, issue 41's
 H100 figures, by default; or a costs file from `bench_invert.py --suite gpu --out FILE`). The
 engine's own split uses the same costs (the floor over the per-position time, in positions).
 Also printed: `flat`, every step costing a full batch (the latency-bound extreme: time follows
@@ -42,10 +43,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sodaray.cost import KNOWN_SHAPES  # noqa: E402
-from sodaray.data import parse_lengths  # noqa: E402
-from sodaray.device_costs import load_costs  # noqa: E402
-from sodaray.search.scheduler import plan_passes  # noqa: E402
+from sodaray.costs.devices import load_costs  # noqa: E402
+from sodaray.costs.flops import KNOWN_SHAPES  # noqa: E402
+from sodaray.data.build import parse_lengths  # noqa: E402
+from sodaray.search.engine.scheduler import plan_passes  # noqa: E402
 
 Run = tuple[int, dict[int, int]]  # (steps, active slots by input length)
 

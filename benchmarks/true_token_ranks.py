@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_ideas import random_problem, search_arguments, timed_search  # noqa: E402
 
-from sodaray.presets import preset_params  # noqa: E402
-from sodaray.search import soda  # noqa: E402
+from sodaray.config.presets import preset_params  # noqa: E402
+from sodaray.search.soda import batch as soda  # noqa: E402
 
 TOP_K = (2, 3, 5, 10, 50)
 

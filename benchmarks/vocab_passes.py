@@ -1,6 +1,6 @@
 """Full-vocabulary passes per SODA step of the CUDA path's fused step, counted on a CPU.
 
-The fused step (`sodaray.search.soda_fused`) runs as it would on CUDA, its Triton kernels under
+The fused step (`sodaray.search.soda.fused_step`) runs as it would on CUDA, its Triton kernels under
 Triton's interpreter on CPU tensors (a pass count does not depend on B or on the device). The
 unit is `../shared/tools/vocabpasses.py`'s: bytes of every operand whose last dimension is the
 vocabulary V (model weights aside), read or written, over the bytes of one float32 (T x V)
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import sodaray  # noqa: E402
-from sodaray.search import fused  # noqa: E402
+from sodaray.search.soda import kernels as fused  # noqa: E402
 
 SHAPES = {"qwen": 151936, "small": 5003}
 SKIP = {

@@ -12,22 +12,22 @@ from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.api import ALGORITHMS, invert, make_config
-    from sodaray.modelfiles import ModelLoadError
-    from sodaray.models import LoadedModel, load_model, wrap_model
-    from sodaray.objectives import Objective
-    from sodaray.presets import PRESETS, get_preset
-    from sodaray.results import RunContext, read_results, result_rows
-    from sodaray.search.base import InversionResult, SearchConfig
-    from sodaray.search.embedding import EmbeddingConfig
-    from sodaray.search.gcg import GcgConfig
-    from sodaray.search.soda import SodaConfig
-    from sodaray.targets import (
+    from sodaray.config.presets import PRESETS, get_preset
+    from sodaray.io.modelfiles import ModelLoadError
+    from sodaray.model.load import LoadedModel, load_model, wrap_model
+    from sodaray.objective.objectives import Objective
+    from sodaray.objective.targets import (
         TargetSet,
         make_targets,
         read_logits_file,
         targets_from_logits,
         targets_from_text,
     )
+    from sodaray.results import RunContext, read_results, result_rows
+    from sodaray.search.embedding import EmbeddingConfig
+    from sodaray.search.engine.base import InversionResult, SearchConfig
+    from sodaray.search.gcg import GcgConfig
+    from sodaray.search.soda.config import SodaConfig
 
 __version__ = "0.1.0"
 
@@ -35,26 +35,26 @@ _LAZY: dict[str, str] = {
     "ALGORITHMS": "sodaray.api",
     "EmbeddingConfig": "sodaray.search.embedding",
     "GcgConfig": "sodaray.search.gcg",
-    "InversionResult": "sodaray.search.base",
-    "LoadedModel": "sodaray.models",
-    "ModelLoadError": "sodaray.modelfiles",
-    "Objective": "sodaray.objectives",
-    "PRESETS": "sodaray.presets",
+    "InversionResult": "sodaray.search.engine.base",
+    "LoadedModel": "sodaray.model.load",
+    "ModelLoadError": "sodaray.io.modelfiles",
+    "Objective": "sodaray.objective.objectives",
+    "PRESETS": "sodaray.config.presets",
     "RunContext": "sodaray.results",
-    "SearchConfig": "sodaray.search.base",
-    "SodaConfig": "sodaray.search.soda",
-    "TargetSet": "sodaray.targets",
-    "get_preset": "sodaray.presets",
+    "SearchConfig": "sodaray.search.engine.base",
+    "SodaConfig": "sodaray.search.soda.config",
+    "TargetSet": "sodaray.objective.targets",
+    "get_preset": "sodaray.config.presets",
     "invert": "sodaray.api",
-    "load_model": "sodaray.models",
+    "load_model": "sodaray.model.load",
     "make_config": "sodaray.api",
-    "make_targets": "sodaray.targets",
-    "read_logits_file": "sodaray.targets",
+    "make_targets": "sodaray.objective.targets",
+    "read_logits_file": "sodaray.objective.targets",
     "read_results": "sodaray.results",
     "result_rows": "sodaray.results",
-    "targets_from_logits": "sodaray.targets",
-    "targets_from_text": "sodaray.targets",
-    "wrap_model": "sodaray.models",
+    "targets_from_logits": "sodaray.objective.targets",
+    "targets_from_text": "sodaray.objective.targets",
+    "wrap_model": "sodaray.model.load",
 }
 
 __all__ = [
@@ -87,20 +87,7 @@ __all__ = [
 
 # Submodules that `import sodaray` used to load as a side effect (`sodaray.results.x` kept working).
 _SUBMODULES = frozenset(
-    {
-        "api",
-        "errors",
-        "metrics",
-        "models",
-        "objectives",
-        "observations",
-        "presets",
-        "results",
-        "scoring",
-        "search",
-        "targets",
-        "validation",
-    }
+    {"api", "config", "costs", "errors", "io", "model", "objective", "report", "results", "search"}
 )
 
 

@@ -9,14 +9,15 @@ from typing import Any, Literal
 import numpy as np
 
 from sodaray.inverter.run import InverterConfig, run_inverter
-from sodaray.models import LoadedModel
-from sodaray.search.base import InversionResult, SearchConfig
+from sodaray.model.load import LoadedModel
+from sodaray.objective.targets import TargetSet
 from sodaray.search.embedding import EmbeddingConfig
-from sodaray.search.engine import Engine, Work
-from sodaray.search.executor import policy_for
+from sodaray.search.engine.base import InversionResult, SearchConfig
+from sodaray.search.engine.executor import policy_for
+from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.work import Work
 from sodaray.search.gcg import GcgConfig
-from sodaray.search.soda import SodaConfig
-from sodaray.targets import TargetSet
+from sodaray.search.soda.config import SodaConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def length_plans(
     (known when the targets were made from inputs); an int: that length; "auto": 1..`max_length`,
     shortest first, keeping the first that matches. The longest must fit the model's context
     (checked before any plan is made: a huge `max_length` is one line, not a long list)."""
-    from sodaray.validation import check_context
+    from sodaray.config.validation import check_context
 
     n = len(targets)
     if length is None:
@@ -90,8 +91,8 @@ def invert(
     target's row in `targets`. `on_batch(active)` runs at every step with the number of
     searches whose step it read (the batch occupancy is `active / config.max_batch_size`; a
     SODA step's outcome is read while the next step runs). `executor`: how a SODA step runs
-    (`sodaray.search.executor.EXECUTORS`; None: "graph", captured once per shape on CUDA and
-    eager elsewhere). `policy`: the scheduler's (`sodaray.search.scheduler.POLICIES`; None:
+    (`sodaray.search.engine.executor.EXECUTORS`; None: "graph", captured once per shape on CUDA and
+    eager elsewhere). `policy`: the scheduler's (`sodaray.search.engine.scheduler.POLICIES`; None:
     the executor's: "static" where steps are captured, else "exact").
     """
     config = config or SodaConfig()

@@ -68,9 +68,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
-from sodaray.files import what_is
-from sodaray.search.base import InversionResult
-from sodaray.writes import write_file
+from sodaray.io.files import what_is
+from sodaray.io.writes import write_file
+from sodaray.search.engine.base import InversionResult
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class RunContext:
     """What a row needs beyond the `InversionResult`: the model, data and objective it ran on."""
 
     model: str
-    objective: Any  # sodaray.objectives.Objective
+    objective: Any  # sodaray.objective.objectives.Objective
     model_parameters: int | None = None
     vocab_size: int | None = None
     model_layers: int | None = None
@@ -166,7 +166,7 @@ class RunContext:
     config_hash: str = ""
     device: str = ""
     model_name: str = ""  # label in reports (default: the model id's last part)
-    model_revision: str | None = None  # `sodaray.models.model_revision`
+    model_revision: str | None = None  # `sodaray.model.load.model_revision`
     dataset_hash: str | None = None  # the dataset file's `sodaray.dataset.hash`
     dataset_seed: int | None = None
     dataset_source: str | None = None  # the dataset's `info.source`: hub, file or synthetic
@@ -175,7 +175,7 @@ class RunContext:
     @classmethod
     def for_model(cls, model: Any, objective: Any, **kwargs: Any) -> RunContext:
         """Context from a `LoadedModel`."""
-        from sodaray.models import model_revision
+        from sodaray.model.load import model_revision
 
         return cls(
             model=model.name,

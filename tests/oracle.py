@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import sodaray
-from sodaray.targets import TargetSet
+from sodaray.objective.targets import TargetSet
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Width-invariant attention (`sodaray.attention`) and the split of a batch into passes
-(`sodaray.search.passes`): a search's arithmetic must not depend on its pass's width."""
+"""Width-invariant attention (`sodaray.model.attention`) and the split of a batch into passes
+(`sodaray.search.engine.passes`): a search's arithmetic must not depend on its pass's width."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.attention import invariant
+from sodaray.model.attention import invariant
 
 
 def hidden_and_grad(model, x: torch.Tensor, n: int, width: int):
@@ -50,7 +50,7 @@ def test_a_sequence_gives_the_same_bits_in_any_padded_width(kind, one_thread):
 
 def test_a_model_without_the_attention_interface_keeps_its_own(one_thread):
     """GPT-Neo has no SDPA path: the model runs as loaded and lengths get a pass each."""
-    from sodaray.search.soda import SodaBatch
+    from sodaray.search.soda.batch import SodaBatch
 
     model = tiny_model("gpt-neo")
     assert not model.invariant
@@ -61,8 +61,9 @@ def test_a_model_without_the_attention_interface_keeps_its_own(one_thread):
 def test_how_a_batch_is_split_into_passes_changes_no_result(one_thread):
     """The same mixed-length searches with one pass per step and with a pass per length: the
     same tokens, finds, steps and losses, bit for bit."""
-    import sodaray.search.passes as passes
-    from sodaray.search.engine import Engine, Work
+    import sodaray.search.engine.passes as passes
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
 
     model = tiny_model("qwen2")
     tokens = [[(7 * i + j) % 64 for j in range(1 + i % 7)] for i in range(14)]

@@ -596,8 +596,8 @@ def test_the_table_covers_every_command():
 )
 def test_numbers_are_floats_in_yaml_and_param(text, value):
     from sodaray.cli import _parse_param
+    from sodaray.config.validation import yaml_load
     from sodaray.runner.spec import parse_sweep
-    from sodaray.validation import yaml_load
 
     assert _parse_param(f"learning_rate={text}") == ("learning_rate", value)
     data = yaml_load(
@@ -635,7 +635,7 @@ def test_string_numbers_coerced_by_field_type():
 
 # ---- memory and writes, where the real condition cannot be made in a test -----------------------
 def test_search_state_larger_than_memory_is_refused_before_allocating(capsys, monkeypatch):
-    import sodaray.validation as validation
+    import sodaray.config.validation as validation
 
     monkeypatch.setattr(validation, "available_memory", lambda: 1000)
     code = main([a.replace("{model}", str(STORIES)) for a in INV])
@@ -739,8 +739,8 @@ def test_resources_the_machine_lacks():
 
 
 def test_integral_numbers_in_integer_fields(tmp_path):
+    from sodaray.config.validation import yaml_load
     from sodaray.runner.spec import parse_sweep
-    from sodaray.validation import yaml_load
 
     text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")
     text = text.replace("max_steps: 5", "max_steps: 1e2").replace("params: {}", "max_steps: 3e1")

@@ -8,8 +8,8 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.search.base import SlotEntry
 from sodaray.search.embedding import nearest_tokens
+from sodaray.search.engine.base import SlotEntry
 from sodaray.search.gcg import GcgBatch
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import STORIES, silent_port
 
-from sodaray.waits import CHECK_SECONDS, within
+from sodaray.experiment.waits import CHECK_SECONDS, within
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import STORIES
 
-from sodaray import budget as bud
 from sodaray.cli import main
-from sodaray.metrics import proportion
+from sodaray.report import extrapolate as bud
+from sodaray.report.metrics import proportion
 
 BUDGET = 2000
 

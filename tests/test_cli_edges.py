@@ -26,7 +26,7 @@ from conftest import SMOLLM, STORIES, one_line_error
 from safetensors.numpy import save_file
 
 from sodaray.cli import EMPTY_ALLOWED, build_parser, main
-from sodaray.jsontext import dumps, finite
+from sodaray.io.jsontext import dumps, finite
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 

@@ -36,8 +36,8 @@ import sodaray
 from sodaray.experiment.cluster import TOKEN_HINT
 from sodaray.experiment.replica import load_replica
 from sodaray.experiment.spec import MODEL_KEYS, ModelSpec
-from sodaray.modelfiles import ModelLoadError
-from sodaray.paths import local_path
+from sodaray.io.modelfiles import ModelLoadError
+from sodaray.io.paths import local_path
 from sodaray.runner.spec import load_sweep
 from sodaray.tuner.study import open_storage
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import STORIES, silent_port
 
 from sodaray.experiment.cluster import check_address
-from sodaray.waits import CHECK_SECONDS
+from sodaray.experiment.waits import CHECK_SECONDS
 
 grpc = pytest.importorskip("grpc")
 ROOT = Path(__file__).resolve().parents[1]

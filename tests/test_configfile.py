@@ -10,7 +10,7 @@ import pytest
 from conftest import STORIES
 
 from sodaray.cli import main
-from sodaray.configfile import apply_override
+from sodaray.config.configfile import apply_override
 from sodaray.runner import load_sweep
 from sodaray.tuner import load_tuning
 
@@ -111,8 +111,8 @@ def test_one_nesting_bound_for_json_and_yaml_at_64_levels():
     checked without recursion; 64 levels read, 65 do not, brackets inside strings do not count."""
     import yaml
 
-    from sodaray.files import MAX_NESTING, json_depth, parse_json
-    from sodaray.validation import yaml_load
+    from sodaray.config.validation import yaml_load
+    from sodaray.io.files import MAX_NESTING, json_depth, parse_json
 
     assert MAX_NESTING == 64
     ok, deep = "[" * 64 + "]" * 64, "[" * 65 + "]" * 65

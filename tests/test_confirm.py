@@ -11,9 +11,9 @@ import torch
 from conftest import STORIES
 
 import sodaray
-from sodaray.objectives import Objective
-from sodaray.observations import BatchTargets, LogitsObservation
-from sodaray.scoring import hard_match
+from sodaray.objective.objectives import Objective
+from sodaray.objective.observations import BatchTargets, LogitsObservation
+from sodaray.objective.scoring import hard_match
 
 SPACES = [
     Objective(space="centred"),

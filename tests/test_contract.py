@@ -22,8 +22,8 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.scoring import Layout, check_candidates
-from sodaray.search.base import SlotEntry, observed_rows
+from sodaray.objective.scoring import Layout, check_candidates
+from sodaray.search.engine.base import SlotEntry, observed_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,8 +75,8 @@ def test_a_true_input_is_found_in_any_batch_at_tolerance_zero(kind, objective):
 def test_the_check_decides_a_batch_of_exact_inputs_the_old_way_would_miss():
     """The screen alone (the batch's own shape, the strict tolerance) misses some of these true
     inputs at tolerance 0: the canonical stage is what finds them, so this clause can fail."""
-    from sodaray.observations import observation
-    from sodaray.scoring import observed_hidden, sequence_embeds
+    from sodaray.objective.observations import observation
+    from sodaray.objective.scoring import observed_hidden, sequence_embeds
 
     model = tiny_model("qwen2")
     tokens = [[(11 * i + 5 * j + 3) % 64 for j in range(1 + i % 9)] for i in range(18)]
@@ -139,7 +139,7 @@ def test_a_near_miss_is_confirmed_once_a_search_and_a_true_input_still_found():
     (`check_sequences(misses=...)`): a candidate that passes the screen and fails the confirm
     costs one canonical computation however often the search comes back to it. Targets nudged
     by 1e-5 of their size pass the screen and fail at tolerance 0; the true ones still pass."""
-    from sodaray.scoring import check_sequences
+    from sodaray.objective.scoring import check_sequences
 
     model = tiny_model("qwen2")
     tokens = [[(7 * i + 3 * j + 1) % 64 for j in range(1 + i % 3)] for i in range(6)]

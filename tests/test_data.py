@@ -12,21 +12,11 @@ import pytest
 from conftest import SHARED, STORIES
 
 from sodaray.cli import main
-from sodaray.data import (
-    PII_LABELS,
-    DatasetError,
-    Span,
-    SyntheticPii,
-    build_dataset,
-    dataset_hash,
-    dataset_metadata,
-    label_tokens,
-    load_tokenizer,
-    parse_lengths,
-    read_dataset,
-    split_sentences,
-    write_dataset,
-)
+from sodaray.data.build import build_dataset, parse_lengths
+from sodaray.data.pii import PII_LABELS, Span, SyntheticPii, label_tokens
+from sodaray.data.sources import split_sentences
+from sodaray.data.store import dataset_hash, dataset_metadata, read_dataset, write_dataset
+from sodaray.data.tokenizer import DatasetError, load_tokenizer
 
 GPT2 = SHARED / "tokenizers" / "gpt2"
 STORIES_JSONL = SHARED / "data" / "tinystories_valid.jsonl"

@@ -2,7 +2,7 @@
 from, the fit, costs files, `sweep plan` pricing a GPU entry without a GPU, the gpu suite of
 bench_invert.py in its CPU form, and a sweep run held against its plan.
 
-The built-in H100 constants (`sodaray.device_costs.H100`) are `fit_costs` over issue 41's rows
+The built-in H100 constants (`sodaray.costs.devices.H100`) are `fit_costs` over issue 41's rows
 not held out. Their errors (predicted / measured - 1), as the tests below check them:
 - float32, fit on: neo n=10 B=1 -5.2%, B=8 +5.9%, B=1000 -7.0%; Qwen n=3 B=64 -2.2%,
   B=1000 +7.3%. Held out: neo n=3 B=64 +4.1%, neo n=10 B=64 -5.8%, B=256 +0.4%;
@@ -27,8 +27,7 @@ from conftest import STORIES
 
 from sodaray.cli import main
 from sodaray.cli.sweep import _plan_line
-from sodaray.cost import KNOWN_SHAPES, ModelShape, model_shape
-from sodaray.device_costs import (
+from sodaray.costs.devices import (
     H100,
     H100_STEPS,
     H200,
@@ -42,6 +41,7 @@ from sodaray.device_costs import (
     step_cost,
     waves,
 )
+from sodaray.costs.flops import KNOWN_SHAPES, ModelShape, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 NEO = KNOWN_SHAPES["roneneldan/TinyStories-33M"]

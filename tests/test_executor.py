@@ -1,5 +1,5 @@
 """The whole SODA step as one function of the batch's buffers (issue 52), and how it runs
-(`sodaray.search.executor`): eagerly on a CPU, captured once per shape and replayed on CUDA.
+(`sodaray.search.engine.executor`): eagerly on a CPU, captured once per shape and replayed on CUDA.
 
 What CI can check without a GPU: the step reads nothing back to the host and takes no shape
 from data (what a CUDA capture needs), the engine's steady step makes no host round trip, the
@@ -19,17 +19,18 @@ from conftest import STORIES, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sodaray
-from sodaray.search.base import SlotEntry
-from sodaray.search.engine import Engine, Work
-from sodaray.search.executor import (
+from sodaray.search.engine.base import SlotEntry
+from sodaray.search.engine.executor import (
     DEFAULT_EXECUTOR,
     EXECUTORS,
     captures,
     policy_for,
     resolve_executor,
 )
-from sodaray.search.soda import SodaBatch
-from sodaray.search.soda_step import soda_step
+from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.work import Work
+from sodaray.search.soda.batch import SodaBatch
+from sodaray.search.soda.step import soda_step
 
 # Operations that make a GPU host wait for the device (a value or a shape read back):
 # ../shared/tools/syncops.py's list.
@@ -304,8 +305,8 @@ def test_captured_screens_find_what_screening_every_slot_does(monkeypatch, side)
     """Screens captured per bucketed size, after the next step on its stream or (`side`) on a
     stream of their own beside it: the same tokens, steps and finds as a run that screens every
     slot at every step, and every find the true input."""
-    import sodaray.search.screen as screen_module
-    import sodaray.search.soda as soda
+    import sodaray.search.soda.batch as soda
+    import sodaray.search.soda.screen as screen_module
 
     monkeypatch.setattr(screen_module, "SIDE_STREAM", side)
     rng = np.random.default_rng(4)

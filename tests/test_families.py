@@ -15,12 +15,12 @@ import yaml
 from conftest import SMOLLM, STORIES, one_line_error, tiny_model
 
 from sodaray.cli import main
-from sodaray.families import FAMILIES, defaults_for, model_type_of
-from sodaray.objectives import Objective
-from sodaray.presets import PRESETS
+from sodaray.config.families import FAMILIES, defaults_for, model_type_of
+from sodaray.config.presets import PRESETS
+from sodaray.objective.objectives import Objective
 from sodaray.runner.layout import plan_jobs
 from sodaray.runner.spec import load_sweep
-from sodaray.search.soda import SodaConfig
+from sodaray.search.soda.config import SodaConfig
 from sodaray.tuner import load_tuning
 from sodaray.tuner.study import spec_hash
 

@@ -16,7 +16,7 @@ import yaml
 from conftest import SHARED, STORIES, one_line_error, stand_in
 
 from sodaray.cli import main
-from sodaray.cost import model_shape
+from sodaray.costs.flops import model_shape
 from sodaray.runner.spec import load_sweep
 from sodaray.tuner.spec import load_tuning
 
@@ -56,7 +56,7 @@ def test_paths_are_read_from_the_files_folder_whatever_the_directory(tmp_path, m
     names = set()
     for cwd in (tmp_path, folder, ROOT, Path("/")):
         monkeypatch.chdir(cwd)
-        with caplog.at_level(logging.WARNING, logger="sodaray.paths"):
+        with caplog.at_level(logging.WARNING, logger="sodaray.io.paths"):
             (job,) = load_sweep(path).jobs()
         assert caplog.text == ""  # nothing read from the current directory
         assert job.model.id == rel(STORIES, folder)  # rows and hashes keep it as written
@@ -120,7 +120,7 @@ def test_a_file_written_for_the_current_directory_still_runs_with_a_warning(
     old = rel(STORIES, tmp_path)  # right from tmp_path, where the old rule read it
     path = write(tmp_path / "sweeps" / "s.yaml", sweep_doc(old))
     monkeypatch.chdir(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="sodaray.paths"):
+    with caplog.at_level(logging.WARNING, logger="sodaray.io.paths"):
         (job,) = load_sweep(path).jobs()
     assert job.model.resolved().source == str(STORIES)
     assert job.model.id == old  # its hash as before: old results folders resume
@@ -132,7 +132,7 @@ def test_shipped_files_run_from_the_root_and_from_elsewhere_without_a_warning(mo
     for cwd in (ROOT, Path("/")):
         monkeypatch.chdir(cwd)
         for path in files:
-            with caplog.at_level(logging.WARNING, logger="sodaray.paths"):
+            with caplog.at_level(logging.WARNING, logger="sodaray.io.paths"):
                 if path.parent.name == "sweeps":
                     assert load_sweep(path, model=stand_in(path)).jobs(), path
                 else:

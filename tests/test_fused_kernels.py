@@ -1,4 +1,4 @@
-"""The fused CUDA-path kernels (`sodaray.search.fused`) against the eager formulas they stand
+"""The fused CUDA-path kernels (`sodaray.search.soda.kernels`) against the eager formulas they stand
 for, run on CPU tensors by Triton's interpreter: odd vocabularies (not a multiple of the
 block), odd row counts, strided per-row columns, every optional part on and off."""
 
@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from sodaray.search import fused  # noqa: E402
+from sodaray.search.soda import kernels as fused  # noqa: E402
 
 RTOL = 1e-6
 BF16 = 2**-7  # one bfloat16 step: the interpreter's float32 -> bfloat16 cast may round down
@@ -201,10 +201,10 @@ def test_fused_step_follows_the_eager_step(stories, bucketed, loss):
     import numpy as np
 
     import sodaray
-    from sodaray.objectives import Objective
-    from sodaray.search.base import SlotEntry
-    from sodaray.search.soda import SodaBatch
-    from sodaray.search.soda_fused import invalidate
+    from sodaray.objective.objectives import Objective
+    from sodaray.search.engine.base import SlotEntry
+    from sodaray.search.soda.batch import SodaBatch
+    from sodaray.search.soda.fused_step import invalidate
 
     cfg = sodaray.SodaConfig(
         bias_correction=True, temperature_end=0.02, max_steps=8, reset_period=3,
@@ -258,7 +258,7 @@ def test_fused_step_follows_the_eager_step(stories, bucketed, loss):
 
 def test_the_fused_setting_is_checked(monkeypatch):
     import sodaray
-    from sodaray.search.soda_fused import resolve
+    from sodaray.search.soda.fused_step import resolve
 
     cpu = torch.device("cpu")
     assert resolve("off", cpu) is False

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sodaray.data.build import BUILD_KEYS
 from sodaray.experiment.spec import MODEL_KEYS, OBJECTIVE_KEYS
 from sodaray.runner.spec import ALGORITHM_KEYS, TOP_KEYS
-from sodaray.search.soda import SodaConfig
+from sodaray.search.soda.config import SodaConfig
 from sodaray.tuner.spec import TOP_KEYS as TUNING_KEYS
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

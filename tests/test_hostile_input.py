@@ -1186,7 +1186,7 @@ def other_seeds_build() -> pa.Table:
     """TWO's dataset built with another seed, as `sodaray data build` writes it: the same
     sample ids, other inputs."""
     if not _OTHER:
-        from sodaray.data import build_dataset
+        from sodaray.data.build import build_dataset
 
         _OTHER.append(build_dataset(str(STORIES), "random", "1", 4, seed=2, progress=False))
     return _OTHER[0]
@@ -1346,7 +1346,7 @@ def test_a_swapped_cache_and_foreign_kept_rows_resume_as_one_seed_and_status_say
     of this seed's inputs, and status said what the run kept."""
     import logging
 
-    from sodaray.data import read_dataset
+    from sodaray.data.store import read_dataset
     from sodaray.results import read_results
     from sodaray.runner import sweep_status
 

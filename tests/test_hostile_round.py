@@ -1332,7 +1332,7 @@ def _together(argvs: list[list[str]]) -> None:
 def test_two_builds_onto_one_file_at_once_leave_one_whole_dataset(tmp_path):
     """Two `data build`s (two seeds) started together onto one --out: the file is one
     build's whole dataset, its rows matching its recorded hash, no temporary file beside it."""
-    from sodaray.data import read_dataset
+    from sodaray.data.store import read_dataset
 
     out = tmp_path / "d.parquet"
     base = [*_argv(DATA[:6], tmp_path), "--lengths", "1-4", "--per-length", "50"]

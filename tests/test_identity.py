@@ -215,7 +215,8 @@ def tuning_spec(model: str, data: dict, **extra) -> dict:
     ],
 )
 def test_a_study_is_the_same_study_however_its_paths_are_written(tmp_path, field, plain, other):
-    from sodaray.data import build_dataset, write_dataset
+    from sodaray.data.build import build_dataset
+    from sodaray.data.store import write_dataset
     from sodaray.tuner.spec import load_tuning
     from sodaray.tuner.study import spec_hash
 

@@ -10,7 +10,7 @@ from conftest import tiny_model
 from oracle import misreports
 
 import sodaray
-from sodaray.search.soda import SodaBatch
+from sodaray.search.soda.batch import SodaBatch
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "gpt-neo", "llama", "qwen2"])
@@ -87,9 +87,11 @@ def test_a_search_does_not_depend_on_what_shares_its_batch(
     """Issue 29: the same twelve searches alone, and sharing the batch with searches of other
     configs, objectives (another loss), works and lengths: bit for bit the same tokens, finds,
     steps and losses (one thread, as a CPU replica runs). Others are shorter and longer, in
-    one pass or several (`sodaray.search.passes`); with `mix_lengths=False` a pass per length.
+    one pass or several (`sodaray.search.engine.passes`); with `mix_lengths=False` a pass per
+    length.
     stories260K's MLP is 172 wide: its tensors end in vector tails (see `models.pad_rows`)."""
-    from sodaray.search.engine import Engine, Work
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
 
     if kind == "stories260K":  # the real model: random inputs, as a sweep draws them
         model = request.getfixturevalue("stories")
@@ -141,7 +143,7 @@ def test_invariant_rows_hold_at_every_inner_dimension(inner, one_thread):
     multiple) gives each row the bits it has in a larger one, both ways, whatever the inner
     dimension (the relaxed input's is the vocabulary; the threshold grows with it, so a probe at
     one narrow width was too low: issue 29), and the padding reaches such a count."""
-    from sodaray.models import padding_items, row_rule, rows_invariant
+    from sodaray.model.load import padding_items, row_rule, rows_invariant
 
     cpu = torch.device("cpu")
     least, multiple = row_rule(cpu)
@@ -216,7 +218,8 @@ def test_text_objective_and_observed_text():
     results = sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=300))
     for r, t in zip(results, targets.continuation, strict=True):
         if r.found:  # the recovered input's greedy continuation is the observed one
-            cont, _ = sodaray.targets.greedy_continuation(model, torch.tensor([r.tokens]), 2)
+            greedy = sodaray.objective.targets.greedy_continuation
+            cont, _ = greedy(model, torch.tensor([r.tokens]), 2)
             assert torch.equal(cont[0], t)
     assert any(r.found for r in results)
 

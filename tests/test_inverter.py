@@ -13,7 +13,7 @@ import sodaray
 from sodaray.api import make_config
 from sodaray.inverter.model import load_inverter
 from sodaray.inverter.train import TrainConfig, train_inverter
-from sodaray.search.base import InversionResult
+from sodaray.search.engine.base import InversionResult
 
 
 def _cfg(epochs: int) -> TrainConfig:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sodaray import metrics
+from sodaray.report import metrics
 
 
 @pytest.mark.parametrize(

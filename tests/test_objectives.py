@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import sodaray
-from sodaray.observations import BatchTargets
-from sodaray.scoring import Layout, context_embeds, hard_match, objective_loss
+from sodaray.objective.observations import BatchTargets
+from sodaray.objective.scoring import Layout, context_embeds, hard_match, objective_loss
 
 OBJECTIVES = [
     sodaray.Objective(),
@@ -145,7 +145,7 @@ def test_fluency_penalty_is_mean_nll_of_own_tokens(tiny_llama):
 def test_fluency_forms_on_a_relaxed_input(tiny_llama):
     """argmax (the paper's): NLL of each relaxed one-hot's argmax token, no gradient into the
     relaxed weights except through the model; relaxed: the cross-entropy with the weights."""
-    from sodaray.scoring import fluency_penalty
+    from sodaray.objective.scoring import fluency_penalty
 
     torch.manual_seed(0)
     probs = torch.randn(1, 3, tiny_llama.vocab_size).softmax(-1).requires_grad_(True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import stand_in
 
-from sodaray.data import parse_lengths
+from sodaray.data.build import parse_lengths
 from sodaray.runner.spec import Job, Sweep, load_sweep
 
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
@@ -153,7 +153,7 @@ def test_length_table_runs_every_assumed_length_on_every_true_length() -> None:
 
 
 def test_presets_say_where_paper_and_config_disagree() -> None:
-    from sodaray.presets import get_preset
+    from sodaray.config.presets import get_preset
 
     config, paper = get_preset("qwen2.5-3b"), get_preset("qwen2.5-3b-paper")
     assert config.soda["learning_rate"] == 0.03 and "0.3" in config.note

@@ -15,7 +15,7 @@ import pytest
 from conftest import STORIES, tiny_model
 
 import sodaray
-from sodaray import metrics
+from sodaray.report import metrics
 from sodaray.report.figures import exact_by_position
 from sodaray.report.tables import (
     prepare,
@@ -250,7 +250,7 @@ def test_random_ids_over_the_tokenizer_by_default_padded_vocab_as_option(tmp_pat
     from conftest import SHARED
     from transformers import GPT2Config
 
-    from sodaray.data import build_dataset
+    from sodaray.data.build import build_dataset
 
     tokenizer = SHARED / "tokenizers" / "gpt2"
     if not tokenizer.is_dir():
@@ -308,7 +308,7 @@ def test_privacy_tables_say_when_their_records_are_synthetic():
 
 @pytest.mark.skipif(not STORIES.exists(), reason="needs ../shared/models/stories260K")
 def test_a_synthetic_dataset_names_its_source_in_the_result_rows():
-    from sodaray.data import build_dataset
+    from sodaray.data.build import build_dataset
     from sodaray.experiment.data import dataset_identity
 
     table = build_dataset(str(STORIES), "privacy", "15", 2, seed=0, source="synthetic")

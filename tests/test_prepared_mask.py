@@ -1,5 +1,5 @@
-"""The prepared attention mask and position ids (`sodaray.attention.prepared_mask`,
-`sodaray.models.prepared_positions`): a model takes a cached causal mask and cached positions
+"""The prepared attention mask and position ids (`sodaray.model.attention.prepared_mask`,
+`sodaray.model.load.prepared_positions`): a model takes a cached causal mask and cached positions
 instead of making its own every forward (issue 41: about 17 operations a forward), and the check
 plans its observed positions on the host; nothing a search computes moves by a bit."""
 
@@ -12,10 +12,10 @@ from conftest import tiny_model
 from torch.profiler import ProfilerActivity, profile
 
 import sodaray
-from sodaray.attention import prepared_mask
-from sodaray.models import prepared_positions
-from sodaray.scoring import check_sequences, observed_positions
-from sodaray.search.base import SlotEntry, observed_rows
+from sodaray.model.attention import prepared_mask
+from sodaray.model.load import prepared_positions
+from sodaray.objective.scoring import check_sequences, observed_positions
+from sodaray.search.engine.base import SlotEntry, observed_rows
 
 
 def leaf_ops(fn) -> int:

@@ -12,10 +12,10 @@ import yaml
 from conftest import STORIES
 
 from sodaray.cli import main
-from sodaray.presets import load_preset_file, load_preset_objective
-from sodaray.runner.spec import SweepError, load_sweep
+from sodaray.config.presets import load_preset_file, load_preset_objective
+from sodaray.experiment.spec import SweepError, TuningError
+from sodaray.runner.spec import load_sweep
 from sodaray.tuner import load_tuning
-from sodaray.tuner.spec import TuningError
 from sodaray.tuner.study import write_preset
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from conftest import STORIES, tiny_model
 
+from sodaray.cli.progress import InvertProgress, SweepProgress, TrialProgress
 from sodaray.experiment.work import UnitProgress
-from sodaray.progress import InvertProgress, SweepProgress, TrialProgress
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep
 from sodaray.runner.run import JobProgress, ShardDone, SweepRun
-from sodaray.search.soda import SodaBatch
+from sodaray.search.soda.batch import SodaBatch
 from sodaray.tuner import load_tuning, run_tuning
 
 needs_stories = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
@@ -169,9 +169,10 @@ def test_engine_steps_taken_counts_every_sample_step_across_lengths(tiny_llama, 
     """`Engine.steps_taken` at each step equals the searches stepped before it, with targets
     that move on to their next length (`length="auto"`), and the results' steps at the end."""
     from sodaray.api import length_plans
-    from sodaray.search.engine import Engine, Work
-    from sodaray.search.soda import SodaConfig
-    from sodaray.targets import make_targets
+    from sodaray.objective.targets import make_targets
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
+    from sodaray.search.soda.config import SodaConfig
 
     targets = make_targets(tiny_llama, [[5, 9, 3], [7], [11, 2]])
     config = SodaConfig(max_steps=6, max_batch_size=2)
@@ -225,7 +226,7 @@ def test_sweep_bars_count_sample_steps_and_explain_the_occupancy(capsys):
 def test_sweep_lines_in_a_log(capsys, monkeypatch):
     """Not a terminal: a line per finished shard, and a line per running job at most every
     PLAIN_SECONDS, with its rate and the most time it has left."""
-    import sodaray.progress as progress_module
+    import sodaray.cli.progress as progress_module
 
     run = SweepRun()
     run.progress = {"job-a": JobProgress("job-a", 4, 4000)}
@@ -251,8 +252,8 @@ def test_invert_bar_counts_sample_steps_and_drops_a_found_target_s_unused_budget
     capsys, one_thread
 ):
     from sodaray.api import invert
-    from sodaray.search.soda import SodaConfig
-    from sodaray.targets import make_targets
+    from sodaray.objective.targets import make_targets
+    from sodaray.search.soda.config import SodaConfig
 
     model = tiny_model("gpt2")
     targets = make_targets(model, [[5], [7, 3]])

@@ -18,7 +18,8 @@ from conftest import STORIES, one_line_error
 
 import sodaray
 from sodaray.cli import main
-from sodaray.search.engine import Engine, Work
+from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.work import Work
 from sodaray.tuner import load_tuning, run_tuning
 from sodaray.tuner.run import saved_steps
 from sodaray.tuner.study import checkpoint_value, make_pruner, open_storage, trial_value

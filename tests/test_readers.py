@@ -17,8 +17,8 @@ import yaml
 from conftest import STORIES
 
 from sodaray.cli import main
-from sodaray.data import read_dataset
-from sodaray.models import load_model, model_revision
+from sodaray.data.store import read_dataset
+from sodaray.model.load import load_model, model_revision
 from sodaray.results import RESULT_SCHEMA, SCHEMA_VERSION, read_results
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 

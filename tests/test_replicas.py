@@ -165,7 +165,8 @@ def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray, monkeyp
     (a bad input is not retried), with the reason; the good job beside it, on the same replica,
     finishes every shard (issue 30). Planning refuses such a file where the model's local config
     gives its vocabulary; here that check is off, as for a hub model or a GGUF file."""
-    from sodaray.data import build_dataset, write_dataset
+    from sodaray.data.build import build_dataset
+    from sodaray.data.store import write_dataset
     from sodaray.runner import plan
 
     monkeypatch.setattr(plan, "check_jobs_vocab", lambda jobs, where: None)

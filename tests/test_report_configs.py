@@ -27,7 +27,7 @@ from sodaray.report.figures import (
 )
 from sodaray.report.tables import build_tables, table_algo, table_fluency, table_model
 from sodaray.results import RunContext, result_rows
-from sodaray.search.base import InversionResult
+from sodaray.search.engine.base import InversionResult
 
 matplotlib.use("Agg")
 

@@ -21,7 +21,7 @@ from sodaray.report.figures import (
 )
 from sodaray.report.study import MIN_TRIALS_FOR_IMPORTANCE, history_figure, save_plots
 from sodaray.results import RunContext, result_rows
-from sodaray.search.base import InversionResult
+from sodaray.search.engine.base import InversionResult
 from sodaray.tuner.study import METRIC_LABELS
 
 matplotlib.use("Agg")

@@ -12,8 +12,8 @@ from conftest import tiny_model
 from oracle import misreports, reproduces
 
 import sodaray
-from sodaray.search import pool
-from sodaray.search.soda import SodaBatch
+from sodaray.search.engine import pool
+from sodaray.search.soda.batch import SodaBatch
 
 REACHABLE = [[5], [18], [33], [50]]
 
@@ -38,7 +38,7 @@ def with_unreachable_target(model, objective: sodaray.Objective):
     """Targets for REACHABLE plus a last one that no single-token input produces."""
     targets = sodaray.make_targets(model, REACHABLE + [[0]], objective=objective)
     if objective.kind == "text":
-        every = sodaray.targets.greedy_continuation(
+        every = sodaray.objective.targets.greedy_continuation(
             model, torch.arange(model.vocab_size)[:, None], objective.output_tokens
         )[0]
         produced = {tuple(row.tolist()) for row in every}

@@ -84,7 +84,8 @@ def test_bad_shard_files_are_set_aside_and_recomputed(tmp_path, capsys):
 
 
 def test_dataset_rebuilt_in_place_makes_a_new_job(tmp_path):
-    from sodaray.data import build_dataset, write_dataset
+    from sodaray.data.build import build_dataset
+    from sodaray.data.store import write_dataset
 
     data = tmp_path / "d.parquet"
     write_dataset(build_dataset(str(STORIES), "random", "1", 4, seed=1), data)

@@ -1,4 +1,4 @@
-"""The position scan (`sodaray.search.scan`, `SodaConfig.scan_positions`): after a search's
+"""The position scan (`sodaray.search.engine.scan`, `SodaConfig.scan_positions`): after a search's
 budget, every single-token change of its final input, decided by the exact check."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 from conftest import STORIES
 
 import sodaray
-from sodaray.observations import BatchTargets
-from sodaray.scoring import hard_match
-from sodaray.search.scan import position_scan
+from sodaray.objective.observations import BatchTargets
+from sodaray.objective.scoring import hard_match
+from sodaray.search.engine.scan import position_scan
 
 
 def reproduces(model, targets, row, tokens) -> bool:

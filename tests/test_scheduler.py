@@ -1,4 +1,5 @@
-"""The scheduler (`sodaray.search.scheduler`): its plans, as pure functions, and the one promise
+"""The scheduler (`sodaray.search.engine.scheduler`): its plans, as pure functions, and the one
+promise
 the engine makes about them: a policy changes the shapes a step runs at, never a result."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.search.scheduler import (
+from sodaray.search.engine.scheduler import (
     DEFAULT_POLICY,
     MIN_BATCH,
     WIDTH_STEP,
@@ -111,7 +112,8 @@ def test_static_shapes_change_no_result(kind, one_thread):
     to a power-of-two batch and, where the attention allows, a power-of-two width): the same tokens,
     finds, steps and losses, bit for bit (one thread, as a CPU replica runs). GPT-Neo keeps its
     own attention, so its passes are padded in the batch only."""
-    from sodaray.search.engine import Engine, Work
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
 
     model = tiny_model(kind)
     tokens = [[(7 * i + 3 * j) % 64 for j in range(1 + i % 5)] for i in range(13)]
@@ -136,7 +138,7 @@ def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkey
     at Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, or unless
     its steps are captured (the "graph" executor on CUDA); `invert(policy=...)` reaches the
     engine, and a policy it does not know is a one-line error."""
-    from sodaray.search.engine import Engine
+    from sodaray.search.engine.loop import Engine
 
     model = tiny_model("qwen2")
     assert DEFAULT_POLICY == "exact" and Engine(model).policy == "exact"

@@ -1,5 +1,5 @@
 """The match check's screen, a step behind the step, on the searches whose tokens changed
-(`sodaray.search.screen`, issue 52): which slots changed, the captured screens' sizes, and that
+(`sodaray.search.soda.screen`, issue 52): which slots changed, the captured screens' sizes, and that
 screening only the changed ones finds every match at the step that made it, as screening every
 slot every step does (same tokens, finds, steps and losses, bit for bit on one thread)."""
 
@@ -10,9 +10,10 @@ import pytest
 from conftest import tiny_model
 
 import sodaray
-import sodaray.search.soda as soda
-from sodaray.search.engine import Engine, Work
-from sodaray.search.screen import MIN_ROWS, Screener, changed_slots, screen_rows
+import sodaray.search.soda.batch as soda
+from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.work import Work
+from sodaray.search.soda.screen import MIN_ROWS, Screener, changed_slots, screen_rows
 
 
 def test_changed_slots_line_up_rows_by_position_or_by_slot_id():

@@ -8,11 +8,12 @@ import torch
 from conftest import tiny_model
 
 import sodaray
-from sodaray.scoring import Layout, context_embeds, objective_loss
-from sodaray.search.base import SlotEntry
+from sodaray.objective.scoring import Layout, context_embeds, objective_loss
 from sodaray.search.embedding import EmbeddingBatch
+from sodaray.search.engine.base import SlotEntry
 from sodaray.search.gcg import GcgBatch
-from sodaray.search.soda import SodaBatch, keyed_normal
+from sodaray.search.soda.batch import SodaBatch
+from sodaray.search.soda.config import keyed_normal
 
 
 def relaxed_loss(model, observed, objective, row: int, embeds: torch.Tensor, n: int, probs=None):

@@ -271,7 +271,7 @@ def test_one_handler_for_the_three_signals_and_ray_shutdown_is_not_cut_short():
     """`stops`: SIGINT, SIGTERM and SIGHUP raise `Stop` alike, exit 128 + the number; the
     handlers before are back after; a signal during `deferred` (Ray's shutdown) waits for its
     end and is raised then."""
-    from sodaray import stops
+    from sodaray.experiment import stops
 
     before = {sig: signal.getsignal(sig) for sig in stops.stop_signals()}
     for sig, code in CODES.items():

@@ -11,9 +11,10 @@ from conftest import STORIES, tiny_model
 
 import sodaray
 from sodaray.runner import load_sweep
-from sodaray.search.base import SlotEntry
-from sodaray.search.engine import Engine, Work
-from sodaray.search.soda import SodaBatch
+from sodaray.search.engine.base import SlotEntry
+from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.work import Work
+from sodaray.search.soda.batch import SodaBatch
 
 
 def test_the_schedule_is_geometric_from_start_to_end():

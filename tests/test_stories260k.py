@@ -8,8 +8,8 @@ import torch
 from oracle import misreports
 
 import sodaray
-from sodaray.observations import BatchTargets
-from sodaray.scoring import hard_match
+from sodaray.objective.observations import BatchTargets
+from sodaray.objective.scoring import hard_match
 
 
 def brute_force_matches(model, targets, row):
@@ -43,7 +43,7 @@ def test_prompt_roundtrip_with_text_objective(stories):
     )
     [r] = sodaray.invert(stories, targets, sodaray.SodaConfig(max_steps=400))
     assert r.found, r
-    cont, _ = sodaray.targets.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
+    cont, _ = sodaray.objective.targets.greedy_continuation(stories, torch.tensor([r.tokens]), 4)
     assert torch.equal(cont[0], targets.continuation[0])
     assert misreports(stories, targets, [r]) == []
 

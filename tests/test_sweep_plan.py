@@ -86,7 +86,7 @@ def test_the_cost_model_counts_a_step_from_the_models_shape():
     """Qwen2.5-0.5B's blocks hold 0.36B parameters (its model card: 0.49B with 0.13B of
     embeddings); a step's FLOPs follow the documented formula term by term: a forward over
     BOS, the input and the outputs but the last, and a backward to the input as dear again."""
-    from sodaray.cost import KNOWN_SHAPES, ModelShape
+    from sodaray.costs.flops import KNOWN_SHAPES, ModelShape
 
     assert round(KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"].block_params / 1e6) == 358
     shape = ModelShape(layers=2, width=4, vocab=10, mlp=8, gated=False, attention=4, kv=4)
@@ -104,7 +104,7 @@ def test_plan_json_parses_and_prices_gpu_jobs_by_the_stated_costs(capsys, tmp_pa
 
     import yaml
 
-    from sodaray.device_costs import H100, costs_to_data
+    from sodaray.costs.devices import H100, costs_to_data
 
     args = ["sweep", "plan", str(SWEEPS / "models.yaml"), "--no-calibrate", "--json"]
     assert main(args) == 0

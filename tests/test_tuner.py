@@ -16,8 +16,8 @@ from conftest import STORIES
 import sodaray
 from sodaray.cli import main
 from sodaray.cli.tune import leaderboard, print_leaderboard
-from sodaray.data import dataset_hash, read_dataset
-from sodaray.presets import load_preset_file
+from sodaray.config.presets import load_preset_file
+from sodaray.data.store import dataset_hash, read_dataset
 from sodaray.tuner import load_tuning, run_tuning
 from sodaray.tuner.study import open_storage
 
@@ -386,9 +386,10 @@ def test_a_study_whose_data_changed_is_refused(tmp_path):
     """Issue 53, a cache trusted on content: the study records its data's hash; data with
     other rows under the same entry (a data file rewritten, a cache of another build) would
     add trials that do not compare with its others. One line instead."""
-    from sodaray.data import build_dataset, write_dataset
+    from sodaray.data.build import build_dataset
+    from sodaray.data.store import write_dataset
+    from sodaray.experiment.spec import TuningError
     from sodaray.tuner.run import validation_rows
-    from sodaray.tuner.spec import TuningError
 
     path = tmp_path / "d.parquet"
     write_dataset(build_dataset(str(STORIES), "random", "1", 2, seed=0, progress=False), path)

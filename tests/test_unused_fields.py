@@ -10,7 +10,7 @@ from conftest import STORIES
 from test_hostile_input import sweep_text
 
 from sodaray.experiment.spec import SweepError
-from sodaray.objectives import Objective
+from sodaray.objective.objectives import Objective
 from sodaray.runner import load_sweep
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import sodaray
-from sodaray.scoring import Layout, context_embeds, objective_loss
-from sodaray.search.base import SlotEntry
-from sodaray.search.slots import removal_plan
-from sodaray.search.soda import SodaBatch
+from sodaray.objective.scoring import Layout, context_embeds, objective_loss
+from sodaray.search.engine.base import SlotEntry
+from sodaray.search.engine.slots import removal_plan
+from sodaray.search.soda.batch import SodaBatch
 
 
 def make_batch(model, config, n=2, rows=3, configs=None):
@@ -215,7 +215,8 @@ def test_presets_load():
 
 def test_relaxed_embedding_matches_autograd_bit_for_bit(tiny_llama):
     """The workspace kernels (in place, out=) are autograd's own: same bits both ways."""
-    from sodaray.search.soda import RelaxedEmbedding, Workspace
+    from sodaray.search.soda.batch import RelaxedEmbedding
+    from sodaray.search.soda.relaxed import Workspace
 
     torch.manual_seed(3)
     emb = tiny_llama.embedding_matrix

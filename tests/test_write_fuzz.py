@@ -1,5 +1,5 @@
 """Issue 53: nothing sodaray writes goes through a link, over a device or a FIFO, or outside the
-folder it was given (`sodaray.writes`).
+folder it was given (`sodaray.io.writes`).
 
 Two tables. `ESCAPES`: the issue's cases, each with the line it must now end in. The fuzzer: a
 table generated for each command that writes. The command runs once into a scratch folder, and
@@ -286,8 +286,8 @@ def test_the_issues_escapes_end_in_one_line_and_change_nothing_outside(
 
 # ---- the rule itself, where no command reaches -------------------------------------------------
 def test_the_rule_refuses_names_outside_and_links_anywhere_below_the_given_folder(tmp_path):
-    from sodaray.paths import PathEscape
-    from sodaray.writes import UnsafeWrite, move_file, remove_file, touch_file, write_file
+    from sodaray.io.paths import PathEscape
+    from sodaray.io.writes import UnsafeWrite, move_file, remove_file, touch_file, write_file
 
     base, elsewhere = tmp_path / "o", tmp_path / "elsewhere"
     (base / "a").mkdir(parents=True)
@@ -318,7 +318,7 @@ def test_the_rule_refuses_names_outside_and_links_anywhere_below_the_given_folde
 
 
 def test_an_exclusive_write_never_replaces_what_is_there(tmp_path):
-    from sodaray.writes import write_file
+    from sodaray.io.writes import write_file
 
     assert write_file(tmp_path, tmp_path / "lock", "first", exclusive=True)
     assert not write_file(tmp_path, tmp_path / "lock", "second", exclusive=True)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sodaray import jsontext
+from sodaray.io import jsontext
 
 EXIT_USAGE = 2
 
@@ -64,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse_tokens(text: str) -> list[int]:
-    from sodaray.validation import parse_int_list
+    from sodaray.config.validation import parse_int_list
 
     try:
         return parse_int_list(text)  # "1 2" and "1,,2" refused, not guessed at
@@ -91,7 +91,7 @@ def _parse_param(text: str) -> tuple[str, Any]:
 
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--param takes KEY=VALUE, got {shown(text, 80)!r}")
-    from sodaray.configfile import override_value
+    from sodaray.config.configfile import override_value
 
     key, value = text.split("=", 1)
     try:  # YAML 1.2 numbers: 3e-6 is a float, not a string; bounded as an override
@@ -289,7 +289,7 @@ def _given_once(args: argparse.Namespace) -> None:
             "break or control character)"
         )
     if (args.preset or args.preset_file) and args.algorithm == "soda":
-        from sodaray.presets import get_preset, load_preset_file
+        from sodaray.config.presets import get_preset, load_preset_file
 
         preset = dict(get_preset(args.preset).soda) if args.preset else {}
         if args.preset_file:
@@ -304,10 +304,10 @@ def _given_once(args: argparse.Namespace) -> None:
 
 def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
     """The algorithm's config from the flags: the named preset, or with none the model's family
-    defaults (`defaults`, a `sodaray.families.Defaults`; None before the model is loaded, to
+    defaults (`defaults`, a `sodaray.config.families.Defaults`; None before the model is loaded, to
     check the flags' own values), then --param, --max-steps, --max-batch-size and --seed."""
     from sodaray.api import make_config
-    from sodaray.families import starting_params
+    from sodaray.config.families import starting_params
 
     if (args.preset or args.preset_file) and args.algorithm != "soda":
         raise CliError("--preset holds SODA parameters; use it with --algorithm soda")
@@ -324,8 +324,8 @@ def _algorithm_config(args: argparse.Namespace, defaults: Any = None):
 def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults: Any = None):
     """The objective from the flags over the preset file's comparison settings (`objective:
     {space: centred}`), or with no preset the model's family's (`defaults`)."""
-    from sodaray.families import starting_objective
-    from sodaray.validation import make_objective
+    from sodaray.config.families import starting_objective
+    from sodaray.config.validation import make_objective
 
     settings = starting_objective({"kind": kind, "top_k": top_k}, defaults, args.preset_file)
     given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
@@ -347,19 +347,19 @@ def _objective(args: argparse.Namespace, kind: str, top_k: int | None, defaults:
 
 def _family_defaults(args: argparse.Namespace, model: Any) -> Any:
     """The model's family defaults when no preset is named (None when one is), by its loaded
-    config's `model_type` (`sodaray.families`, the rule sweeps and tuning use too)."""
+    config's `model_type` (`sodaray.config.families`, the rule sweeps and tuning use too)."""
     if args.preset or args.preset_file:
         return None
-    from sodaray.families import defaults_for
+    from sodaray.config.families import defaults_for
 
     return defaults_for(getattr(getattr(model.model, "config", None), "model_type", None))
 
 
 def cmd_invert(args: argparse.Namespace) -> int:
     from sodaray.api import invert
-    from sodaray.models import load_model
-    from sodaray.objectives import Objective
-    from sodaray.targets import (
+    from sodaray.model.load import load_model
+    from sodaray.objective.objectives import Objective
+    from sodaray.objective.targets import (
         make_targets,
         read_logits_file,
         targets_from_logits,
@@ -380,13 +380,13 @@ def cmd_invert(args: argparse.Namespace) -> int:
         raise CliError(f"--top-k must be at least 1, not {args.top_k}")
     _given_once(args)
     config = _algorithm_config(args)  # validate before the (slow) model load
-    from sodaray.validation import check_context, check_device, check_output_file
+    from sodaray.config.validation import check_context, check_device, check_output_file
 
     if args.device:
         check_device(args.device)
     if args.out is not None:
         check_output_file(args.out)
-    from sodaray.files import check_model_files, regular_file
+    from sodaray.io.files import check_model_files, regular_file
 
     check_model_files(os.path.expanduser(args.model), args.gguf_file)  # a FIFO, no weights
     if args.logits_file:
@@ -453,8 +453,8 @@ def cmd_invert(args: argparse.Namespace) -> int:
     )
     bar = None
     if sys.stderr.isatty():
-        from sodaray.cost import most_sample_steps
-        from sodaray.progress import InvertProgress
+        from sodaray.cli.progress import InvertProgress
+        from sodaray.costs.flops import most_sample_steps
 
         per_target = most_sample_steps(1, config, length, max_length)
         bar = InvertProgress(len(targets), per_target, config.stepwise)
@@ -500,7 +500,7 @@ def cmd_invert(args: argparse.Namespace) -> int:
         logging.info("defaults: %s", note)
         if not args.json:
             print(f"defaults: {note}", flush=True)
-    from sodaray import stops
+    from sodaray.experiment import stops
 
     interrupted = False
     try:
@@ -588,8 +588,8 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sodaray.config.validation import check_output_dir, split_list
     from sodaray.report import build_report
-    from sodaray.validation import check_output_dir, split_list
 
     if not args.format.replace(",", "").strip():
         raise CliError(f"--format names no format ({args.format!r}); give md, latex and/or csv")
@@ -597,7 +597,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     check_output_dir(args.out)
     model = args.embedding_model
     if model is not None and model.startswith(("/", ".", "~")):
-        from sodaray.files import what_is
+        from sodaray.io.files import what_is
 
         kind = what_is(Path(model).expanduser())
         if kind is None:
@@ -678,13 +678,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
-    from sodaray.data import (
-        build_dataset,
-        dataset_hash,
-        dataset_metadata,
-        parse_lengths,
-        write_dataset,
-    )
+    from sodaray.data.build import build_dataset, parse_lengths
+    from sodaray.data.store import dataset_hash, dataset_metadata, write_dataset
 
     lengths = parse_lengths(args.lengths) if args.lengths is not None else None
     if args.per_length is not None and args.per_length < 1:
@@ -703,7 +698,7 @@ def cmd_data_build(args: argparse.Namespace) -> int:
         raise CliError(f"--seed must be in [0, 2**63), not {args.seed}")
     if not args.out.endswith(".parquet"):
         raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
-    from sodaray.validation import check_output_file
+    from sodaray.config.validation import check_output_file
 
     check_output_file(args.out)
     table = build_dataset(
@@ -770,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sodaray import stops
+    from sodaray.experiment import stops
 
     # Before anything imports Ray: no native SIGTERM handler (a stack dump, no cleanup) in
     # this driver; the stop rule below answers SIGTERM.

@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from sodaray import jsontext
-from sodaray.cost import format_duration
+from sodaray.costs.flops import format_duration
 from sodaray.errors import shown
+from sodaray.io import jsontext
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
+    from sodaray.cli.progress import SweepProgress
     from sodaray.errors import first_line
-    from sodaray.progress import SweepProgress
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
     if args.max_attempts < 1:
@@ -142,7 +142,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         args.sweep, model=args.model, overrides=args.overrides
     )  # validated before Ray starts
     sweep = _quick(sweep, args, args.limit)
-    from sodaray.validation import check_output_dir
+    from sodaray.config.validation import check_output_dir
 
     check_output_dir(args.out)
     # Each model entry without a preset: its family defaults and why (their job files say so,
@@ -153,7 +153,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             print(f"model {label}: {chosen['why']}", flush=True)
     track = None
     if args.mlflow is not None:  # an empty URI too: check_tracking refuses it
-        from sodaray.cli.tracking import sweep_logger
+        from sodaray.cli.tracking.sweep import sweep_logger
 
         options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
         # The URI is checked before anything runs.
@@ -213,7 +213,7 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             "searches that ended in unfinished shards; run the same command again to continue",
             file=sys.stderr,
         )
-        from sodaray import stops
+        from sodaray.experiment import stops
 
         return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
     progress.close()
@@ -271,7 +271,7 @@ def _plan_line(check: dict) -> str:
 
 
 def _costs(source: str):
-    from sodaray.device_costs import load_costs
+    from sodaray.costs.devices import load_costs
 
     return load_costs(source)
 
@@ -317,7 +317,7 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
-    from sodaray.cost import check_rate
+    from sodaray.costs.flops import check_rate
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import check_jobs_fit, plan_sweep
 

@@ -7,7 +7,7 @@ import logging
 import math
 import os
 
-from sodaray import jsontext
+from sodaray.io import jsontext
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -96,6 +96,7 @@ def check_threads(threads: int | None) -> None:
 def cmd_train_inverter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from sodaray.config.validation import check_context
     from sodaray.data.build import parse_lengths
     from sodaray.inverter.train import (
         PAPER_DEFAULTS,
@@ -103,14 +104,13 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         check_resumable,
         train_inverter,
     )
-    from sodaray.models import load_model
-    from sodaray.validation import check_context
+    from sodaray.model.load import load_model
 
     if args.mlp_hidden is not None and args.observation != "logits":
         raise ValueError(
             "--mlp-hidden sizes the logits encoder's MLP: it is for --observation logits"
         )
-    from sodaray.validation import check_device
+    from sodaray.config.validation import check_device
 
     check_device(args.device)  # `--device tpu`: one line, before anything loads
     paper = PAPER_DEFAULTS[args.observation]
@@ -137,7 +137,7 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
     cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
     check_resumable(cfg, Path(args.out))
     check_threads(args.threads)
-    from sodaray.files import check_model_files
+    from sodaray.io.files import check_model_files
 
     check_model_files(os.path.expanduser(args.model))  # a FIFO, a folder without weights
     logging.info("loading %s", args.model)

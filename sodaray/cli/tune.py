@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from sodaray import jsontext
 from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP
+from sodaray.io import jsontext
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,7 +87,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from sodaray.progress import TrialProgress
+    from sodaray.cli.progress import TrialProgress
     from sodaray.tuner import load_tuning, run_tuning
 
     if args.trials is not None and args.trials < 1:
@@ -96,14 +96,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
     check_modes(args)
     spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
-    from sodaray.validation import check_output_dir
+    from sodaray.config.validation import check_output_dir
 
     check_output_dir(args.out)
     from sodaray.tuner.study import check_storage
 
     check_storage(spec, args.out, args.storage)  # empty, unknown, its driver missing
-    from sodaray.cost import check_rate
-    from sodaray.device_costs import load_costs
+    from sodaray.costs.devices import load_costs
+    from sodaray.costs.flops import check_rate
 
     check_rate(args.rate)
     costs = load_costs(args.costs)
@@ -124,7 +124,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     callbacks = []
     tracker = None
     if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
-        from sodaray.cli.tracking import StudyTracker
+        from sodaray.cli.tracking.study import StudyTracker
 
         tracker = StudyTracker(
             args.mlflow,
@@ -137,7 +137,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
         callbacks.append(tracker.trial)
     progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
-    from sodaray import stops
+    from sodaray.experiment import stops
     from sodaray.tuner.run import TuneInterrupted
 
     try:
@@ -239,7 +239,7 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     import dataclasses
 
     from sodaray.experiment.spec import model_defaults
-    from sodaray.paths import inside
+    from sodaray.io.paths import inside
     from sodaray.tuner.plan import plan_study
     from sodaray.tuner.study import checkpoint_steps
 

@@ -40,7 +40,7 @@ from sodaray.data.tokenizer import (
     check_model_path,
     load_tokenizer,
 )
-from sodaray.files import regular_file
+from sodaray.io.files import regular_file
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ MAX_LENGTH = 1 << 20
 def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
     """Lengths from "A-B", "N", "1,3,5" or integers: sorted, distinct, each at least 1."""
     if isinstance(spec, str):
-        from sodaray.validation import parse_int_list
+        from sodaray.config.validation import parse_int_list
 
         # One rule for number lists (`--tokens` too): "1 2" is not 12, "1,,3" not [1, 3].
         text = spec.strip()
@@ -408,7 +408,7 @@ def build_dataset(
     if tokenizer is None:
         check_model_path(model, gguf_file)
     total = len(length_list) * per_length
-    from sodaray.validation import check_memory, dataset_bytes
+    from sodaray.config.validation import check_memory, dataset_bytes
 
     check_memory(dataset_bytes(length_list, per_length), f"{total} samples (rows)")
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from sodaray.data.tokenizer import DatasetError
-from sodaray.files import parse_json
+from sodaray.io.files import parse_json
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from sodaray.data.tokenizer import DatasetError
 from sodaray.errors import first_line
-from sodaray.files import parse_json, regular_file
+from sodaray.io.files import parse_json, regular_file
 
 log = logging.getLogger(__name__)
 

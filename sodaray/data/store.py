@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.data.tokenizer import DatasetError
-from sodaray.files import parse_json, regular_file
-from sodaray.writes import write_file
+from sodaray.io.files import parse_json, regular_file
+from sodaray.io.writes import write_file
 
 FORMAT_VERSION = "1"
 VERSION_KEY = b"sodaray.dataset.version"

@@ -34,8 +34,8 @@ def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[s
     local path that does not exist is an error (checked before any slow work)."""
     import os
 
-    from sodaray.files import check_model_files
-    from sodaray.models import resolve_model_path
+    from sodaray.io.files import check_model_files
+    from sodaray.model.load import resolve_model_path
 
     name_or_path, gguf_file = resolve_model_path(name_or_path, gguf_file, error=DatasetError)
     # A FIFO or a device is said to be one (a tokenizer-only folder is enough here).
@@ -59,7 +59,7 @@ def load_tokenizer(
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        from sodaray.modelfiles import damaged_tokenizer_file
+        from sodaray.io.modelfiles import damaged_tokenizer_file
 
         damaged = damaged_tokenizer_file(name_or_path)  # "PATH: why", naming the file
         why = f": {damaged}" if damaged else f" for {name_or_path!r}: {first_line(exc)}"

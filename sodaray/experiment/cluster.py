@@ -18,10 +18,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sodaray import stops
 from sodaray.errors import first_line
+from sodaray.experiment import stops
 from sodaray.experiment.spec import ModelSpec
-from sodaray.waits import CHECK_SECONDS, within
+from sodaray.experiment.waits import CHECK_SECONDS, within
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ def recorded_address() -> tuple[str, Path] | None:
 def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
     """The cluster the run would attach to (`cluster_address`) must accept a connection and
     answer as a gRPC server (as Ray's GCS and Ray Client do) within `timeout` seconds all told
-    (`sodaray.waits`): Ray itself retries for minutes, printing as it goes, and a port that
+    (`sodaray.experiment.waits`): Ray itself retries for minutes, printing as it goes, and a port
+    that
     accepts and never answers held it three. `auto` is checked at the address `ray start`
     recorded on this machine, when there is one (else Ray looks for a running cluster and says
     in one line if there is none)."""

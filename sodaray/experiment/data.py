@@ -13,8 +13,8 @@ import pyarrow as pa
 
 from sodaray.errors import first_line, shown
 from sodaray.experiment.spec import DatasetSpec, ModelSpec
-from sodaray.paths import inside
-from sodaray.writes import move_file
+from sodaray.io.paths import inside
+from sodaray.io.writes import move_file
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class DatasetIdentity:
 
 
 def dataset_identity(table: pa.Table) -> DatasetIdentity:
-    from sodaray.data import dataset_hash, dataset_metadata
+    from sodaray.data.store import dataset_hash, dataset_metadata
 
     meta = dataset_metadata(table)
     seed = meta["args"].get("seed")
@@ -81,7 +81,8 @@ def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
     """Samples per length in a dataset entry, before any cap, without building it: from the
     build spec (the most it builds; hub and local sources may yield fewer), or counted in the
     dataset file (read and checked). What plans count (`sweep plan`, `tune --dry-run`)."""
-    from sodaray.data import parse_lengths, read_dataset
+    from sodaray.data.build import parse_lengths
+    from sodaray.data.store import read_dataset
 
     if spec.build is not None:
         per_length = int(spec.build.get("per_length", 1))
@@ -106,7 +107,7 @@ def dataset_table(
     their hash and whose metadata names this build (`CACHE_KEY`); another (a file another
     seed's build put there, one cut short, one from a sodaray that recorded no key) is moved
     aside with a warning and built again."""
-    from sodaray.data import read_dataset
+    from sodaray.data.store import read_dataset
 
     if spec.location is not None:
         return read_dataset(spec.location)
@@ -125,7 +126,8 @@ def dataset_table(
         aside = path.with_name(f"{path.name}.{os.getpid()}.foreign")
         move_file(base, path, aside)  # the name itself, never through a link
         log.warning("%s: %s; moved to %s, building it again", path, why, aside.name)
-    from sodaray.data import build_dataset, write_dataset
+    from sodaray.data.build import build_dataset
+    from sodaray.data.store import write_dataset
 
     log.info("building dataset %s for %s", spec.name, model.label)
     # A local model by its real path, links and `..` resolved: the rows name the tokenizer they
@@ -151,7 +153,7 @@ def dataset_table(
 
 def _cached(path: Path, key: str) -> tuple[pa.Table | None, str]:
     """A cached dataset's rows when it is this build's (`CACHE_KEY`), else None and why not."""
-    from sodaray.data import read_dataset
+    from sodaray.data.store import read_dataset
 
     try:
         table = read_dataset(path)

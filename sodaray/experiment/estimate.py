@@ -5,7 +5,7 @@ A workload is samples per input length, each running its step budget at each len
 (`length: auto` tries every length up to `max_length`, priced at the longest), split evenly over
 the replicas it can keep busy. Its time, by one rule (`price`):
 - at a rate in sample-steps per second per replica, when one is given (`--rate`);
-- else a GPU workload by measured device costs (`sodaray.device_costs`: the H100's by default,
+- else a GPU workload by measured device costs (`sodaray.costs.devices`: the H100's by default,
   or a costs file of kind gpu): each replica's samples in waves of its batch, taken in length
   order (the order sweeps submit), each step a floor per pass plus the samples' FLOPs at the
   device's rate;
@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sodaray.cost import ModelShape, format_duration, measure_rate, sample_flops
-from sodaray.device_costs import H100, DeviceCosts, DeviceTime, describe_costs, device_time
+from sodaray.costs.devices import H100, DeviceCosts, DeviceTime, describe_costs, device_time
+from sodaray.costs.flops import ModelShape, format_duration, measure_rate, sample_flops
 from sodaray.experiment.spec import ModelSpec
-from sodaray.objectives import Objective
-from sodaray.search.base import SearchConfig
+from sodaray.objective.objectives import Objective
+from sodaray.search.engine.base import SearchConfig
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ class Workload:
 
 
 def calibrate(work: Workload, model: Any, steps: int = CALIBRATION_STEPS) -> float:
-    """Sample-steps per second for `work` on this machine (`sodaray.cost.measure_rate`) at its
+    """Sample-steps per second for `work` on this machine (`sodaray.costs.flops.measure_rate`) at
+    its
     middle length, batched as it batches, on `model` (its `ModelSpec.load_here`); a CPU
     replica's threads, as Ray gives them."""
     lengths = sorted(work.samples_by_length)

@@ -38,7 +38,7 @@ from sodaray.experiment.cluster import Placement, actor_options, describe, repli
 from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
-from sodaray.search.scheduler import pick_replica
+from sodaray.search.engine.scheduler import pick_replica
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sodaray.paths import brief
+from sodaray.io.paths import brief
 
 REFRESH_SECONDS = 30.0  # how often a live driver renews its record
 STALE_SECONDS = 300.0  # a record from another host not renewed for this long: its driver is over

@@ -26,8 +26,8 @@ from sodaray.errors import first_line
 from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
-from sodaray.modelfiles import ModelLoadError
-from sodaray.models import LoadedModel
+from sodaray.io.modelfiles import ModelLoadError
+from sodaray.model.load import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
     to the `num_cpus` slots Ray gave the actor (else every actor would use every core)."""
     import torch
 
-    from sodaray.models import load_model
+    from sodaray.model.load import load_model
 
     try:
         import ray
@@ -109,7 +109,7 @@ class ReplicaWorker:
     def __init__(self, spec: ModelSpec, num_cpus: float = 1.0) -> None:
         import torch
 
-        from sodaray.search.engine import Engine
+        from sodaray.search.engine.loop import Engine
 
         self.spec = spec
         self.model = load_replica(spec, num_cpus)
@@ -172,7 +172,7 @@ class ReplicaWorker:
         every `unit.keep_every` seconds while others run, then all its rows. An error in the
         unit (a bad input) is raised here alone."""
         from sodaray.api import invert, length_plans
-        from sodaray.search.engine import Work
+        from sodaray.search.engine.work import Work
 
         self._check_engine()
         start = time.perf_counter()
@@ -260,7 +260,7 @@ class ReplicaWorker:
     def targets(self, unit: Unit) -> Any:
         """The unit's target set, built once for rows and an observation seen before (a study's
         trials share their rows; their objectives differ in the loss only)."""
-        from sodaray.targets import make_targets
+        from sodaray.objective.targets import make_targets
 
         objective = unit.objective
         key = (

@@ -31,7 +31,7 @@ PARTS = 20  # a report per twentieth of the smallest step budget in flight
 
 @dataclass(eq=False)
 class _Watched:
-    work: Any  # sodaray.search.engine.Work
+    work: Any  # sodaray.search.engine.loop.Work
     events: Any  # the unit's stream: a queue.Queue its generator yields from
     budget: int  # steps per length
 

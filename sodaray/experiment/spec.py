@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import make_config
-from sodaray.errors import first_line
-from sodaray.families import (
+from sodaray.config.families import (
     Defaults,
     defaults_for,
     model_type_of,
     starting_objective,
     starting_params,
 )
-from sodaray.fields import (
+from sodaray.config.fields import (
     Fail,
     check_grid,
     coerce_scalars,
@@ -36,12 +35,13 @@ from sodaray.fields import (
     known_fields,
     path_name,
 )
-from sodaray.files import check_model_files, regular_file
-from sodaray.objectives import Objective
-from sodaray.paths import brief, expand_path, in_file, local_path, looked_for, same_spelling
-from sodaray.presets import PRESETS, load_preset_file, load_preset_objective
-from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1, coerce_fields, make_objective
+from sodaray.config.presets import PRESETS, load_preset_file, load_preset_objective
+from sodaray.config.validation import AT_LEAST_1, coerce_fields, make_objective
+from sodaray.errors import first_line
+from sodaray.io.files import check_model_files, regular_file
+from sodaray.io.paths import brief, expand_path, in_file, local_path, looked_for, same_spelling
+from sodaray.objective.objectives import Objective
+from sodaray.search.engine.base import SearchConfig
 
 
 class SpecError(ValueError):
@@ -77,9 +77,9 @@ class ModelSpec:
     num_cpus: float = field(default=1.0, metadata={"above": 0})
     replicas: int = field(default=1, metadata=AT_LEAST_1)
     # Inputs of every length in one batch, split into passes by cost (the default), or a pass
-    # per length; results are the same bit for bit either way (see `sodaray.search.passes`).
+    # per length; results are the same bit for bit either way (see `sodaray.search.engine.passes`).
     mix_lengths: bool = True
-    # How each replica runs a SODA step (`sodaray.search.executor`): captured once per shape
+    # How each replica runs a SODA step (`sodaray.search.engine.executor`): captured once per shape
     # and replayed as a CUDA graph on a GPU ("graph", the default; eagerly on a CPU), or eager.
     executor: Literal["eager", "graph"] = "graph"
     # Sweeps only: the dataset entries (by name) this model runs on; empty: every one.
@@ -90,7 +90,7 @@ class ModelSpec:
     # or none; `id` itself stays as given, since job hashes and result rows carry it.
     source: str | None = None
     # Not a file field: the folder of the file that named this entry, which its relative paths
-    # (`id`, `preset_file`) are read from (`sodaray.paths.in_file`); None: the command line's
+    # (`id`, `preset_file`) are read from (`sodaray.io.paths.in_file`); None: the command line's
     # (`--model`), read from the current directory. Not part of what the entry is.
     base: str | None = field(default=None, compare=False)
 
@@ -139,7 +139,7 @@ class ModelSpec:
     def load_here(self) -> Any:
         """The model, loaded in this process from its `location` (a plan's calibration and
         shape; replicas load theirs with `load_replica`): on CUDA when there is one, else CPU."""
-        from sodaray.models import load_model
+        from sodaray.model.load import load_model
 
         return load_model(
             self.location,
@@ -294,7 +294,7 @@ def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]
 
 def model_defaults(model: ModelSpec) -> Defaults | None:
     """The defaults of a model entry that names no preset: its family's, by the `model_type`
-    its config gives, read on the driver from the model's files (`sodaray.families`; weights
+    its config gives, read on the driver from the model's files (`sodaray.config.families`; weights
     never loaded). None when the entry names a preset, which is then used alone."""
     if model.preset is not None or model.preset_file is not None:
         return None
@@ -430,7 +430,7 @@ def check_preset_params(params: dict[str, Any], path: str | Path) -> None:
     """Every key of a preset file's parameters a SODA parameter (values are checked where they
     are applied), else one line naming the file: a sweep or tuning file given as a preset was
     refused later, by a message that named no file."""
-    from sodaray.search.soda_config import SodaConfig
+    from sodaray.search.soda.config import SodaConfig
 
     known = {f.name for f in fields(SodaConfig)} | set(SodaConfig.RENAMED)
     unknown = [k for k in params if k not in known]

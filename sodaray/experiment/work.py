@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sodaray.cost import most_sample_steps
-from sodaray.objectives import Objective
-from sodaray.search.base import SearchConfig
+from sodaray.costs.flops import most_sample_steps
+from sodaray.objective.objectives import Objective
+from sodaray.search.engine.base import SearchConfig
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Unit:
 
     @property
     def most_sample_steps(self) -> int:
-        """The most sample-steps the unit can take (`sodaray.cost.most_sample_steps`)."""
+        """The most sample-steps the unit can take (`sodaray.costs.flops.most_sample_steps`)."""
         return most_sample_steps(self.samples, self.search, self.length, self.max_length)
 
 

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from sodaray.data.build import _random_samples
-from sodaray.models import LoadedModel
-from sodaray.targets import greedy_continuation
+from sodaray.model.load import LoadedModel
+from sodaray.objective.targets import greedy_continuation
 
 log = logging.getLogger(__name__)
 

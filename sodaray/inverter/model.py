@@ -28,10 +28,10 @@ from safetensors.torch import load_file, save
 from torch import Tensor, nn
 from transformers import T5Config, T5ForConditionalGeneration
 
-from sodaray import jsontext
 from sodaray.errors import first_line
-from sodaray.files import read_json_object, what_is
-from sodaray.writes import write_file
+from sodaray.io import jsontext
+from sodaray.io.files import read_json_object, what_is
+from sodaray.io.writes import write_file
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def read_meta(path: Path) -> InverterMeta:
     """A checkpoint's `inverter.json`, checked as any file read back from disk: a regular
     file of at most `MAX_CONFIG_BYTES` holding an object of `InverterMeta`'s fields, each of
     its type (a JSON list there ended in a traceback)."""
-    from sodaray.validation import coerce_fields
+    from sodaray.config.validation import coerce_fields
 
     data = read_json_object(path, "inverter checkpoint file")
     known = fields(InverterMeta)

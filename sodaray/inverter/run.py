@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from sodaray.models import LoadedModel
-from sodaray.observations import BatchTargets, screen_slack
-from sodaray.scoring import hard_match
-from sodaray.search.base import InversionResult, SearchConfig
-from sodaray.targets import TargetSet
+from sodaray.model.load import LoadedModel
+from sodaray.objective.observations import BatchTargets, screen_slack
+from sodaray.objective.scoring import hard_match
+from sodaray.objective.targets import TargetSet
+from sodaray.search.engine.base import InversionResult, SearchConfig
 
 if TYPE_CHECKING:  # transformers loads only when an inverter runs
     from sodaray.inverter.model import InverterMeta

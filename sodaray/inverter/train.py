@@ -17,8 +17,6 @@ import torch
 from safetensors.torch import load_file, save
 from tqdm import tqdm
 
-from sodaray import jsontext
-from sodaray.files import read_json_object
 from sodaray.inverter.data import build_pairs, encode_targets
 from sodaray.inverter.model import (
     CHECKPOINT_FILES,
@@ -28,8 +26,10 @@ from sodaray.inverter.model import (
     load_inverter,
     save_inverter,
 )
-from sodaray.models import LoadedModel
-from sodaray.writes import check_places, write_file
+from sodaray.io import jsontext
+from sodaray.io.files import read_json_object
+from sodaray.io.writes import check_places, write_file
+from sodaray.model.load import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ class TrainConfig:
     unigram_beta: float = 0.01  # logits: weight of a batch in the running unigram vector
 
     def validate(self) -> None:
+        from sodaray.config.validation import check_fields_finite
         from sodaray.inverter.model import OBSERVATIONS, SHAPES
-        from sodaray.validation import check_fields_finite
 
         check_fields_finite(self)  # NaN passes every range check below
         if self.shape not in SHAPES:
@@ -174,7 +174,7 @@ def train_inverter(
     cfg.validate()
     out = Path(out)
     check_resumable(cfg, out)
-    from sodaray.validation import check_context
+    from sodaray.config.validation import check_context
 
     check_context(model, max(cfg.lengths), cfg.output_tokens)
     state_path = out / "state.json"

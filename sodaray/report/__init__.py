@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sodaray import metrics
-from sodaray.files import read_json, what_is
-from sodaray.paths import component
+from sodaray.io.files import read_json, what_is
+from sodaray.io.paths import component
+from sodaray.io.writes import check_places, make_folder, remove_file, write_file
+from sodaray.report import metrics
 from sodaray.report.render import FORMATS, RENDERERS
 from sodaray.report.tables import Skipped, Table, build_tables, prepare, tuning_rows
 from sodaray.results import JOB_FILE, META_DIR, read_results
-from sodaray.writes import check_places, make_folder, remove_file, write_file
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """The budget tables and figure (`sodaray report --extrapolate STEPS`): exact against the step
 budget per model, configuration and input length, measured with Wilson intervals, and
-extrapolated to STEPS with bootstrap intervals (`sodaray.budget` holds the statistics and says
+extrapolated to STEPS with bootstrap intervals (`sodaray.report.extrapolate` holds the statistics
+and says
 what each extrapolation assumes)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sodaray import budget as bud
+from sodaray.report import extrapolate as bud
 from sodaray.report.figures import (
     BAND_ALPHA,
     EDGE_ALPHA,
@@ -177,7 +178,7 @@ def budget_tables(found: list[Group], target: int) -> list[Table]:
         "continues the measured share's line against log(steps). Each interval is sampling "
         "uncertainty under its own assumption: where the fits disagree, the rows do not decide. "
         "Searches that stopped at another input with the same outputs are never exact and scale "
-        "every fit down. `sodaray.budget` says more.",
+        "every fit down. `sodaray.report.extrapolate` says more.",
         ["Model / length / fit", "at the budget", *(f"{t:,}" for t in targets), "parameters"],
     )
     for g in found:

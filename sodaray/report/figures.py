@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from sodaray import metrics
+from sodaray.io.writes import write_file
+from sodaray.report import metrics
 from sodaray.report.tables import Skipped, by_setting, named, standard_rows, tuning_rows
-from sodaray.writes import write_file
 
 
 @dataclass

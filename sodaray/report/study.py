@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
+from sodaray.io.writes import write_file
 from sodaray.report.tables import Skipped
-from sodaray.writes import write_file
 
 log = logging.getLogger(__name__)
 

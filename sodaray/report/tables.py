@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sodaray import metrics
 from sodaray.data.store import RANDOM_SOURCE
-from sodaray.files import parse_json
-from sodaray.metrics import Mean, Proportion
+from sodaray.io.files import parse_json
+from sodaray.report import metrics
+from sodaray.report.metrics import Mean, Proportion
 from sodaray.results import model_label
 
 DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `__all__`)
+    from sodaray.experiment.spec import DatasetSpec, ModelSpec, SweepError  # noqa: F401
     from sodaray.runner.layout import JobStatus, sweep_status  # noqa: F401
     from sodaray.runner.run import ShardDone, ShardFailed, SweepInterrupted, SweepRun, run_sweep  # noqa: F401
-    from sodaray.runner.spec import DatasetSpec, Job, ModelSpec, Sweep, SweepError, load_sweep  # noqa: F401
+    from sodaray.runner.spec import Job, Sweep, load_sweep  # noqa: F401
 
 _MODULES = {  # the module that defines each public name
     "sodaray.runner.run": ("ShardDone", "ShardFailed", "SweepInterrupted", "SweepRun", "run_sweep"),

@@ -48,11 +48,9 @@ from sodaray.errors import first_line
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.owner import describe_owner, me, owner_gone, record_problem
 from sodaray.experiment.spec import places as job_places
-from sodaray.files import read_json, what_is
-from sodaray.paths import brief, inside
-from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
-from sodaray.runner.spec import Job
-from sodaray.writes import (
+from sodaray.io.files import read_json, what_is
+from sodaray.io.paths import brief, inside
+from sodaray.io.writes import (
     LINK,
     check_places,
     make_folder,
@@ -62,6 +60,8 @@ from sodaray.writes import (
     what_is_at,
     write_file,
 )
+from sodaray.results import JOB_FILE, META_DIR, RESULT_SCHEMA, VERSION_KEY, write_table_atomic
+from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
 

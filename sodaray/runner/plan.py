@@ -2,7 +2,7 @@
 its plan compares with the wall it took.
 
 Per job: its samples (by length), the most sample-steps it can take (every sample running its
-full budget at every length it may try), their FLOPs from the model's shape (`sodaray.cost`),
+full budget at every length it may try), their FLOPs from the model's shape (`sodaray.costs.flops`),
 and its time, priced as every plan prices (`experiment.estimate`: a GPU job by measured device
 costs, the H100's by default or a costs file's; a CPU job by a CPU costs file or a rate given or
 calibrated here). Searches stop a sample once it is found, so every estimate is an upper bound;
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sodaray.cost import ModelShape, lengths_tried, model_shape, shape_from_config
-from sodaray.device_costs import H100, DeviceCosts
+from sodaray.costs.devices import H100, DeviceCosts
+from sodaray.costs.flops import ModelShape, lengths_tried, model_shape, shape_from_config
 from sodaray.errors import first_line
 from sodaray.experiment.data import dataset_lengths
 from sodaray.experiment.estimate import (
@@ -117,7 +117,7 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
     model, as a failure per shard. One line naming the file, before any actor starts."""
     import pyarrow.compute as pc
 
-    from sodaray.data import read_dataset
+    from sodaray.data.store import read_dataset
     from sodaray.experiment.context import config_vocab
     from sodaray.experiment.spec import SweepError
 

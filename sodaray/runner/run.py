@@ -27,7 +27,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sodaray.cost import most_sample_steps
+from sodaray.costs.flops import most_sample_steps
 from sodaray.experiment.cluster import (
     Placement,
     check_address,
@@ -40,7 +40,8 @@ from sodaray.experiment.cluster import (
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.owner import REFRESH_SECONDS, describe_owner
 from sodaray.experiment.work import Finished, Kept, Progress, Unit, UnitProgress
-from sodaray.paths import inside
+from sodaray.io.paths import inside
+from sodaray.io.writes import remove_file, write_file
 from sodaray.results import write_table_atomic
 from sodaray.runner.layout import (
     JobPlan,
@@ -56,7 +57,6 @@ from sodaray.runner.layout import (
 )
 from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Job, Sweep
-from sodaray.writes import remove_file, write_file
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.api import ALGORITHMS
-from sodaray.configfile import read_document
+from sodaray.config.configfile import read_document
+from sodaray.config.families import Defaults
+from sodaray.config.fields import (
+    Fail,
+    check_grid,
+    check_positive,
+    coerce_scalars,
+    entries,
+    grid,
+    grid_size,
+    known_fields,
+)
+from sodaray.config.validation import AT_LEAST_1
 from sodaray.experiment.spec import (
     DatasetSpec,
     ModelSpec,
@@ -34,23 +46,11 @@ from sodaray.experiment.spec import (
     parse_objective,
     preset_base,
 )
-from sodaray.families import Defaults
-from sodaray.fields import (
-    Fail,
-    check_grid,
-    check_positive,
-    coerce_scalars,
-    entries,
-    grid,
-    grid_size,
-    known_fields,
-)
-from sodaray.objectives import Objective
-from sodaray.observations import observation
-from sodaray.paths import brief
+from sodaray.io.paths import brief
+from sodaray.objective.objectives import Objective
+from sodaray.objective.observations import observation
 from sodaray.results import config_hash
-from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1
+from sodaray.search.engine.base import SearchConfig
 
 __all__ = ["DatasetSpec", "Job", "ModelSpec", "Sweep", "SweepError", "load_sweep", "parse_sweep"]
 
@@ -267,7 +267,7 @@ def _short(value: Any) -> str:
 
 # ---- loading and validation -------------------------------------------------------------------
 MAX_JOBS = 100_000  # jobs one sweep may make: counted before any is built
-# The fields that name files, read from the sweep file's folder (`sodaray.paths.in_file`).
+# The fields that name files, read from the sweep file's folder (`sodaray.io.paths.in_file`).
 PATH_FIELDS = ("models.*.id", "models.*.preset_file", "datasets.*.path", "datasets.*.build.source")
 TOP_KEYS = {f.name for f in fields(Sweep)} - {"path", "assumed_lengths", "overrides"}
 ALGORITHM_KEYS = {f.name for f in fields(AlgorithmEntry)}
@@ -279,7 +279,7 @@ def load_sweep(
     """Read and validate a sweep file; every job it makes is checked before returning. `model`
     (`--model`) replaces every entry's model before the check, so a file whose own model path
     does not exist here (a relative path, another machine's folder) still runs on `model`.
-    `overrides` (`KEY=VALUE`, see `sodaray.configfile`) are applied to the file first."""
+    `overrides` (`KEY=VALUE`, see `sodaray.config.configfile`) are applied to the file first."""
     data, path = read_document(path, "sweep", SweepError, overrides, PATH_FIELDS)
     sweep = parse_sweep(data, path, model=model)
     sweep.overrides = list(overrides)

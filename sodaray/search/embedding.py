@@ -16,10 +16,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.scoring import context_embeds, objective_loss
+from sodaray.objective.scoring import context_embeds, objective_loss
 from sodaray.search.adam import adam_step
-from sodaray.search.base import SearchConfig, SlotEntry, StepOutcome, UniformBatch, keyed_generator
 from sodaray.search.denormals import flush_denormals
+from sodaray.search.engine.base import (
+    BatchSearch,
+    SearchConfig,
+    SlotEntry,
+    StepOutcome,
+    UniformBatch,
+    keyed_generator,
+)
 
 
 @dataclass
@@ -36,6 +43,9 @@ class EmbeddingConfig(SearchConfig):
 
     algorithm = "embedding"
     display_name = "Embedding search"
+
+    def batch_type(self) -> type[BatchSearch]:
+        return EmbeddingBatch
 
     def validate(self) -> None:
         super().validate()

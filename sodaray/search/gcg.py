@@ -20,16 +20,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sodaray.models import LoadedModel
-from sodaray.scoring import Layout, context_embeds, objective_loss
-from sodaray.search.base import (
+from sodaray.model.load import LoadedModel
+from sodaray.objective.scoring import Layout, context_embeds, objective_loss
+from sodaray.search.denormals import flush_denormals
+from sodaray.search.engine.base import (
+    BatchSearch,
     SearchConfig,
     SlotEntry,
     StepOutcome,
     UniformBatch,
     keyed_generator,
 )
-from sodaray.search.denormals import flush_denormals
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class GcgConfig(SearchConfig):
     algorithm = "gcg"
     display_name = "GCG"
     RENAMED: ClassVar[dict[str, str]] = {"top_k": "tokens_per_position"}
+
+    def batch_type(self) -> type[BatchSearch]:
+        return GcgBatch
 
     def validate(self) -> None:
         super().validate()

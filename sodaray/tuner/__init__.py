@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from sodaray._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `__all__`)
+    from sodaray.experiment.spec import TuningError  # noqa: F401
     from sodaray.tuner.run import TrialOutcome, TuneRun, run_tuning  # noqa: F401
-    from sodaray.tuner.spec import ParamSpace, TuningError, TuningSpec, load_tuning  # noqa: F401
+    from sodaray.tuner.spec import ParamSpace, TuningSpec, load_tuning  # noqa: F401
 
 _MODULES = {  # the module that defines each public name
     "sodaray.tuner.spec": ("ParamSpace", "TuningError", "TuningSpec", "load_tuning"),

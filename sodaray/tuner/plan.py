@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sodaray.cost import model_shape, shape_from_config
-from sodaray.device_costs import H100, DeviceCosts
+from sodaray.costs.devices import H100, DeviceCosts
+from sodaray.costs.flops import model_shape, shape_from_config
 from sodaray.experiment.data import dataset_lengths
 from sodaray.experiment.estimate import Totals, Workload, describe_tables, price, tables
 from sodaray.experiment.estimate import calibrate as calibrate_rate

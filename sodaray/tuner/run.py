@@ -24,17 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sodaray import stops
 from sodaray.errors import first_line
+from sodaray.experiment import stops
 from sodaray.experiment.cluster import check_address, check_wait, end_groups, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.owner import describe_owner
+from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
-from sodaray.paths import inside
+from sodaray.io.paths import inside
+from sodaray.io.writes import check_places, make_folder
 from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
-from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningError, TuningSpec
+from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningSpec
 from sodaray.tuner.study import (
     METRIC_LABELS,
     SIGNALS,
@@ -50,7 +52,6 @@ from sodaray.tuner.study import (
     trial_value,
     write_preset,
 )
-from sodaray.writes import check_places, make_folder
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import ALGORITHMS
-from sodaray.configfile import read_document
+from sodaray.config.configfile import read_document
+from sodaray.config.fields import coerce_scalars, known_fields
+from sodaray.config.presets import preset_params
+from sodaray.config.validation import AT_LEAST_1
 from sodaray.experiment.spec import (
     DatasetSpec,
     ModelSpec,
@@ -23,12 +26,9 @@ from sodaray.experiment.spec import (
     parse_model,
     parse_objective,
 )
-from sodaray.fields import coerce_scalars, known_fields
-from sodaray.objectives import Objective
-from sodaray.paths import in_file, local_path, looked_for
-from sodaray.presets import preset_params
-from sodaray.search.base import SearchConfig
-from sodaray.validation import AT_LEAST_1
+from sodaray.io.paths import in_file, local_path, looked_for
+from sodaray.objective.objectives import Objective
+from sodaray.search.engine.base import SearchConfig
 
 __all__ = ["ParamSpace", "TuningError", "TuningSpec", "load_tuning", "parse_tuning"]
 
@@ -189,7 +189,7 @@ class TuningSpec:
         """`start_from`'s values for the parameters in the space (those inside its ranges)."""
         if self.start_from is None:
             return {}
-        from sodaray.presets import PRESETS
+        from sodaray.config.presets import PRESETS
 
         named = self.start_from in PRESETS
         # A preset file by the rule for paths in files: read from the tuning file's folder.
@@ -214,7 +214,7 @@ class TuningSpec:
 
 
 TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
-# The fields that name files, read from the tuning file's folder (`sodaray.paths.in_file`).
+# The fields that name files, read from the tuning file's folder (`sodaray.io.paths.in_file`).
 PATH_FIELDS = ("model.id", "model.preset_file", "data.path", "data.build.source", "start_from")
 MAX_GRID = 100_000  # points the grid sampler may try: counted before any is made
 # Objective knobs a trial may vary: they change the loss, not the observed targets.
@@ -225,7 +225,8 @@ PARAM_KEYS = {"type", "low", "high", "log", "step", "choices"}
 
 def load_tuning(path: str | Path, overrides: list[str] | tuple = ()) -> TuningSpec:
     """Read and validate a tuning file (every parameter range is checked against the
-    algorithm's config); `overrides` (`KEY=VALUE`, see `sodaray.configfile`) applied first."""
+    algorithm's config); `overrides` (`KEY=VALUE`, see `sodaray.config.configfile`) applied
+    first."""
     return parse_tuning(*read_document(path, "tuning", TuningError, overrides, PATH_FIELDS))
 
 
@@ -279,7 +280,7 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         if points > MAX_GRID:
             raise fail("space", f"a grid of {points:,} points (at most {MAX_GRID:,})")
     if spec.start_from is not None:
-        from sodaray.presets import PRESETS
+        from sodaray.config.presets import PRESETS
 
         if spec.start_from not in PRESETS:
             try:

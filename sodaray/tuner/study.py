@@ -20,12 +20,10 @@ from typing import Any
 import yaml
 
 from sodaray.errors import first_line
-from sodaray.files import check_sqlite_url, parse_json, what_is
-from sodaray.objectives import PRESET_FIELDS, Objective
-from sodaray.paths import brief
-from sodaray.tuner.spec import TuningSpec
-from sodaray.waits import CHECK_SECONDS
-from sodaray.writes import (
+from sodaray.experiment.waits import CHECK_SECONDS
+from sodaray.io.files import check_sqlite_url, parse_json, what_is
+from sodaray.io.paths import brief
+from sodaray.io.writes import (
     LINK,
     UnsafeWrite,
     move_file,
@@ -34,6 +32,8 @@ from sodaray.writes import (
     what_is_at,
     write_file,
 )
+from sodaray.objective.objectives import PRESET_FIELDS, Objective
+from sodaray.tuner.spec import TuningSpec
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ def preset_content(path: str | None) -> dict[str, Any] | None:
     settings (None without a file)."""
     if path is None:
         return None
-    from sodaray.presets import load_preset_file, load_preset_objective
+    from sodaray.config.presets import load_preset_file, load_preset_objective
 
     return {"params": load_preset_file(path), "objective": load_preset_objective(path)}
 

@@ -17,11 +17,12 @@ from typing import Any
 from sodaray.experiment.cluster import check_address, check_wait
 from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import Failure, next_event
+from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Finished, Unit
-from sodaray.metrics import Proportion, proportion
+from sodaray.report.metrics import Proportion, proportion
 from sodaray.results import write_table_atomic
 from sodaray.tuner.run import study_folder, study_replicas
-from sodaray.tuner.spec import TuningError, TuningSpec
+from sodaray.tuner.spec import TuningSpec
 
 SIGNIFICANCE = 0.05  # McNemar's p below which the arms are said to differ
 VERDICT_FOLDER = "verdict"  # OUT/<name>/verdict/<arm>.parquet: each arm's result rows

@@ -15,9 +15,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sodaray.errors import first_line
-from sodaray.files import check_sqlite_url
-from sodaray.paths import component, inside
-from sodaray.waits import within
+from sodaray.experiment.waits import within
+from sodaray.io.files import check_sqlite_url
+from sodaray.io.paths import component, inside
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ RUN_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT
 
 def check_tracking(uri: str) -> None:
     """Import MLflow and reach the tracking URI before any work starts, within about
-    `CHECK_SECONDS` (`sodaray.waits`): a typo, an empty URI or a server that is down or never
+    `CHECK_SECONDS` (`sodaray.experiment.waits`): a typo, an empty URI or a server that is down or
+    never
     answers is one line now, not a failure (or a wait) after hours of trials."""
     if not uri.strip():
         raise ValueError(
@@ -213,7 +214,7 @@ def rate_curves(
     found nothing."""
     import numpy as np
 
-    from sodaray.metrics import solved_by_step
+    from sodaray.report.metrics import solved_by_step
 
     if len(rows) == 0 or max_steps < 1:
         return []

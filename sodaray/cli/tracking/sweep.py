@@ -73,7 +73,7 @@ def sweep_params(sweep: Any, options: dict[str, Any]) -> dict[str, str]:
 def log_job(client: Any, experiment: str, meta: Path, parent: str) -> dict[str, float]:
     """One job (its checked `job.json` in `meta`, its rows in the sweep's folder) as a child of
     the sweep's run. Returns its counts."""
-    from sodaray.paths import inside
+    from sodaray.io.paths import inside
     from sodaray.results import JOB_FILE, ResultsError, read_results
     from sodaray.runner.layout import job_status, read_job_file
 

@@ -1,0 +1,222 @@
+"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and this
+machine's CPU rates; what those FLOPs take on a device is `sodaray.costs.devices` (measured).
+
+A SODA sample-step is one forward pass over the sample's sequence (BOS if the model takes one,
+the n relaxed input positions, the observed outputs but the last, which is predicted and never
+fed) and one backward pass to the input only: the weights are frozen, so each product runs once
+more (input gradients, no weight gradients): 2x a forward's FLOPs. The forward holds the
+relaxed input's mixture of embeddings (an n x V by V x d product), the transformer blocks and
+the unembedding at the observed positions (m x d by d x V); the update runs over the n x V
+input parameters. The model's shape is read from its config (a local `config.json`, a loaded
+model's config, or the table of the paper's models below, so `sweep plan` works offline for
+them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sodaray.io.files import parse_json
+
+log = logging.getLogger(__name__)
+
+UPDATE_FLOPS_PER_PARAM = 30  # softmax, its backward and Adam over each of the n x V input logits
+GATED = {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral", "olmo"}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    width: int
+    vocab: int
+    mlp: int  # the MLP's inner width
+    gated: bool  # three MLP matrices (SwiGLU/GeGLU) instead of two
+    attention: int  # query heads x head width
+    kv: int  # key/value heads x head width
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of the transformer blocks (no embeddings, norms neglected)."""
+        attn = 2 * self.width * self.attention + 2 * self.width * self.kv
+        return self.layers * (attn + (3 if self.gated else 2) * self.width * self.mlp)
+
+    def forward_flops(self, length: int, outputs: int, bos: bool = True) -> float:
+        """FLOPs of one forward pass of a sample of input length `length`, `outputs` observed."""
+        tokens = length + max(outputs - 1, 0) + int(bos)  # the last output is never fed
+        return (
+            2 * self.block_params * tokens
+            + 4 * self.layers * tokens * tokens * self.attention  # scores and their mixing
+            + 2 * (length + outputs) * self.vocab * self.width  # input mixture, unembedding
+        )
+
+    def step_flops(self, length: int, outputs: int, bos: bool = True) -> float:
+        """FLOPs of one SODA sample-step: a forward, a backward to the input (as much again:
+        frozen weights get no gradient), and the update over the n x V input parameters."""
+        forward = self.forward_flops(length, outputs, bos)
+        return 2 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
+
+
+def lengths_tried(length: Any, max_length: int) -> int:
+    """The most lengths a sample is searched at: `length: auto` tries 1..`max_length`, shortest
+    first; a fixed or assumed length is one."""
+    return max_length if length == "auto" else 1
+
+
+def most_sample_steps(samples: int, search: Any, length: Any, max_length: int) -> int:
+    """The most sample-steps `samples` can take: each its whole step budget at every length it
+    may be searched at. Searches stop a sample once it is found, so this is an upper bound:
+    the one plans quote and progress bars count down from."""
+    return samples * search.step_budget() * lengths_tried(length, max_length)
+
+
+def sample_flops(
+    shape: ModelShape, length: int, outputs: int, bos: bool, candidates: int = 0
+) -> float:
+    """One sample-step at input length `length`: SODA's (and the embedding search's) gradient
+    step; GCG adds a forward pass per candidate (`candidates`). The learned inverter's single
+    step is counted as one of SODA's (its own model is small beside the target's)."""
+    return shape.step_flops(length, outputs, bos) + candidates * shape.forward_flops(
+        length, outputs, bos
+    )
+
+
+def shape_from_config(config: Any) -> ModelShape:
+    """A shape from a transformers config object or a config.json mapping (GPT-2, GPT-Neo,
+    Llama, Qwen, Gemma, Pythia field names)."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if get("text_config") is not None:  # multimodal wrappers keep the language model inside
+        return shape_from_config(get("text_config"))
+
+    def first(*keys: str) -> Any:
+        return next((get(k) for k in keys if get(k) is not None), None)
+
+    width = int(first("hidden_size", "n_embd", "d_model"))
+    heads = int(first("num_attention_heads", "n_head", "num_heads"))
+    head = int(first("head_dim") or width // heads)
+    kv_heads = int(first("num_key_value_heads") or heads)
+    mlp = first("intermediate_size", "n_inner", "ffn_dim")
+    return ModelShape(
+        layers=int(first("num_hidden_layers", "n_layer", "num_layers")),
+        width=width,
+        vocab=int(get("vocab_size")),
+        mlp=int(mlp) if mlp else 4 * width,
+        gated=str(get("model_type", "")) in GATED,
+        attention=heads * head,
+        kv=kv_heads * head,
+    )
+
+
+def _shape(layers, width, vocab, mlp, gated, heads, kv_heads, head) -> ModelShape:
+    return ModelShape(layers, width, vocab, mlp, gated, heads * head, kv_heads * head)
+
+
+# The paper's models, from their published configs: plans for them need no download.
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    "roneneldan/TinyStories-33M": _shape(4, 768, 50257, 3072, False, 16, 16, 48),
+    "openai-community/gpt2": _shape(12, 768, 50257, 3072, False, 12, 12, 64),
+    "openai-community/gpt2-medium": _shape(24, 1024, 50257, 4096, False, 16, 16, 64),
+    "openai-community/gpt2-large": _shape(36, 1280, 50257, 5120, False, 20, 20, 64),
+    "openai-community/gpt2-xl": _shape(48, 1600, 50257, 6400, False, 25, 25, 64),
+    "Qwen/Qwen2.5-0.5B": _shape(24, 896, 151936, 4864, True, 14, 2, 64),
+    "Qwen/Qwen2.5-3B": _shape(36, 2048, 151936, 11008, True, 16, 2, 128),
+    "EleutherAI/pythia-1.4b": _shape(24, 2048, 50304, 8192, False, 16, 16, 128),
+}
+
+
+def model_shape(model_id: str) -> ModelShape | None:
+    """The shape of a model named by hub id (the table above) or local folder (its config.json),
+    without loading weights; None when neither tells (a GGUF file, an unknown hub id)."""
+    if model_id in KNOWN_SHAPES:
+        return KNOWN_SHAPES[model_id]
+    config = Path(model_id).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            return shape_from_config(parse_json(config.read_text(encoding="utf-8"), str(config)))
+        except (ValueError, TypeError, KeyError) as exc:
+            log.info("no shape from %s: %s", config, exc)
+    return None
+
+
+# The least `--rate` a plan takes: one sample-step per million seconds (11.6 days). A model
+# slower than that runs no search anyone waits for; a rate below it (1e-300, a typo) made
+# estimates of hundreds of digits, or an overflow, instead of a time.
+MIN_RATE = 1e-6
+
+
+def check_rate(rate: float | None) -> None:
+    """A plan's `--rate` (`sweep plan`, `tune --dry-run`): sample-steps per second per replica,
+    finite and at least `MIN_RATE`; anything else is a ValueError naming `--rate`."""
+    import math
+
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"--rate must be a positive finite number, not {rate}")
+    if rate is not None and rate < MIN_RATE:
+        raise ValueError(
+            f"--rate {rate:g} is below {MIN_RATE:g} sample-steps per second (one per "
+            f"{1 / MIN_RATE / 86400:.1f} days): no estimate at that rate means anything"
+        )
+
+
+def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:
+    """This CPU's float32 matmul rate on `threads` threads: the 'peak' a CPU plan is checked
+    against (a large matmul is as close to peak as torch gets here)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b  # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        return 2 * size**3 * repeats / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_rate(
+    model: Any,
+    search: Any,
+    objective: Any,
+    length: int,
+    batch: int,
+    *,
+    steps: int,
+    threads: int | None = None,
+) -> float:
+    """Sample-steps per second of `search` on `model` here: random inputs of `length`, `batch`
+    at once, after a 2-step warm-up (first-call costs). `threads`: as a CPU replica gets them
+    (Ray gives a CPU actor num_cpus threads; all cores would overstate one actor)."""
+    from dataclasses import replace
+
+    import torch
+
+    from sodaray.api import invert
+    from sodaray.objective.targets import make_targets
+
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.vocab_size, (batch, length), generator=generator).tolist()
+    targets = make_targets(model, tokens, objective=objective)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        invert(model, targets, replace(search, max_steps=2))
+        start = time.perf_counter()
+        results = invert(model, targets, replace(search, max_steps=steps))
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+    done = sum(r.steps for r in results)
+    return done / seconds if seconds > 0 else float("inf")
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    hours = seconds / 3600
+    return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.1f} min"

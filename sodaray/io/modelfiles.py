@@ -1,0 +1,295 @@
+"""What a model's files must be before transformers reads them: a GGUF file whole (its header
+and the tensor data it describes within the file: an interrupted download is said to be one),
+safetensors and torch weight files readable, tokenizer files regular files that parse. Each check
+reads headers only and ends in one `ModelLoadError` line naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from sodaray.errors import first_line
+
+
+class ModelLoadError(ValueError):
+    """The model could not be loaded (unknown id, missing file, unsupported format)."""
+
+
+# GGUF value types (the format's `gguf_type`): the byte size of each fixed-size one; 8 is a
+# string (u64 length, then bytes), 9 an array (u32 element type, u64 count, then elements).
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged header
+_GGUF_CHECKED: dict[tuple[str, int, int], None] = {}
+
+
+class _Cut(Exception):
+    """The GGUF header runs past the end of the file."""
+
+
+def check_gguf_file(path: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:
+    """Refuse, in one `error` line naming `path`, a file that is not a whole GGUF model: one
+    without the GGUF magic bytes, one cut short (an interrupted download: the header, or the
+    tensor data it describes, runs past the file's end), or one whose header is damaged. Only
+    the header is read (a few MB at most for a 50K-token vocabulary), never the weights; the
+    loop is bounded by the file's size, as every count is checked against the bytes left.
+    A file that passed once is not read again while its size and time stamp stay the same.
+
+    Why: the GGUF readers transformers uses unpack the header with `struct` and numpy views,
+    and a cut file ended in a `struct.error` traceback or a numpy reshape error naming no
+    file."""
+    import mmap
+
+    p = Path(path).expanduser()
+    try:
+        info = p.stat()
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+    key = (str(p.resolve()), info.st_size, info.st_mtime_ns)
+    if key in _GGUF_CHECKED:
+        return
+    size = info.st_size
+    if size < 4:
+        raise error(f"{path}: {size} bytes, not a GGUF model file (empty or cut short)")
+    try:
+        with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data[:4] != b"GGUF":
+                raise error(
+                    f"{path}: not a GGUF model file (it does not start with the bytes GGUF)"
+                )
+            try:
+                end = _gguf_data_end(data, error, path)
+            except _Cut as exc:
+                raise error(
+                    f"{path}: GGUF file cut short ({size:,} bytes; its header runs past the "
+                    "end): damaged or an interrupted download"
+                ) from exc
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
+    if end > size:
+        raise error(
+            f"{path}: GGUF file truncated: its tensor data ends at byte {end:,} but the file "
+            f"has {size:,} bytes (damaged or an interrupted download)"
+        )
+    if len(_GGUF_CHECKED) > 64:
+        _GGUF_CHECKED.clear()
+    _GGUF_CHECKED[key] = None
+
+
+def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
+    """Where a GGUF file's tensor data ends, from its header in `data` (a buffer of the whole
+    file); `_Cut` when the header itself runs past the end, `error` when it is damaged."""
+    import struct
+
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError as exc:  # transformers needs it to read the file at all
+        raise error(
+            f"{path}: reading a GGUF file needs the gguf package (pip install gguf)"
+        ) from exc
+
+    size = len(data)
+    pos = 4
+    order = "<"  # little-endian, as nearly every GGUF file; a big-endian one's version says so
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        width = struct.calcsize(order + fmt)
+        if pos + width > size:
+            raise _Cut
+        value = struct.unpack_from(order + fmt, data, pos)
+        pos += width
+        return value[0] if len(value) == 1 else value
+
+    def skip(count: int, width: int) -> None:
+        nonlocal pos
+        if count * width > size - pos:
+            raise _Cut
+        pos += count * width
+
+    def skip_string() -> bytes:
+        nonlocal pos
+        length = take("Q")
+        if length > size - pos:
+            raise _Cut
+        pos += length
+        return bytes(data[pos - length : pos])
+
+    def skip_value(kind: int, depth: int = 0) -> Any:
+        if kind in _GGUF_SIZES:  # read as unsigned: only general.alignment's value is used
+            return take({1: "B", 2: "H", 4: "I", 8: "Q"}[_GGUF_SIZES[kind]])
+        if kind == _GGUF_STRING:
+            skip_string()
+            return None
+        if kind == _GGUF_ARRAY and depth < 4:
+            inner, count = take("I"), take("Q")
+            if inner in _GGUF_SIZES:
+                skip(count, _GGUF_SIZES[inner])
+            else:
+                if count > size - pos:  # each element takes at least a byte
+                    raise _Cut
+                for _ in range(count):
+                    skip_value(inner, depth + 1)
+            return None
+        raise error(f"{path}: damaged GGUF header (value type {kind} at byte {pos:,})")
+
+    version = take("I")
+    if version not in (2, 3) and int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
+        order, pos = ">", 4
+        version = take("I")
+    if version not in (2, 3):
+        raise error(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    tensors, fields = take("Q"), take("Q")
+    if tensors > size or fields > size:  # each takes more than a byte of header
+        raise _Cut
+    alignment = 32
+    for _ in range(fields):
+        name = skip_string()
+        kind = take("I")
+        value = skip_value(kind)
+        if name == b"general.alignment" and isinstance(value, int) and value > 0:
+            alignment = value
+    end = 0
+    for _ in range(tensors):
+        skip_string()
+        dims = take("I")
+        if dims > _GGUF_MAX_DIMS:
+            raise error(f"{path}: damaged GGUF header ({dims} dimensions in a tensor)")
+        shape = [take("Q") for _ in range(dims)]
+        kind, offset = take("I"), take("Q")
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError) as exc:
+            raise error(f"{path}: damaged GGUF header (tensor type {kind})") from exc
+        count = math.prod(shape)
+        end = max(end, offset + count // block * block_bytes)
+    start = -(-pos // alignment) * alignment
+    return start + end
+
+
+def check_weight_files(folder: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:
+    """Refuse, in one `error` line naming the file, a `*.safetensors` file directly in a local
+    model `folder` whose header is damaged or that is cut short (its header describes more
+    data than the file holds): only each header is read, never the tensors. A hub id or a
+    folder without safetensors files is left to the loader."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return
+    _check_bin_files(root, error)
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:  # transformers reads .bin files without it
+        return
+    for file in sorted(root.glob("*.safetensors")):
+        if not file.is_file():
+            continue
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise error(
+                f"cannot load model {file}: not a readable safetensors file ({first_line(exc)}): "
+                "damaged or an interrupted download"
+            ) from exc
+
+
+def _check_bin_files(root: Path, error: type[Exception]) -> None:
+    """A `*.bin` weight file in torch's zip format whose zip directory cannot be read (it sits
+    at the end, so a cut download loses it): one `error` line naming the file, where torch
+    would raise a RuntimeError from its zip reader. Only the directory is read."""
+    import zipfile
+
+    for file in sorted(root.glob("*.bin")):
+        if not file.is_file():
+            continue
+        try:
+            with file.open("rb") as f:
+                if f.read(4) != b"PK\x03\x04":  # torch's older format: left to the loader
+                    continue
+            with zipfile.ZipFile(file):
+                pass
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise error(
+                f"cannot load model {file}: not a readable torch weight file "
+                f"({first_line(exc)}): damaged or an interrupted download"
+            ) from exc
+
+
+def weight_file_errors() -> tuple[type[BaseException], ...]:
+    """What a corrupt or truncated weight file raises (safetensors' own error type)."""
+    try:
+        from safetensors import SafetensorError
+
+        return (SafetensorError,)
+    except ImportError:
+        return ()
+
+
+
+
+# A tokenizer's JSON files, in the order a damaged one is looked for.
+TOKENIZER_JSON = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "added_tokens.json",
+)
+
+
+TOKENIZER_FILES = (*TOKENIZER_JSON, "tokenizer.model", "spiece.model", "merges.txt", "vocab.txt")
+
+
+def check_tokenizer_files(
+    folder: str | os.PathLike, error: type[Exception] = ModelLoadError
+) -> None:
+    """A tokenizer file in a local model `folder` that is there but is not a regular file (a
+    FIFO, whose read would block; a directory; a dangling link), refused in one `error` line
+    naming it before anything reads it."""
+    from sodaray.io.files import what_is
+
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return
+    for name in TOKENIZER_FILES:
+        path = root / name
+        if not os.path.lexists(path):
+            continue
+        kind = what_is(path)
+        if kind != "a regular file":
+            raise error(
+                f"cannot load the tokenizer: {path} is {kind or 'a dangling link'}, not a "
+                "tokenizer file"
+            )
+
+
+def damaged_tokenizer_file(folder: str | os.PathLike) -> str | None:
+    """Which of a local model folder's tokenizer files is damaged, as "PATH: why" (one of
+    `TOKENIZER_FILES` there that is not a regular file, else the first of `TOKENIZER_JSON`
+    that is not a JSON object), or None: a hub id, a folder without
+    tokenizer files, or one whose JSON files all parse (a loader's complaint is then about
+    something else). Read within the configuration files' size limit."""
+    from sodaray.io.files import parse_json, read_config
+
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return None
+    try:
+        check_tokenizer_files(root, ValueError)
+    except ValueError as exc:
+        return str(exc).removeprefix("cannot load the tokenizer: ")
+    for name in TOKENIZER_JSON:
+        path = root / name
+        if not path.is_file():
+            continue
+        try:
+            data = parse_json(read_config(path, "tokenizer file", limit=64 << 20), str(path))
+        except ValueError as exc:
+            text = first_line(exc)
+            return text if str(path) in text else f"{path}: {text}"
+        if not isinstance(data, dict):
+            return f"{path}: not a JSON object"
+    return None

@@ -1,0 +1,143 @@
+"""What an auditor observed and how a candidate is scored against it: the `Objective` settings.
+
+Two observations are supported, as in the paper:
+- `logits`: the target's logits at the last input position, all of them or the top-k (values
+  and indices), optionally at `output_tokens` positions, with the target's own greedy
+  continuation as fixed context after the input;
+- `text`: the target's greedy continuation of `output_tokens` tokens (paper Eq. 5).
+An optional fluency penalty (paper Eq. 6) adds the candidate's mean negative log-likelihood.
+
+Settings only, and a leaf of the package: each kind's recording, loss and check live in
+`sodaray.objective.observations`; scoring a batch of candidates in `sodaray.objective.scoring`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+ObjectiveKind = Literal["logits", "text"]
+KINDS: tuple[str, ...] = ("logits", "text")
+LossKind = Literal["huber", "mse"]
+# Text objective: "logprob" is the authors' code, mean over output positions of
+# max log-prob - log-prob of the observed token (clamped at 1e-12); "prob" is the paper's Eq. 5,
+# the sum of probability differences. The default is the form that found more on held-out
+# validation inputs (benchmarks/RESULTS.md, issue 13).
+TextLoss = Literal["logprob", "prob"]
+TEXT_LOSSES: tuple[str, ...] = ("logprob", "prob")
+# Fluency penalty: "argmax" is the paper's Eq. 6 and the authors' code, the NLL of the relaxed
+# input's argmax tokens (gradient through the model's predictions only); "relaxed" is the
+# cross-entropy between each relaxed one-hot and the model's prediction.
+FluencyForm = Literal["argmax", "relaxed"]
+FLUENCY_FORMS: tuple[str, ...] = ("argmax", "relaxed")
+# Where observed logits are compared: as the model emits them, with each position's mean over
+# the vocabulary subtracted (TransformerLens' `center_unembed`, which the authors' code loads
+# with), or as log-probabilities (what APIs and llama.cpp show). One place defines each: see
+# `observations.observed_in_space` and `observations.predicted_in_space`.
+ObservationSpace = Literal["raw", "centred", "logprobs"]
+SPACES: tuple[str, ...] = ("raw", "centred", "logprobs")
+# How a match in centred or log-probability space is confirmed: in that space alone (the
+# authors' code), or also against the raw logits where they are known ("both"): a
+# near-collision can fall inside the tolerance in one space and outside it in the other, and a
+# true input reproduces the raw logits bit for bit, so it passes both. The default is the one
+# that turned down every false find on held-out inputs (benchmarks/RESULTS.md, issue 38).
+Confirm = Literal["space", "both"]
+CONFIRMS: tuple[str, ...] = ("space", "both")
+# The fields that say how a candidate is compared, which a preset file may carry beside SODA's
+# knobs (`sodaray.config.presets`): a setting tuned or chosen for a model. What is observed (kind,
+# top_k, output_tokens) and when a candidate counts as found (atol, rtol) stay the caller's.
+PRESET_FIELDS: tuple[str, ...] = ("space", "loss", "huber_delta", "fluency_weight")
+HUBER_DELTA = 1.0  # `huber_delta`'s default (read by `loss: huber` alone)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How a candidate is scored and when it counts as found.
+
+    `top_k=None` observes all logits. `space` is where logits are compared, by the loss and by
+    the match check alike: `raw`, `centred` (minus each position's mean; over the k observed
+    values for top-k) or `logprobs` (log-softmax over the whole vocabulary). `confirm="both"`
+    also holds a match in centred or log-probability space to the raw logits wherever the
+    targets know them (targets sodaray recorded from known inputs: a file's logits may carry an
+    offset, and are checked in their space); `"space"` checks in the space alone. `atol`/`rtol`
+    default to the paper's tolerance for the model's size (1e-4 under 100M parameters, 1e-3
+    above) when left as None.
+    """
+
+    kind: ObjectiveKind = "logits"
+    top_k: int | None = None
+    space: ObservationSpace = "raw"
+    output_tokens: int = 1
+    loss: LossKind = "huber"
+    huber_delta: float = HUBER_DELTA
+    fluency_weight: float = 0.0
+    text_loss: TextLoss = "logprob"
+    fluency_form: FluencyForm = "argmax"
+    confirm: Confirm = "both"
+    atol: float | None = None
+    rtol: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            kinds = " or ".join(repr(k) for k in KINDS)
+            raise ValueError(f"objective must be {kinds}, not {self.kind!r}")
+        if self.loss not in ("huber", "mse"):
+            raise ValueError(f"loss must be 'huber' or 'mse', not {self.loss!r}")
+        if self.output_tokens < 1:
+            raise ValueError(f"output_tokens must be at least 1, not {self.output_tokens}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be at least 1, not {self.top_k}")
+        if self.space not in SPACES:
+            raise ValueError(f"space must be one of {', '.join(SPACES)}, not {self.space!r}")
+        if self.kind == "text" and self.top_k is not None:
+            raise ValueError("top_k applies to the logits objective only")
+        if self.kind == "text" and self.space != "raw":
+            raise ValueError("space applies to the logits objective only (text: leave it raw)")
+        if self.kind == "logits" and self.space == "centred" and self.top_k == 1:
+            raise ValueError(
+                "centred top-1 logits are always 0: observe top_k >= 2 or another space"
+            )
+        if self.huber_delta <= 0:
+            raise ValueError("huber_delta must be positive")
+        if self.fluency_weight < 0:
+            raise ValueError("fluency_weight must be non-negative")
+        if self.text_loss not in TEXT_LOSSES:
+            raise ValueError(f"text_loss must be logprob or prob, not {self.text_loss!r}")
+        if self.fluency_form not in FLUENCY_FORMS:
+            raise ValueError(f"fluency_form must be argmax or relaxed, not {self.fluency_form!r}")
+        if self.confirm not in CONFIRMS:
+            raise ValueError(f"confirm must be space or both, not {self.confirm!r}")
+
+    @property
+    def confirm_applies(self) -> bool:
+        """Whether `confirm` plays a part: logits compared in a space other than raw."""
+        return self.kind == "logits" and self.space != "raw"
+
+    @property
+    def confirms_raw(self) -> bool:
+        """Whether a match is also held to the raw logits (where the targets know them)."""
+        return self.confirm_applies and self.confirm == "both"
+
+    def identity(self) -> dict[str, object]:
+        """The settings that decide a job's results, for its hash: every field, but `confirm`
+        only where it changes the check (raw logits and text have one space), so a job whose
+        check is unchanged keeps the hash it had before the field existed; and `huber_delta`
+        as its default under `loss: mse`, which never reads it (a tuning space that samples
+        both, or a preset's delta under an entry's mse, makes no other job)."""
+        return dict(self._identity)  # a copy: the caller's to change
+
+    @functools.cached_property  # frozen, and shared by a sweep's jobs: made once
+    def _identity(self) -> dict[str, object]:
+        fields = asdict(self)
+        if not self.confirms_raw:
+            del fields["confirm"]
+        if self.loss == "mse":  # the default, not dropped: an mse job keeps its older hash
+            fields["huber_delta"] = HUBER_DELTA
+        return fields
+
+    def shape(self) -> tuple[str, int | None, str, int]:
+        """What decides the shape of the observed rows and how a match is checked: candidates
+        whose objectives differ only in the loss (huber or mse, its delta, the fluency weight
+        and form, the text loss) can share one batch."""
+        return (self.kind, self.top_k, self.space, self.output_tokens)

@@ -1,0 +1,65 @@
+"""What a transformer pass costs beyond its positions, measured: the scheduler's input for
+splitting a step into passes (`sodaray.search.engine.scheduler.plan_passes`).
+
+A pass pads every sequence in it to the longest, so it costs about `overhead + slots x width`
+sequence positions, where `overhead` is what a pass costs beyond its positions (kernel launches,
+Python dispatch), expressed in positions. The split is free to change from step to step because
+it changes no result: with the model's width-invariant attention (`sodaray.model.attention`), a
+search's arithmetic does not depend on the width of its pass or on its neighbours.
+
+`pass_overhead` measures the overhead once per model on its device: two forward passes of
+different sizes, a straight line through them. On a 2-core CPU, stories260K's is about a hundred
+positions (a pass is mostly dispatch), a 0.5B model's a few; on a GPU below its compute limit it
+is in the thousands, so one pass takes everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+import numpy as np
+import torch
+
+from sodaray.model.load import LoadedModel
+
+log = logging.getLogger(__name__)
+
+MAX_OVERHEAD = 1e6  # positions: a pass costs nothing next to padding (one pass for all)
+_OVERHEAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pass_overhead(model: LoadedModel) -> float:
+    """What a transformer pass costs beyond its positions, in positions (measured once per
+    model; a slope that noise made flat or negative counts as no per-position cost)."""
+    key = model.model
+    if key not in _OVERHEAD:
+        small, large = _forward_seconds(model, 1), _forward_seconds(model, 6)
+        # pad_rows adds an item (and more up to `invariant_rows` rows): 2 and 7 items of 8.
+        per_position = (large - small) / (7 * 8 - 2 * 8)
+        if per_position <= 0:
+            overhead = MAX_OVERHEAD
+        else:
+            overhead = float(np.clip(small / per_position - 2 * 8, 0.0, MAX_OVERHEAD))
+        _OVERHEAD[key] = overhead
+        log.info("%s: a pass costs %.0f positions beyond its own", model.name, overhead)
+    return _OVERHEAD[key]
+
+
+def _forward_seconds(model: LoadedModel, batch: int, width: int = 8, repeats: int = 2) -> float:
+    x = torch.zeros(batch, width, model.width, device=model.device, dtype=model.dtype)
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats + 1):  # the first warms up
+            _sync(model.device)
+            start = time.perf_counter()
+            model.hidden(x)
+            _sync(model.device)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

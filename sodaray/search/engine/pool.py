@@ -1,0 +1,217 @@
+"""One batch of an engine's searches and the queue of those waiting for it: who sits in which
+slot, how many steps each has taken, and what ends them (a find, the step budget, the clock,
+a cancel). A batch that reports its steps late (`lag`, SODA's 2: its status reaches the host
+while the next step runs, its tokens' screen while the one after runs) is read here at the step
+its outcome is of."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.model.load import LoadedModel
+from sodaray.search.engine.base import BatchSearch, SlotEntry
+from sodaray.search.engine.scan import position_scan
+from sodaray.search.engine.slots import apply_plan, removal_plan
+from sodaray.search.engine.work import Work
+
+
+class Owner(Protocol):
+    """What a pool asks of the engine that owns it (`sodaray.search.engine.loop.Engine`)."""
+
+    model: LoadedModel
+
+    def settled(self, slot_steps: int) -> None: ...
+
+    def settle(self, work: Work) -> None: ...
+
+    def finished(
+        self,
+        work: Work,
+        row: int,
+        stage: int,
+        tokens: list[int],
+        found: bool,
+        loss: float,
+        steps: int,
+        seconds: float,
+    ) -> None: ...
+
+
+class Pool:
+    """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
+
+    def __init__(self, engine: Owner, family: str, batch: BatchSearch) -> None:
+        self.engine, self.family, self.batch = engine, family, batch
+        self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
+        self.works: list[Work] = []  # per slot
+        # When the last `lag` steps were launched (the oldest first): an outcome's time.
+        self.clocks: deque[float] = deque([time.perf_counter()])
+        self.slot = {
+            name: np.zeros(0, dtype=kind)
+            for name, kind in (
+                ("row", np.int64),
+                ("stage", np.int64),
+                ("steps", np.int64),  # steps run
+                ("settled", np.int64),  # steps whose outcome was read (a `lag` behind)
+                ("base", np.int64),  # steps taken at earlier lengths
+                ("max_steps", np.int64),
+                ("started", np.float64),
+                ("deadline", np.float64),
+                ("mark", np.int64),  # its work's next checkpoint step (`Work.marks`)
+            )
+        }
+
+    def __len__(self) -> int:
+        return len(self.works)
+
+    def head(self) -> int | None:
+        """The arrival number of the next target to enter (None: nothing waits)."""
+        while self.queue and self.queue[0][1].cancelled:
+            self.queue.popleft()[1]._queued -= 1
+        return self.queue[0][0] if self.queue else None
+
+    def admit(self, count: int) -> None:
+        """Move the next `count` waiting targets into the batch."""
+        joined = []
+        while len(joined) < count and self.head() is not None:
+            _, work, row, stage = self.queue.popleft()
+            work._queued -= 1
+            joined.append((work, row, stage))
+        if not joined:
+            return
+        self.batch.add(
+            [SlotEntry(w.targets, row, w.plans[row][stage], w.config) for w, row, stage in joined]
+        )
+        now = time.perf_counter()
+        add: dict[str, list[Any]] = {name: [] for name in self.slot}
+        for work, row, stage in joined:
+            work._active += 1
+            self.works.append(work)
+            limit = work.config.max_seconds
+            base = work._partial.get(row, (0, 0.0, []))[0]
+            for name, value in (
+                ("row", row),
+                ("stage", stage),
+                ("steps", 0),
+                ("settled", 0),
+                ("base", base),
+                ("max_steps", work.config.step_budget()),
+                ("started", now),
+                ("deadline", np.inf if limit is None else now + limit),
+                ("mark", _next_mark(work, base)),
+            ):
+                add[name].append(value)
+        for name, values in add.items():
+            column = np.asarray(values, self.slot[name].dtype)
+            self.slot[name] = np.concatenate([self.slot[name], column])
+
+    def step(self) -> tuple[int, int] | None:
+        """One step of every slot; finished searches leave. Returns the positions the forward
+        pass computed and those the searches' own sequences hold (None: no slot)."""
+        count = len(self.works)
+        if not count:
+            return None
+        s = self.slot
+        out = self.batch.step(s["steps"] + 1)
+        s["steps"] += 1
+        # The outcome's step: this one, or `lag` before where the batch reports late (a search
+        # that ended there took the steps since too; their results are dropped).
+        settled = np.ones(count, dtype=bool) if out.settled is None else out.settled
+        lag = self.batch.lag
+        self.engine.settled(int(settled.sum()))  # a search's every step, but a lag's last
+        s["settled"] = np.where(settled, s["steps"] - lag, s["settled"])
+        # The outcome's time: when its step was launched (`lag` calls ago, where it lags).
+        now = self.clocks[0] if lag else time.perf_counter()
+        self.clocks.append(time.perf_counter())
+        while len(self.clocks) > max(lag, 1):
+            self.clocks.popleft()
+        cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
+        marked = np.flatnonzero(settled & (s["base"] + s["settled"] == s["mark"]) & ~cancelled)
+        if len(marked):
+            self.mark(marked, out)
+        ended = out.found | (s["settled"] >= s["max_steps"]) | (now >= s["deadline"])
+        done = (settled & ended) | cancelled
+        if done.any():
+            self.finish(np.flatnonzero(done), cancelled, out, now)
+        return out.positions, out.useful
+
+    def mark(self, slots: np.ndarray, out: Any) -> None:
+        """`slots` are at a checkpoint of their works: keep their loss and candidate there."""
+        s = self.slot
+        tokens = self.batch.candidates(slots)
+        for slot, loss, candidate in zip(slots, _losses(out, slots), tokens, strict=True):
+            work, total = self.works[slot], int(s["base"][slot] + s["settled"][slot])
+            index = work.checkpoints.index(total)
+            work.marks.setdefault(index, {})[int(s["row"][slot])] = (float(loss), candidate)
+            s["mark"][slot] = _next_mark(work, total)
+
+    def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
+        """Deliver what `slots` found (cancelled ones aside) and remove them."""
+        s, count = self.slot, len(self.works)
+        for slot in slots[cancelled[slots]]:  # the steps a cancel stopped, for its work's count
+            self.works[slot].dropped_steps += int(s["settled"][slot])
+        live = slots[~cancelled[slots]]
+        if len(live):
+            tokens = self.batch.candidates(live)
+            losses = _losses(out, live)
+            for j, slot in enumerate(live):
+                work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
+                seconds = now - float(s["started"][slot])
+                spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
+                if not found and spent and work.config.scans_positions():
+                    began = time.perf_counter()
+                    hit = position_scan(self.engine.model, work.targets, row, tokens[j])
+                    found, tokens[j] = hit is not None, tokens[j] if hit is None else hit
+                    seconds += time.perf_counter() - began
+                self.engine.finished(
+                    work,
+                    row,
+                    int(s["stage"][slot]),
+                    tokens[j],
+                    found,
+                    float(losses[j]),
+                    int(s["settled"][slot]),
+                    seconds,
+                )
+        left, holes, movers = removal_plan(count, slots)
+        self.batch.remove(left, holes, movers)
+        gone = [self.works[i] for i in slots]
+        for name in s:
+            s[name] = apply_plan(s[name], left, holes, movers)
+        for i, j in zip(holes, movers, strict=True):
+            self.works[i] = self.works[j]
+        del self.works[left:]
+        for work in gone:
+            work._active -= 1
+            self.engine.settle(work)
+
+    def progress(self) -> dict[int, int]:
+        """Each work's least steps over its running targets (earlier lengths included)."""
+        out: dict[int, int] = {}
+        total = self.slot["base"] + self.slot["settled"]
+        for work, steps in zip(self.works, total, strict=True):
+            key = id(work)
+            out[key] = min(out.get(key, int(steps)), int(steps))
+        return out
+
+
+def _losses(out: Any, slots: np.ndarray) -> np.ndarray:
+    """A step outcome's loss for `slots`, on the host (read from the device for these only)."""
+    if isinstance(out.loss, Tensor):
+        loss = out.loss.detach()[torch.as_tensor(slots, device=out.loss.device)]
+        return loss.float().cpu().numpy()
+    return out.loss[slots]  # on the host already, or read from there for these slots only
+
+
+NO_MARK = np.iinfo(np.int64).max
+
+
+def _next_mark(work: Work, steps: int) -> int:
+    """The first of `work`'s checkpoint steps past `steps` (NO_MARK: none)."""
+    return next((c for c in work.checkpoints if c > steps), NO_MARK)

@@ -1,0 +1,179 @@
+"""The scheduler: what one replica runs next, as a plan. The engine and its batches only carry
+plans out.
+
+Pure: what waits, what runs and what the device costs go in; which searches enter, how many
+slots a batch holds, and its transformer passes (their slots and the shapes they run at) come
+out, under a named policy. Nothing here touches torch or Ray, so every decision is a function
+a test can call (`tests/test_scheduler.py`). Placing replicas on machines is Ray's; picking the
+replica that takes the next unit is `pick_replica`.
+
+Policies (`POLICIES`):
+- "exact" (the default, on every device): each pass runs at its own shape. A pass pads its
+  sequences to its longest and costs a fixed overhead besides (dispatch, kernel launches,
+  reading the weights), so the slots are split where the padding would cost more than another
+  pass (`plan_passes`, dynamic programming over the distinct lengths).
+- "static" (opt in): every pass runs at one of a few shapes, its batch rounded up to a
+  power of two (from `MIN_BATCH`) and its input width to a power of two up to `WIDTH_STEP`, then
+  a multiple of it (`static_width`), so that a
+  step's kernels are the same from step to step and can be built once per shape and replayed.
+  The padding slots and positions are zeros whose results are dropped. Wherever the exact path
+  is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
+  results are bit for bit those of "exact".
+
+Static shapes pay for themselves only where a step is captured once per shape and replayed
+(`sodaray.search.engine.executor`: the "graph" executor on CUDA brings this policy with it).
+Elsewhere
+they are padding. When static widths were multiples of 16, the engine's Qwen2.5-0.5B-shape step
+on an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the
+288 ms issue 41 measured there before static shapes existed; on a CPU, 2.0-3.0x the exact step.
+With today's widths (3 -> 4) the CPU step still took 1.10-1.34x (benchmarks/RESULTS.md, issue 41
+on an H100). So "exact" is the default wherever nothing is captured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+POLICIES = ("exact", "static")
+DEFAULT_POLICY = "exact"  # under the eager executor; see the module docstring
+MIN_BATCH = 8  # the smallest static batch: smaller ones would each be a shape of their own
+WIDTH_STEP = 16  # static widths above it: its multiples (the attention's block, see attention)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One transformer pass: its slots (indices into the batch), and the batch size and input
+    width it runs at (at least `len(slots)` and the slots' longest input)."""
+
+    slots: np.ndarray
+    batch: int
+    width: int
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """A policy and what it knows of the device: `overhead`, what a pass costs beyond its
+    positions, in positions (measured per model, `passes.pass_overhead`); `mix`, whether inputs
+    of different lengths may share a pass (the model's relaxed pass is width-invariant)."""
+
+    policy: str = "exact"
+    overhead: float = 0.0
+    mix: bool = True
+
+    def __post_init__(self) -> None:
+        resolve_policy(self.policy)
+
+    def passes(self, lengths: np.ndarray, fixed: int) -> list[PassPlan]:
+        """The passes of one step: slot b has `lengths[b]` input tokens and `fixed` other
+        positions (prefix, observed continuation)."""
+        plans = []
+        for slots in plan_passes(lengths, fixed, self.overhead, self.mix):
+            longest = int(lengths[slots].max())
+            batch, width = len(slots), longest
+            if self.policy == "static":
+                batch = static_batch(batch)
+                # Wider inputs only where the extra positions change no bit (the attention
+                # is width-invariant); otherwise a pass keeps its own width.
+                width = static_width(longest) if self.mix else longest
+            plans.append(PassPlan(slots, batch, width))
+        return plans
+
+
+def resolve_policy(policy: str | None) -> str:
+    """The policy a caller asked for (None: `DEFAULT_POLICY`), or a one-line error naming the
+    known ones."""
+    policy = policy or DEFAULT_POLICY
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    return policy
+
+
+def static_batch(count: int) -> int:
+    """The static batch a pass of `count` slots runs at: the next power of two from MIN_BATCH."""
+    return max(MIN_BATCH, 1 << max(count - 1, 0).bit_length())
+
+
+def static_rows(count: int) -> int:
+    """The rows a captured step runs over for `count` live rows (a slot of length n has n):
+    rounded up to one of eight sizes per power of two, so a bucket wastes at most an eighth of
+    the (rows, V) state's arithmetic while a batch's rows come and go, and a handful of buckets
+    (a capture each) covers a run."""
+    if count <= MIN_BATCH:
+        return MIN_BATCH
+    step = 1 << max(count.bit_length() - 4, 0)
+    return -(-count // step) * step
+
+
+def static_width(longest: int) -> int:
+    """The static input width of a pass whose longest input is `longest`: a power of two up to
+    WIDTH_STEP, then a multiple of it. Short inputs are the common case (lengths 1-3 in the
+    paper's tables) and widths of 16 alone cost 2-3x at n=3 (RESULTS.md); a power of two at
+    most doubles a pass's width, and the attention pads to its block either way."""
+    if longest <= WIDTH_STEP:
+        return 1 << max(longest - 1, 0).bit_length()
+    return -(-longest // WIDTH_STEP) * WIDTH_STEP
+
+
+def plan_passes(
+    lengths: np.ndarray, fixed: int, overhead: float, mix: bool = True
+) -> list[np.ndarray]:
+    """Slot indices grouped into passes: slot b has `lengths[b]` input tokens and `fixed` other
+    positions. A pass costs `overhead + slots x (fixed + its longest length)`; the split of the
+    length-sorted slots that costs least, each pass a run of the distinct lengths; with `mix`
+    False, exactly one length a pass."""
+    distinct, inverse, counts = np.unique(lengths, return_inverse=True, return_counts=True)
+    k = len(distinct)
+    if k <= 1:
+        return [np.arange(len(lengths))] if len(lengths) else []
+    if not mix:
+        bounds = list(range(k + 1))
+    else:
+        before = np.concatenate([[0], np.cumsum(counts)])
+        best = np.full(k + 1, np.inf)
+        best[0] = 0.0
+        cut = np.zeros(k + 1, dtype=np.int64)
+        for j in range(1, k + 1):
+            width = fixed + int(distinct[j - 1])
+            for i in range(j):
+                cost = best[i] + overhead + (before[j] - before[i]) * width
+                if cost < best[j]:
+                    best[j], cut[j] = cost, i
+        bounds = [k]
+        while bounds[-1] > 0:
+            bounds.append(int(cut[bounds[-1]]))
+        bounds.reverse()
+    return [
+        np.flatnonzero((inverse >= lo) & (inverse < hi))
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
+def admit(free: int, heads: Sequence[Sequence[int]]) -> list[int]:
+    """How many waiting searches each pool of a family takes: `free` slots go to the waiting
+    searches in the order they arrived, whichever pool (config, length) they wait in.
+    `heads[i]` are pool i's first waiting arrival numbers, in order (at least `free` of them,
+    or all it has)."""
+    taken = [0] * len(heads)
+    while free > 0:
+        waiting = [(h[taken[i]], i) for i, h in enumerate(heads) if taken[i] < len(h)]
+        if not waiting:
+            break
+        _, i = min(waiting)
+        taken[i] += 1
+        free -= 1
+    return taken
+
+
+def capacity(asked: Sequence[int]) -> int:
+    """The slots a family's batches share: the largest batch any of its works asked for (each
+    work's own batch is checked against the device's memory when it is submitted)."""
+    return max(asked, default=0)
+
+
+def pick_replica(loads: Mapping[int, int]) -> int | None:
+    """The replica that takes the next unit: the least loaded (samples in flight) of those with
+    room, the lowest index on a tie; None when none has room."""
+    return min(loads, key=lambda i: (loads[i], i)) if loads else None

@@ -1,0 +1,75 @@
+"""What callers hand the engine (`Work`: targets, a config, the lengths to try, callbacks) and
+what it counts of its batches' fill (`Occupancy`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sodaray.objective.targets import TargetSet
+from sodaray.search.engine.base import InversionResult, SearchConfig
+
+
+@dataclass(eq=False)
+class Work:
+    """Targets to invert with one config. `plans[row]` lists the lengths to search target `row`
+    at, in order (the next is tried when one ends unfound). `on_result(row, result)` runs as
+    each target finishes; `on_checkpoint(index, step)` once every target has finished or taken
+    `checkpoints[index]` steps; `on_done()` once every target has finished (or the work was
+    cancelled, or failed: see `error`). At each checkpoint the engine keeps, for every target
+    still searching then, its loss and candidate at exactly that step (`marks`): what a
+    tuner's early value is made of, the same whatever else shared the batch."""
+
+    targets: TargetSet
+    config: SearchConfig
+    plans: list[Sequence[int]]
+    on_result: Callable[[int, InversionResult], None] | None = None
+    checkpoints: tuple[int, ...] = ()
+    on_checkpoint: Callable[[int, int], None] | None = None
+    on_done: Callable[[], None] | None = None
+    # Kept by the engine:
+    results: dict[int, InversionResult] = field(default_factory=dict)
+    cancelled: bool = False
+    error: BaseException | None = None
+    reported: int = 0  # checkpoints reported so far
+    # checkpoint index -> row -> (loss, candidate tokens) at that step, for targets running then
+    marks: dict[int, dict[int, tuple[float, list[int]]]] = field(default_factory=dict)
+    dropped_steps: int = 0  # steps of targets cancelled mid-search
+    _partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
+    _queued: int = 0
+    _active: int = 0
+    _finished: bool = False
+
+    def sample_steps(self) -> int:
+        """The steps its targets have taken so far: finished ones', those between two lengths,
+        and those a cancel stopped (running slots' steps aside: read this once it is done)."""
+        return (
+            sum(r.steps for r in self.results.values())
+            + sum(steps for steps, _, _ in self._partial.values())
+            + self.dropped_steps
+        )
+
+    def ordered(self) -> list[InversionResult]:
+        """The results in target order (all targets must have finished)."""
+        return [self.results[i] for i in range(len(self.plans))]
+
+
+@dataclass
+class Occupancy:
+    """What the pools' steps held: searches (slot-steps) against capacity, and the sequence
+    positions the forward passes computed against those the searches' own sequences hold."""
+
+    slot_steps: int = 0
+    capacity_steps: int = 0
+    steps: int = 0
+    positions: int = 0
+    useful: int = 0
+
+    def add(self, other: Occupancy) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def rate(self) -> float | None:
+        return self.slot_steps / self.capacity_steps if self.capacity_steps else None

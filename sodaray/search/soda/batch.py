@@ -1,0 +1,490 @@
+"""SODA: Sparse One-hot Discrete Adam (Algorithm 1 of "GPT, But Backwards", Skapars et al. 2025).
+
+Per target, auxiliary inputs Z (n x V) start at zero. Each step:
+  1. relaxed one-hots softmax(Z / tau) @ E are fed as inputs_embeds;
+  2. the loss against the observed output is differentiated with respect to Z;
+  3. Adam without bias correction (by default), then multiplicative decay Z *= lambda;
+  4. hard-max check: argmax(Z) tokens go through the model; a match stops that target;
+  5. every t1 of its own steps the Adam moments reset; every t2 steps Z is also re-drawn from
+     N(0, 0.1^2).
+
+One batch holds searches of any input length, any SODA config and any objective that observes
+the same shape (`Objective.shape`): the state is packed as rows, Z (T, V) with T the sum of the
+slots' lengths, so no row is padding; every hyperparameter, schedule and step counter is the
+slot's own (`soda_state.SodaState`); the loss is grouped by objective. A search's trajectory
+depends on its own config, target and (seed, sample id), not on what shares its batch or its
+pass: bit for bit on one CPU thread (width-invariant attention, `sodaray.model.attention`;
+row-invariant matmuls, `models.pad_rows`).
+
+The step itself is one function of the batch's device buffers (`soda_step.soda_step`), captured
+per shape on CUDA (`sodaray.search.engine.executor`). It reads nothing back: it ends in a status
+(tokens, loss) that travels to the host while the next step runs. The host then screens the
+slots whose tokens that step changed (`sodaray.search.soda.screen`) and reads the verdicts while the
+step after runs (`SodaBatch.step`, `lag` 2): a search that matched or spent its budget at step
+k has taken steps k + 1 and k + 2 too, whose results are dropped; its result is step k's. The
+host keeps the rare work: the confirm of a screened candidate in the canonical shape, and the
+keyed re-draws of Z.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.model.load import LoadedModel
+from sodaray.objective.objectives import Objective
+from sodaray.objective.observations import BatchTargets
+from sodaray.objective.scoring import confirm
+from sodaray.objective.targets import TargetSet
+from sodaray.search.engine.base import BatchSearch, SearchConfig, SlotEntry, StepOutcome
+from sodaray.search.engine.executor import Executor
+from sodaray.search.engine.passes import pass_overhead
+from sodaray.search.engine.scheduler import Scheduler
+from sodaray.search.engine.slots import Buffers, locate
+from sodaray.search.soda.config import SodaConfig, keyed_normal  # noqa: F401
+from sodaray.search.soda.fused_step import FusedWorkspace, fused_soda_step, invalidate, resolve
+from sodaray.search.soda.relaxed import (
+    Workspace,
+    workspace_pad,
+)
+from sodaray.search.soda.screen import Screened, Screener, changed_slots
+from sodaray.search.soda.state import SodaState, observed_of
+from sodaray.search.soda.step import (
+    Status,
+    StepInputs,
+    bucket,
+    padding_rows_from_row0,
+    plan_inputs,
+    relaxed_gradient,
+    schedules,
+    soda_step,
+    update,
+)
+
+_OWNERS = itertools.count()
+
+
+@dataclass
+class _Launch:
+    """A launched step's status on its way to the host (tokens and loss, in host buffers), who
+    was where when it ran, and the screen of its tokens once that is launched."""
+
+    ids: np.ndarray  # slot ids in slot order
+    row_slot: np.ndarray
+    row_offset: np.ndarray
+    tokens: np.ndarray  # (rows,) each row's token after the step
+    loss: np.ndarray | Tensor  # (slots,): on a CPU the step's own, read where a search ends
+    event: torch.cuda.Event | None = None
+    screened: Screened | None = None
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+
+    def passed(self) -> np.ndarray:
+        """Which of its slots passed the screen, (slots,) bool (those whose tokens did not
+        change were screened at an earlier step: False here)."""
+        passed = np.zeros(len(self.ids), dtype=bool)
+        if self.screened is not None:
+            passed[self.screened.slots] = self.screened.verdicts()
+        return passed
+
+    def tokens_of(self, slot: int) -> np.ndarray:
+        """Slot `slot`'s tokens, in input order."""
+        rows = np.flatnonzero(self.row_slot == slot)
+        return self.tokens[rows[np.argsort(self.row_offset[rows], kind="stable")]]
+
+
+class _LazyLoss:
+    """A step's loss in the current slot order, read from its status only for the slots the
+    engine asks for (those that end)."""
+
+    def __init__(self, launch: _Launch, index: np.ndarray) -> None:
+        self.launch, self.index = launch, index
+
+    def __getitem__(self, slots: np.ndarray) -> np.ndarray:
+        if isinstance(self.launch.loss, Tensor):
+            self.launch.loss = self.launch.loss.numpy()
+        return self.launch.loss[self.index[slots]]
+
+
+class _HostStatus:
+    """Where statuses land on the host: three sets (the step just launched, the last one, whose
+    tokens are being screened, and the one before, whose outcome is read), pinned on CUDA so
+    that the copy out is asynchronous; numpy views made once per size."""
+
+    SETS = 3
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.turn = device, 0
+        self.sets: list[tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]] = []
+
+    def take(self, rows: int, slots: int) -> tuple[tuple[Tensor, ...], tuple[np.ndarray, ...]]:
+        self.turn = (self.turn + 1) % self.SETS
+        while len(self.sets) < self.SETS:
+            self.sets.append(self._make(rows, slots))
+        held, views = self.sets[self.turn]
+        if len(held[0]) < rows or len(held[1]) < slots:
+            self.sets[self.turn] = self._make(
+                max(rows, 2 * len(held[0])), max(slots, 2 * len(held[1]))
+            )
+            held, views = self.sets[self.turn]
+        return held, views
+
+    def _make(self, rows: int, slots: int) -> tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]:
+        pin = self.device.type == "cuda"
+        held = (
+            torch.empty(rows, dtype=torch.long, pin_memory=pin),
+            torch.empty(slots, dtype=torch.float32, pin_memory=pin),
+        )
+        return held, tuple(t.numpy() for t in held)
+
+
+class SodaBatch(BatchSearch):
+    """SODA searches of any lengths and configs in one batch (see the module docstring).
+    `precision` (the gradient pass's arithmetic) is the one setting the whole batch shares;
+    `mix_lengths` False keeps each pass to one length."""
+
+    mixes_lengths: ClassVar[bool] = True
+    # A step's outcome reaches the engine two steps later: its tokens are screened while the
+    # next step runs, and the screen's verdicts read while the one after runs.
+    lag: ClassVar[int] = 2
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        precision: str = "float32",
+        mix_lengths: bool = True,
+        policy: str = "exact",
+        executor: Executor | None = None,
+        bucketed: bool | None = None,
+        fused: str = "off",
+    ) -> None:
+        self.model, self.precision = model, precision
+        # The fused vocabulary kernels (`soda_fused`), where `fused` and the device allow.
+        self.fused = resolve(fused, model.device)
+        # Steps at bucketed shapes (`soda_step.bucket`, one pass) where the executor captures
+        # them (None), or as asked: True takes a capture's shapes on any device (on a CPU,
+        # eagerly: tests check them there), False the slots' own shapes.
+        self.bucketed = bucketed
+        self.executor = executor if executor is not None else Executor("eager")
+        # Lengths share a pass only where that changes no result (`sodaray.model.attention`).
+        mix = mix_lengths and model.for_precision(precision).invariant
+        self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
+        self.state = SodaState(model)
+        self.state.fused = self.fused
+        self.workspace = Workspace()
+        self.fused_ws = FusedWorkspace()
+        self.inputs: StepInputs | None = None
+        self._shapes: dict[tuple[int, ...], StepInputs] = {}  # captured shapes' inputs
+        self._status = _HostStatus(model.device)
+        self.screener = Screener(self.state, self.executor.name)
+        self._pending: _Launch | None = None  # the last step's status, not yet read
+        self._screening: _Launch | None = None  # the one before: its tokens' screen launched
+        self._read: _Launch | None = None  # the status the last outcome came from
+        self._index = np.zeros(0, dtype=np.int64)  # current slot -> its row in `_read`
+        self._addresses: tuple[int, ...] = ()  # what the captured steps read
+        self._screen_addresses: tuple[int, ...] = ()  # what the captured screens read
+        self.owner = next(_OWNERS)  # this batch's captures, among its executor's
+
+    @classmethod
+    def create(
+        cls, model: LoadedModel, config: SearchConfig, length: int, engine: Any
+    ) -> SodaBatch:
+        assert isinstance(config, SodaConfig)
+        return cls(
+            model, config.precision, engine.mix_lengths, engine.policy, engine.executor,
+            fused=config.fused,
+        )
+
+    @classmethod
+    def family(cls, config: SearchConfig, targets: TargetSet) -> list[Any]:
+        """One precision and objective shape (any config, loss and length), one step kind."""
+        assert isinstance(config, SodaConfig)
+        family: list[Any] = [config.precision, targets.objective.shape()]
+        return family + ([config.fused] if config.fused != "off" else [])
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    @property
+    def z(self) -> Tensor:
+        return self.state.z
+
+    # ---- entering and leaving -------------------------------------------------------------------
+    def add(self, entries: Sequence[SlotEntry]) -> None:
+        self.screener.writing()
+        self.state.add(entries, self.precision)
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        self.screener.writing()
+        self.state.remove(left, holes, movers)
+
+    def close(self) -> None:
+        """The batch is done: its captures go (their memory with them)."""
+        self.executor.forget(self.owner)
+        self.screener.forget(self.owner)
+
+    def candidates(self, slots: np.ndarray) -> list[list[int]]:
+        """The tokens the last outcome's step ended on, for current slots `slots`."""
+        assert self._read is not None
+        return [self._read.tokens_of(int(self._index[s])).tolist() for s in slots]
+
+    # ---- the state, and a step's parts (what tests check against their formulas) ---------------
+    @property
+    def rows(self) -> Buffers:
+        return self.state.rows
+
+    @property
+    def host(self) -> dict[str, np.ndarray]:
+        return self.state.host
+
+    @property
+    def groups(self) -> list[tuple[Objective, float, float]]:
+        return self.state.groups
+
+    @property
+    def observed(self) -> BatchTargets:
+        """The observed rows of the live slots."""
+        return observed_of(self.state, len(self.state))
+
+    @property
+    def passes(self) -> list:
+        """The transformer passes the last planned step runs."""
+        return self.inputs.passes if self.inputs is not None else []
+
+    @property
+    def slot_rows(self) -> list[np.ndarray]:
+        return self.state.slot_rows()
+
+    def set_steps(self, counts: np.ndarray) -> None:
+        """Each slot's step count (its rows' counters on the device)."""
+        per_row = np.asarray(counts, dtype=np.int64)[self.state.row_slot]
+        column = self.state.column("hi", "step", len(per_row))
+        column.copy_(torch.as_tensor(per_row[:, None], device=column.device))
+
+    def gradient(self) -> tuple[Tensor, Tensor]:
+        """The step's gradient (its rows, and the guard row after them) and each slot's loss."""
+        return relaxed_gradient(self.state, self.refresh(), self.precision, self.workspace)
+
+    def update(self, grad: Tensor) -> None:
+        """Adam and decay from `grad` (consumed; the live rows, or with the guard row after
+        them), the step counts advanced first."""
+        if len(grad) == len(self.state.row_slot):  # no guard row given: a zero one
+            grad = torch.cat([grad, grad.new_zeros((1, grad.shape[1]))])
+        update(self.state, self.refresh(), grad)
+        invalidate(self.state)
+
+    def apply_schedules(self, steps_after: np.ndarray) -> None:
+        """The schedules after a step that left each slot at `steps_after` steps."""
+        self.set_steps(steps_after)
+        x = self.refresh()
+        step = self.state.column("hi", "step", x.rows)
+        schedules(self.state, x, step, resetting=True)
+        invalidate(self.state)
+        self.redraw(steps_after)
+
+    # ---- one step -------------------------------------------------------------------------------
+    def refresh(self) -> StepInputs:
+        """The step's inputs, planned again after slots came or went (cheap when nothing did)."""
+        state = self.state
+        if not state.dirty and self.inputs is not None:
+            return self.inputs
+        dev = self.model.device
+        capture = self.bucketed if self.bucketed is not None else self.executor.captures(dev)
+        if capture:
+            rows, slots = bucket(state)
+            state.rows.reserve(rows + state.rows.guard)
+            state.slots.reserve(slots)
+        x = plan_inputs(state, self.scheduler, capture, self._shapes)
+        padding_rows_from_row0(state, len(state.row_slot), x.rows)
+        self.inputs, state.dirty = x, False
+        return x
+
+    def step(self, steps_after: np.ndarray) -> StepOutcome:
+        """Launch one step of every slot (`steps_after`: each slot's count after it), screen
+        the last step's changed tokens, then read the screen of the step before: the outcome
+        is that step's (`lag`), in the current slot order (`StepOutcome.settled`: the slots
+        it covers)."""
+        if self.state.dirty:  # a re-plan may grow (move) the buffers a screen reads
+            self.screener.writing()
+        x = self.refresh()
+        self.screener.written()  # what the screens launched next wait for on a side stream
+        dev = self.model.device
+        key = None
+        if x.capture:
+            # The workspace at this shape's size before the step: a capture must not grow it.
+            z = self.state.rows.view("z", x.rows)
+            embedding = self.model.for_precision(self.precision).embedding_matrix
+            if self.fused:
+                self.fused_ws.fit(x.rows, embedding)
+            else:
+                self.workspace.fit(z, workspace_pad(z, embedding))
+            key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
+        if self.executor.captures(dev):
+            # Reallocated: what was captured reads old memory. A screen reads the observed
+            # rows (`slots`) alone.
+            state = self.state
+            addresses = (
+                state.rows.addresses()
+                + state.slots.addresses()
+                + self.workspace.addresses()
+                + self.fused_ws.addresses()
+            )
+            if addresses != self._addresses:
+                self.executor.forget(self.owner)
+                self._addresses = addresses
+            if state.slots.addresses() != self._screen_addresses:
+                self.screener.forget(self.owner)
+                self._screen_addresses = state.slots.addresses()
+        resetting = bool(self.state.due("reset", steps_after).any())
+        if key is not None:
+            key = (*key, resetting)
+        if self.fused and not x.flags[4]:  # the fluency penalty is the eager step's alone
+
+            def run() -> Status:
+                return fused_soda_step(self.state, x, self.precision, self.fused_ws, resetting)
+        else:
+
+            def run() -> Status:
+                status = soda_step(self.state, x, self.precision, self.workspace, resetting)
+                invalidate(self.state)  # Z moved without its statistics (none kept: no-op)
+                return status
+
+        status = self.executor.run(key, run, dev)
+        launch = self._launch(status)
+        self.redraw(steps_after)
+        last, self._pending = self._pending, launch
+        if last is not None:
+            self._screen(last, self._screening)
+        read, self._screening = self._screening, last
+        fixed = self.state.fixed
+        positions = sum(p.batch * (fixed + p.width) for p in x.passes)
+        useful = len(self.state) * fixed + len(self.state.row_slot)
+        return self._outcome(read, positions, useful)
+
+    def _launch(self, status: Status) -> _Launch:
+        """The status of the step just launched, on its way to the host: copied into host
+        buffers (on CUDA pinned ones, asynchronously). A CPU's loss stays the step's own
+        tensor (fresh each step), read only where a search ends."""
+        s = self.state
+        rows, slots = len(s.row_slot), len(s)
+        held, views = self._status.take(rows, slots)
+        cuda = self.model.device.type == "cuda"
+        held[0][:rows].copy_(status.tokens[:rows], non_blocking=True)
+        loss: np.ndarray | Tensor = status.loss[:slots]
+        event = None
+        if cuda:
+            held[1][:slots].copy_(loss, non_blocking=True)
+            loss = views[1][:slots]
+            event = torch.cuda.Event()
+            event.record()
+        # The arrays themselves: a composition change makes new ones (`SodaState.remove`).
+        return _Launch(s.host["id"], s.row_slot, s.row_offset, views[0][:rows], loss, event)
+
+    def _screen(self, launch: _Launch, before: _Launch | None) -> None:
+        """Launch the screen of `launch`'s slots whose tokens changed since `before` (the step
+        before it) and that are still in the batch (`sodaray.search.soda.screen`)."""
+        launch.wait()
+        then = None
+        if before is not None:
+            then = (before.ids, before.row_slot, before.row_offset, before.tokens)
+        changed = changed_slots(launch.ids, launch.row_slot, launch.row_offset, launch.tokens, then)
+        picks = np.flatnonzero(changed)
+        current, present = locate(launch.ids[picks], self.state.host["id"])
+        picks, current = picks[present], current[present]
+        if len(picks):
+            dev = self.model.device
+            capture = self.executor.captures(dev) and self.screener.executor.captures(dev)
+            launch.screened = self.screener.launch(
+                self.owner,
+                picks,
+                current,
+                launch.tokens,
+                launch.row_slot,
+                launch.row_offset,
+                capture,
+            )
+
+    def _outcome(self, launch: _Launch | None, positions: int, useful: int) -> StepOutcome:
+        """`launch`'s outcome in the current slot order: the slots it covers (those in the batch
+        then and now), which matched (screened on the device, confirmed here), and their loss."""
+        count = len(self.state)
+        settled = np.zeros(count, dtype=bool)
+        found = np.zeros(count, dtype=bool)
+        loss: np.ndarray | _LazyLoss = np.full(count, np.nan, dtype=np.float32)
+        self._read, self._index = launch, np.zeros(count, dtype=np.int64)
+        if launch is not None and len(launch.ids) and count:
+            at, present = locate(self.state.host["id"], launch.ids)
+            settled = present
+            self._index = np.where(settled, at, 0)
+            screened = np.flatnonzero(settled & launch.passed()[self._index])
+            if len(screened):
+                found[screened] = self._confirm(launch, screened)
+            loss = _LazyLoss(launch, self._index)
+        return StepOutcome(found, loss, positions, useful, settled=settled)
+
+    def _confirm(self, launch: _Launch, slots: np.ndarray) -> np.ndarray:
+        """The confirm of screened candidates (current slots `slots`), per objective group."""
+        s = self.state
+        found = np.zeros(len(slots), dtype=bool)
+        groups = s.host["group"][slots]
+        for g in np.unique(groups):
+            mine = np.flatnonzero(groups == g)
+            chosen = slots[mine]
+            candidates = [
+                np.concatenate([launch.tokens_of(int(self._index[c])), s.context[c]])
+                for c in chosen
+            ]
+            objective, atol, rtol = s.groups[int(g)]
+            found[mine] = confirm(
+                self.model,
+                objective,
+                candidates,
+                observed_of(s, len(s)),
+                torch.as_tensor(chosen, device=self.model.device),
+                atol,
+                rtol,
+                list(s.misses[chosen]),
+            )
+        return found
+
+    @torch.no_grad()
+    def redraw(self, steps_after: np.ndarray) -> None:
+        """The keyed re-draws of Z due after this step, their moments reset with them.
+        Keyed by (seed, sample id, draw number), not by the order a shared generator is
+        consumed in, so a sample follows the same trajectory whatever its batch neighbours,
+        its slot, or the actor a retried shard lands on."""
+        h = self.state.host
+        due = np.flatnonzero(self.state.due("reinit", steps_after))
+        if not len(due):
+            return
+        vocab = self.state.z.shape[-1]
+        fresh = torch.cat(
+            [
+                keyed_normal(
+                    (int(h["length"][s]), vocab),
+                    int(h["seed"][s]),
+                    int(h["sample_id"][s]),
+                    int(steps_after[s]) // int(h["reinit"][s]),
+                )
+                * float(h["reinit_std"][s])
+                for s in due
+            ]
+        )
+        rows = self.state.slot_rows()
+        dev = self.model.device
+        where = torch.as_tensor(np.concatenate([rows[s] for s in due]), device=dev)
+        if dev.type == "cuda":
+            fresh = fresh.pin_memory()
+        self.state.rows["m"][where] = 0.0
+        self.state.rows["v"][where] = 0.0
+        self.state.z[where] = fresh.to(dev, non_blocking=True)
+        invalidate(self.state, where)

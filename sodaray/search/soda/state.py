@@ -1,0 +1,256 @@
+"""SODA's persistent batch: every value a step reads, in device buffers that admission and removal
+write slot by slot (issue 52), and the host's mirror of what it needs to plan.
+
+Per row (a slot of length n has n rows, packed; `Buffers` with one guard row after them): Z and
+Adam's moments (T, V), and three small tables of the slot's numbers, one column each:
+- `h32` (float32): learning rate, 1 - beta1, 1 - beta2, eps, the temperature of the next step,
+  decay: the step's arithmetic reads them as (T, 1) columns, as it always has;
+- `h64` (float64): the temperature's start and end, beta1, beta2: the schedules' inputs, computed
+  on the device in float64 and rounded to float32 once, as the host computed them before;
+- `hi` (int64): steps taken, step budget, reset period, re-draw period (`OFF`: none), and 1
+  where the slot bias-corrects Adam.
+Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host: the same numbers per slot
+(`HOST_ARRAYS`), each row's slot and offset, each slot's continuation, the confirm's misses.
+
+Nothing here is rebuilt per step: a step only reads these buffers (and writes Z, the moments,
+the step counts and the temperature). A composition change (`add`, `remove`) writes the rows and
+slots that changed and marks the batch dirty for the step's planner (`soda_step.plan_inputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sodaray.model.load import LoadedModel
+from sodaray.objective.objectives import Objective
+from sodaray.objective.observations import BatchTargets, screen_slack
+from sodaray.search.engine.base import SlotEntry, observed_rows
+from sodaray.search.engine.slots import Buffers, apply_plan, removal_plan
+from sodaray.search.soda.config import SodaConfig
+
+# Columns of the per-row tables (their order is the tables' layout).
+H32 = ("learning_rate", "one_minus_beta1", "one_minus_beta2", "eps", "tau", "decay")
+H64 = ("temperature", "temperature_end", "beta1", "beta2")
+HI = ("step", "budget", "reset", "reinit", "bias")
+OFF = 1 << 62  # a period no search reaches: a schedule that is off never fires
+
+# Per-slot host arrays, kept in slot order beside the buffers.
+HOST_ARRAYS = {
+    "length": np.int64,
+    "reinit": np.int64,  # 0: no re-draws
+    "reinit_std": np.float64,
+    "bias": bool,
+    "anneals": bool,  # temperature_end set and not the temperature
+    "decays": bool,  # decay below 1
+    "reset": np.int64,  # 0: no moment resets (the host knows whether a step resets any slot)
+    "mean": bool,  # loss_reduction "mean": the slot's loss is averaged over its config's slots
+    "config": np.int64,  # index into `configs`
+    "group": np.int64,  # index into `groups`: the slot's objective and tolerance
+    "seed": np.int64,
+    "sample_id": np.int64,
+    "id": np.int64,  # unique per slot ever admitted: follows a slot through removals
+}
+
+
+def _row_values(c: SodaConfig) -> tuple[list[float], list[float], list[int]]:
+    """A config's per-row numbers, in the tables' column order. 1 - beta is rounded to float32
+    from float64 once (`adam_step`'s rule)."""
+    end = c.temperature if c.temperature_end is None else c.temperature_end
+    h32 = [c.learning_rate, 1.0 - c.beta1, 1.0 - c.beta2, c.eps, c.temperature]
+    h32.append(c.decay if c.use_decay else 1.0)
+    h64 = [c.temperature, end, c.beta1, c.beta2]
+    hi = [0, c.max_steps, c.reset_period if c.use_resets else OFF]
+    hi += [c.reinit_period if c.use_reinit else OFF, int(c.bias_correction)]
+    return h32, h64, hi
+
+
+class SodaState:
+    """The persistent batch of one SODA `SodaBatch`: see the module docstring."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.rows = Buffers(guard=1)  # z, m, v, h32, h64, hi
+        self.slots = Buffers()  # the observed rows
+        self.host = {name: np.zeros(0, dtype=kind) for name, kind in HOST_ARRAYS.items()}
+        self.row_slot = np.zeros(0, dtype=np.int64)
+        self.row_offset = np.zeros(0, dtype=np.int64)
+        # Each slot's observed continuation but its last token (the screen's context), and the
+        # sequences the confirm turned down for it (`scoring.MISS_MEMORY`).
+        self.context = np.zeros((0, 0), dtype=np.int64)
+        self.misses = np.empty(0, dtype=object)
+        self.configs: dict[str, int] = {}
+        self.groups: list[tuple[Objective, float, float]] = []
+        self._next_id = 0
+        self.dirty = True
+        # A fused batch's rows carry the next step's softmax (`q`, `fs`) from one step to the
+        # next (`soda_fused`); set before the first `add`.
+        self.fused = False
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def z(self) -> Tensor:
+        return self.rows["z"]
+
+    def column(self, table: str, name: str, rows: int) -> Tensor:
+        """Rows [0, rows) of one table's column, (rows, 1) (a view: writes go to the table)."""
+        names = {"h32": H32, "h64": H64, "hi": HI}[table]
+        i = names.index(name)
+        return self.rows.view(table, rows)[:, i : i + 1]
+
+    # ---- entering and leaving -------------------------------------------------------------------
+    def add(self, entries: Sequence[SlotEntry], precision: str) -> None:
+        if not entries:
+            return
+        dev, vocab = self.model.device, self.model.vocab_size
+        first_slot = len(self.slots)
+        values: dict[str, list[Any]] = {name: [] for name in HOST_ARRAYS}
+        h32, h64, hi = [], [], []
+        for e in entries:
+            c = e.config
+            if not isinstance(c, SodaConfig) or c.precision != precision:
+                raise ValueError("a SODA batch holds SODA configs of one precision")
+            key = repr(sorted(c.to_dict().items()))
+            group = (e.targets.objective, e.targets.atol, e.targets.rtol)
+            if group not in self.groups:
+                self.groups.append(group)
+            end = c.temperature if c.temperature_end is None else c.temperature_end
+            for name, value in (
+                ("length", e.length),
+                ("reinit", c.reinit_period if c.use_reinit else 0),
+                ("reinit_std", c.reinit_std),
+                ("bias", c.bias_correction),
+                ("anneals", end != c.temperature),
+                ("decays", c.use_decay and c.decay != 1.0),
+                ("reset", c.reset_period if c.use_resets else 0),
+                ("mean", c.loss_reduction == "mean"),
+                ("config", self.configs.setdefault(key, len(self.configs))),
+                ("group", self.groups.index(group)),
+                ("seed", c.seed),
+                ("sample_id", e.sample_id),
+                ("id", self._next_id),
+            ):
+                values[name].append(value)
+            self._next_id += 1
+            r32, r64, ri = _row_values(c)
+            h32 += [r32] * e.length
+            h64 += [r64] * e.length
+            hi += [ri] * e.length
+        for name, kind in HOST_ARRAYS.items():
+            self.host[name] = np.concatenate([self.host[name], np.asarray(values[name], kind)])
+        lengths = np.asarray(values["length"], dtype=np.int64)
+        total = int(lengths.sum())
+        self.slots.append(observed_rows(entries, dev, screen_slack(self.model)).fields())
+        # float64 first, then float32: each value rounded once, as a column made from a float
+        # (1 - beta from float64 too: `adam_step`).
+        self.rows.append(
+            {
+                "z": torch.zeros((total, vocab), device=dev),
+                "m": torch.zeros((total, vocab), device=dev),
+                "v": torch.zeros((total, vocab), device=dev),
+                "h32": torch.as_tensor(np.asarray(h32, np.float64), device=dev).float(),
+                "h64": torch.as_tensor(np.asarray(h64, np.float64), device=dev),
+                "hi": torch.as_tensor(np.asarray(hi, np.int64), device=dev),
+            }
+            | (self._fused_rows(total, precision) if self.fused else {})
+        )
+        misses = np.empty(len(entries), dtype=object)
+        misses[:] = [set() for _ in entries]
+        self.misses = np.concatenate([self.misses, misses])
+        context = np.stack([e.targets.continuation[e.row, :-1].numpy() for e in entries])
+        before = self.context if len(self.context) else self.context.reshape(0, context.shape[1])
+        self.context = np.concatenate([before, context])
+        self.row_slot = np.concatenate(
+            [self.row_slot, np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths)]
+        )
+        self.row_offset = np.concatenate(
+            [self.row_offset, np.concatenate([np.arange(n) for n in lengths])]
+        )
+        self.dirty = True
+
+    def _fused_rows(self, total: int, precision: str) -> dict[str, Tensor]:
+        """A fused batch's new rows: the next step's unnormalised probabilities `q` at the
+        GEMM's dtype and their statistics `fs` (shift, sum, fresh, max), stale (fresh 0)."""
+        dtype = self.model.for_precision(precision).embedding_matrix.dtype
+        dev, vocab = self.model.device, self.model.vocab_size
+        return {
+            "q": torch.zeros((total, vocab), device=dev, dtype=dtype),
+            "fs": torch.zeros((total, 4), device=dev),
+        }
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        count = len(self.slots)
+        kept = np.zeros(count, dtype=bool)
+        kept[:left] = True
+        kept[holes] = False
+        kept[movers] = True
+        row_left, row_holes, row_movers = removal_plan(
+            len(self.row_slot), np.flatnonzero(~kept[self.row_slot])
+        )
+        self.rows.remove(row_left, row_holes, row_movers)
+        renumber = np.arange(count)
+        renumber[movers] = holes
+        # New arrays, not the old ones moved in place: a launched step's status holds the old
+        # (`soda._Launch`), and reads its slots' rows from them steps later.
+        row_slot = apply_plan(self.row_slot.copy(), row_left, row_holes, row_movers)
+        self.row_slot = renumber[row_slot]
+        self.row_offset = apply_plan(self.row_offset.copy(), row_left, row_holes, row_movers)
+        self.context = apply_plan(self.context, left, holes, movers)
+        self.misses = apply_plan(self.misses, left, holes, movers)
+        self.slots.remove(left, holes, movers)
+        for name in self.host:
+            self.host[name] = apply_plan(self.host[name].copy(), left, holes, movers)
+        self.dirty = True
+
+    def due(self, name: str, steps_after: np.ndarray) -> np.ndarray:
+        """Which slots' `name` schedule ("reset", "reinit") fires after a step that leaves them
+        at `steps_after` steps (a period of 0: never)."""
+        period = self.host[name]
+        return (period > 0) & (steps_after % np.maximum(period, 1) == 0)
+
+    def slot_rows(self) -> list[np.ndarray]:
+        """Each slot's rows in input order."""
+        from sodaray.objective.scoring import slot_rows
+
+        return slot_rows(self.row_slot, self.row_offset, len(self.slots))
+
+    @property
+    def fixed(self) -> int:
+        """Sequence positions besides the input: the prefix and the observed continuation but
+        its last token (one objective shape per batch, so one count)."""
+        return len(self.model.prefix_ids) + self.groups[0][0].output_tokens - 1
+
+    def flags(self) -> tuple[bool, bool, bool, bool]:
+        """(any slot bias-corrects, anneals, decays, resets its moments): the step's optional
+        arithmetic."""
+        h = self.host
+        return (
+            bool(h["bias"].any()),
+            bool(h["anneals"].any()),
+            bool(h["decays"].any()),
+            bool((h["reset"] > 0).any()),
+        )
+
+    def loss_weights(self) -> np.ndarray | None:
+        """Each slot's weight in the backward's seed: None where every slot optimises its own
+        loss ("sum"); 1 / (its config's slots) for "mean" slots."""
+        h = self.host
+        if not h["mean"].any():
+            return None
+        counts = np.bincount(h["config"], minlength=len(self.configs))[h["config"]]
+        return np.where(h["mean"], 1.0 / counts, 1.0)
+
+
+def observed_of(state: SodaState, slots: int) -> BatchTargets:
+    """The observed rows of slots [0, slots) (views of the batch's buffers): what a step's loss
+    and a screen read."""
+    s = state.slots
+    return BatchTargets(
+        *(s.view(name, slots) if name in s else None for name in BatchTargets.FIELDS)
+    )
