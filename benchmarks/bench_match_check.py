@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import sodaray
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K"
 

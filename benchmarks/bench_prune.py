@@ -84,7 +84,7 @@ def run_study(args: argparse.Namespace, pruner: str) -> tuple[dict, float, Path]
 def trials_of(board: dict) -> list:
     import optuna
 
-    from sodaray.tuner.study import open_storage
+    from sodaray.tuner.storage import open_storage
 
     study = optuna.load_study(study_name=board["study"], storage=open_storage(board["storage"]))
     return study.get_trials(deepcopy=False)

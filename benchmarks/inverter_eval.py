@@ -26,7 +26,7 @@ import torch
 
 import sodaray
 from sodaray.api import make_config
-from sodaray.data.build import _random_samples
+from sodaray.data.samples import random_samples
 from sodaray.report.metrics import mean_se, proportion
 from sodaray.search.engine.base import InversionResult
 
@@ -81,7 +81,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = sodaray.load_model(a.model)
-    inputs = [s[2] for s in _random_samples(model.vocab_size, LENGTHS, a.per_length, 1)]
+    inputs = [s[2] for s in random_samples(model.vocab_size, LENGTHS, a.per_length, 1)]
     obj = sodaray.Objective(kind="text", output_tokens=10)
     targets = sodaray.make_targets(model, inputs, objective=obj)
     rows = []

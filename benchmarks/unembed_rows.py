@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from sodaray.model.load import invariant_rows, pad_rows
+from sodaray.model.padding import invariant_rows, pad_rows
 
 SHAPES = {"neo": (768, 50257), "qwen": (896, 151936)}
 

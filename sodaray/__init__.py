@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real names
     from sodaray.api import ALGORITHMS, invert, make_config
     from sodaray.config.presets import PRESETS, get_preset
     from sodaray.io.modelfiles import ModelLoadError
-    from sodaray.model.load import LoadedModel, load_model, wrap_model
+    from sodaray.model.load import load_model
+    from sodaray.model.loaded import LoadedModel, wrap_model
     from sodaray.objective.objectives import Objective
     from sodaray.objective.targets import (
         TargetSet,
@@ -36,7 +37,7 @@ _LAZY: dict[str, str] = {
     "EmbeddingConfig": "sodaray.search.embedding",
     "GcgConfig": "sodaray.search.gcg",
     "InversionResult": "sodaray.search.engine.base",
-    "LoadedModel": "sodaray.model.load",
+    "LoadedModel": "sodaray.model.loaded",
     "ModelLoadError": "sodaray.io.modelfiles",
     "Objective": "sodaray.objective.objectives",
     "PRESETS": "sodaray.config.presets",
@@ -54,7 +55,7 @@ _LAZY: dict[str, str] = {
     "result_rows": "sodaray.results",
     "targets_from_logits": "sodaray.objective.targets",
     "targets_from_text": "sodaray.objective.targets",
-    "wrap_model": "sodaray.model.load",
+    "wrap_model": "sodaray.model.loaded",
 }
 
 __all__ = [

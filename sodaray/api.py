@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-import numpy as np
-
 from sodaray.inverter.run import InverterConfig, run_inverter
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.targets import TargetSet
 from sodaray.search.embedding import EmbeddingConfig
 from sodaray.search.engine.base import InversionResult, SearchConfig
@@ -19,9 +16,8 @@ from sodaray.search.engine.work import Work
 from sodaray.search.gcg import GcgConfig
 from sodaray.search.soda.config import SodaConfig
 
-log = logging.getLogger(__name__)
-
-# algorithm name -> its config class (the step-wise ones' batches: `search.engine.BATCHES`)
+# The one algorithm registry: name -> config class (a step-wise config names its batch:
+# `SearchConfig.batch_type()`).
 ALGORITHMS: dict[str, type[SearchConfig]] = {
     "soda": SodaConfig,
     "gcg": GcgConfig,
@@ -48,7 +44,7 @@ def length_plans(
     (known when the targets were made from inputs); an int: that length; "auto": 1..`max_length`,
     shortest first, keeping the first that matches. The longest must fit the model's context
     (checked before any plan is made: a huge `max_length` is one line, not a long list)."""
-    from sodaray.config.validation import check_context
+    from sodaray.config.capacity import check_context
 
     n = len(targets)
     if length is None:
@@ -120,9 +116,3 @@ def invert(
     engine.run()
     return work.ordered()
 
-
-def summarize(results: list[InversionResult]) -> dict[str, float]:
-    """Counts for logs and progress lines."""
-    found = np.array([r.found for r in results], dtype=bool)
-    exact = np.array([bool(r.exact) for r in results], dtype=bool)
-    return {"n": len(results), "found": int(found.sum()), "exact": int(exact.sum())}

@@ -75,8 +75,7 @@ from sodaray.search.engine.base import InversionResult
 log = logging.getLogger(__name__)
 
 # 2: the `space` column. New nullable columns (model_layers, model_width, text_loss,
-# fluency_form) keep the version:
-# older files read back with them null.
+# fluency_form) keep the version: older files read back with them null.
 # 3: what cross-job queries need (dataset_hash, dataset_seed, shard, host, finished_at,
 # model_revision), and the layout that makes every `*.parquet` under a results folder a file
 # of this schema (job metadata and dataset copies under a hidden `.sodaray/`, no `=` in job
@@ -437,8 +436,8 @@ def check_unique(table: pa.Table, where: str) -> None:
 
     job = table["job"]
     has_job = pc.fill_null(pc.not_equal(job, ""), False)
-    keys = table.select(["sweep", "job", "sample_id", "seed"])
-    for name in ("model", "finished_at"):  # only for rows no job names
+    keys = table.select(list(ROW_KEY[:4]))
+    for name in ROW_KEY[4:]:  # only for rows no job names
         column = table[name]
         keys = keys.append_column(
             name, pc.if_else(has_job, pa.nulls(len(table), column.type), column)

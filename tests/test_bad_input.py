@@ -595,8 +595,8 @@ def test_the_table_covers_every_command():
     "text,value", [("1e-3", 1e-3), ("1E-3", 1e-3), (".5", 0.5), ("5.", 5.0), ("3e-6", 3e-6)]
 )
 def test_numbers_are_floats_in_yaml_and_param(text, value):
-    from sodaray.cli import _parse_param
-    from sodaray.config.validation import yaml_load
+    from sodaray.cli.invert import _parse_param
+    from sodaray.config.yamltext import yaml_load
     from sodaray.runner.spec import parse_sweep
 
     assert _parse_param(f"learning_rate={text}") == ("learning_rate", value)
@@ -635,9 +635,9 @@ def test_string_numbers_coerced_by_field_type():
 
 # ---- memory and writes, where the real condition cannot be made in a test -----------------------
 def test_search_state_larger_than_memory_is_refused_before_allocating(capsys, monkeypatch):
-    import sodaray.config.validation as validation
+    import sodaray.config.capacity as capacity
 
-    monkeypatch.setattr(validation, "available_memory", lambda: 1000)
+    monkeypatch.setattr(capacity, "available_memory", lambda: 1000)
     code = main([a.replace("{model}", str(STORIES)) for a in INV])
     err = capsys.readouterr().err
     assert code == 2 and "search state" in err and "needs about" in err
@@ -739,7 +739,7 @@ def test_resources_the_machine_lacks():
 
 
 def test_integral_numbers_in_integer_fields(tmp_path):
-    from sodaray.config.validation import yaml_load
+    from sodaray.config.yamltext import yaml_load
     from sodaray.runner.spec import parse_sweep
 
     text = SWEEP.format(model=STORIES, params="{}", objective="{kind: logits}", resources="")

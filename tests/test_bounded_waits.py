@@ -99,7 +99,7 @@ def test_a_journal_lock_that_is_no_lock_is_set_aside_at_once(tmp_path, caplog, w
     and the study opens at once."""
     import optuna
 
-    from sodaray.tuner.study import open_storage
+    from sodaray.tuner.storage import open_storage
 
     journal = tmp_path / "study.journal"
     lock = tmp_path / "study.journal.lock"
@@ -136,7 +136,7 @@ def test_a_live_looking_journal_lock_is_broken_after_the_bound(tmp_path):
     once it has not changed for `CHECK_SECONDS` (Optuna's own default: 30 s)."""
     import optuna
 
-    from sodaray.tuner.study import open_storage
+    from sodaray.tuner.storage import open_storage
 
     journal = tmp_path / "study.journal"
     journal.touch()

@@ -25,7 +25,8 @@ import pytest
 from conftest import SMOLLM, STORIES, one_line_error
 from safetensors.numpy import save_file
 
-from sodaray.cli import EMPTY_ALLOWED, build_parser, main
+from sodaray.cli import build_parser, main
+from sodaray.cli.parsing import EMPTY_ALLOWED
 from sodaray.io.jsontext import dumps, finite
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

@@ -39,7 +39,7 @@ from sodaray.experiment.spec import MODEL_KEYS, ModelSpec
 from sodaray.io.modelfiles import ModelLoadError
 from sodaray.io.paths import local_path
 from sodaray.runner.spec import load_sweep
-from sodaray.tuner.study import open_storage
+from sodaray.tuner.storage import open_storage
 
 
 def test_resolved_model_carries_absolute_paths_and_keeps_its_id(tmp_path, monkeypatch):

@@ -111,7 +111,7 @@ def test_one_nesting_bound_for_json_and_yaml_at_64_levels():
     checked without recursion; 64 levels read, 65 do not, brackets inside strings do not count."""
     import yaml
 
-    from sodaray.config.validation import yaml_load
+    from sodaray.config.yamltext import yaml_load
     from sodaray.io.files import MAX_NESTING, json_depth, parse_json
 
     assert MAX_NESTING == 64

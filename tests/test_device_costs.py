@@ -265,7 +265,7 @@ def test_sweep_plan_prices_a_gpu_entry_in_gpu_hours_without_a_gpu(tmp_path, caps
     sweep.write_text(GPU_SWEEP.format(model=STORIES))
     assert main(["sweep", "plan", str(sweep), "--no-calibrate"]) == 0
     out = capsys.readouterr().out
-    assert "GPU jobs priced by h100 costs: issue 41's figures" in out
+    assert "GPU jobs priced by h100 costs: H100 80GB HBM3 figures" in out
     assert re.search(r"estimate: [0-9.,]+ GPU-hours", out), out
     assert main(["sweep", "plan", str(sweep), "--no-calibrate", "--json"]) == 0
     (job,) = json.loads(capsys.readouterr().out)["jobs"]
@@ -307,7 +307,7 @@ def test_tune_dry_run_prices_a_study_as_sweep_plan_prices_the_same_samples(tmp_p
     for key in ("flops", "device_seconds", "wall_seconds", "floor_seconds", "batch_steps"):
         assert study[key] == pytest.approx(job[key]), key
     assert study["gpu_hours"] == pytest.approx(job["device_seconds"] / 3600)
-    assert "GPU trials priced by h100 costs: issue 41's figures" in err
+    assert "GPU trials priced by h100 costs: H100 80GB HBM3 figures" in err
     assert re.search(r"estimate: [0-9.,]+ GPU-hours", err), err
 
 

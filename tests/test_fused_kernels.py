@@ -218,16 +218,16 @@ def test_fused_step_follows_the_eager_step(stories, bucketed, loss):
         batch.add([SlotEntry(targets, i, len(t), cfg) for i, t in enumerate(tokens)])
         batches.append(batch)
     eager, fast = batches
-    assert fast.fused and not eager.fused and "fs" in fast.rows
-    rows = len(eager.rows["z"])
+    assert fast.fused and not eager.fused and "fs" in fast.state.rows
+    rows = len(eager.state.rows["z"])
     compared = 0
     for step in range(1, 9):
         for name in ("z", "m", "v", "h32", "hi"):
-            fast.rows[name].copy_(eager.rows[name])
+            fast.state.rows[name].copy_(eager.state.rows[name])
         invalidate(fast.state)
         outs = [b.step(np.full(4, step)) for b in batches]
         for name in ("z", "m", "v", "h32"):
-            got, want = fast.rows[name], eager.rows[name]
+            got, want = fast.state.rows[name], eager.state.rows[name]
             # Adam divides by sqrt(v) + eps: where a gradient is near eps (just after a reset or
             # a re-draw) a rounding-level difference in it moves a few entries by a fraction of
             # the learning rate (0.065); a formula's error moves most of them.
@@ -235,17 +235,17 @@ def test_fused_step_follows_the_eager_step(stories, bucketed, loss):
             close = torch.isclose(got, want, rtol=1e-4, atol=1e-6)
             assert float(close.float().mean()) > 0.97, f"{name} {step}"
         if step in (4, 5):  # 5 re-draws: the statistics carried from step 5 are stale
-            fresh = fast.rows["fs"][:rows, 2]
+            fresh = fast.state.rows["fs"][:rows, 2]
             assert bool((fresh == 1.0).all()) == (step == 4)
-        stats = fast.rows["fs"][:rows]
+        stats = fast.state.rows["fs"][:rows]
         tau = fast.state.column("h32", "tau", rows)
         fresh = stats[:, 2] == 1.0
-        p_next = fused.softmax_forward_reference(fast.rows["z"], tau)[0]
-        q = fast.rows["q"][:rows].float() / stats[:, 1:2]
+        p_next = fused.softmax_forward_reference(fast.state.rows["z"], tau)[0]
+        q = fast.state.rows["q"][:rows].float() / stats[:, 1:2]
         torch.testing.assert_close(q[fresh], p_next[fresh], rtol=1e-5, atol=1e-8)
         # Each row's token after the step, where the row's top two are not a rounding tie (a
         # first bias-corrected step moves most entries by exactly the learning rate).
-        top2 = eager.rows["z"].topk(2, dim=-1).values
+        top2 = eager.state.rows["z"].topk(2, dim=-1).values
         clear = torch.as_tensor((top2[:, 0] - top2[:, 1]) > 1e-4)
         got, want = (torch.as_tensor(b._pending.tokens[:rows]) for b in (fast, eager))
         assert torch.equal(got[clear], want[clear]), step

@@ -1083,7 +1083,7 @@ def finished(tmp_path_factory) -> Path:
     from conftest import finish_all
 
     from sodaray.runner import load_sweep
-    from sodaray.runner.layout import plan_jobs
+    from sodaray.runner.jobs import plan_jobs
 
     base = tmp_path_factory.mktemp("finished")
     (base / "s.yaml").write_text(TWO.replace("{model}", str(STORIES)))
@@ -1263,7 +1263,8 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
     import logging
 
     from sodaray.runner import sweep_status
-    from sodaray.runner.layout import plan_jobs, release_lock
+    from sodaray.runner.jobs import plan_jobs
+    from sodaray.runner.locks import release_lock
 
     sweep, root, (a, b) = two_jobs(tmp_path, finished)
     with unrelated_process() as pid:

@@ -217,8 +217,8 @@ def tuning_spec(model: str, data: dict, **extra) -> dict:
 def test_a_study_is_the_same_study_however_its_paths_are_written(tmp_path, field, plain, other):
     from sodaray.data.build import build_dataset
     from sodaray.data.store import write_dataset
+    from sodaray.tuner.identity import spec_hash
     from sodaray.tuner.spec import load_tuning
-    from sodaray.tuner.study import spec_hash
 
     (tmp_path / "sub").mkdir()
     write_dataset(build_dataset(str(STORIES), "random", "1", 2, 0), tmp_path / "d.parquet")
@@ -249,8 +249,9 @@ def test_a_study_opened_with_its_model_written_otherwise_is_the_same_study(tmp_p
     spelling portable) but lead to one place: the study opens, as its own, not refused."""
     import optuna
 
+    from sodaray.tuner.identity import spec_hash
     from sodaray.tuner.spec import load_tuning
-    from sodaray.tuner.study import open_study, spec_hash
+    from sodaray.tuner.study import open_study
 
     link = tmp_path / "model-link"
     link.symlink_to(STORIES, target_is_directory=True)
@@ -426,7 +427,7 @@ STORY = "Once upon a time there was a cat. The cat sat on the mat. It was happy.
     "what", ["model by a link", "model relative", "source relative", "source by a link"]
 )
 def test_planning_takes_the_earlier_job_whose_paths_lead_to_the_same_place(tmp_path, what):
-    from sodaray.runner.layout import plan_jobs
+    from sodaray.runner.jobs import plan_jobs
 
     (tmp_path / "link").symlink_to(STORIES, target_is_directory=True)
     (tmp_path / "src.txt").write_text(STORY)
@@ -462,7 +463,7 @@ def test_planning_takes_the_earlier_job_whose_paths_lead_to_the_same_place(tmp_p
 
 
 def test_a_job_file_that_names_another_folder_is_not_followed(tmp_path):
-    from sodaray.runner.layout import plan_jobs
+    from sodaray.runner.jobs import plan_jobs
 
     (tmp_path / "link").symlink_to(STORIES, target_is_directory=True)
     root = tmp_path / "out" / "idn"

@@ -143,7 +143,7 @@ def test_invariant_rows_hold_at_every_inner_dimension(inner, one_thread):
     multiple) gives each row the bits it has in a larger one, both ways, whatever the inner
     dimension (the relaxed input's is the vocabulary; the threshold grows with it, so a probe at
     one narrow width was too low: issue 29), and the padding reaches such a count."""
-    from sodaray.model.load import padding_items, row_rule, rows_invariant
+    from sodaray.model.padding import padding_items, row_rule, rows_invariant
 
     cpu = torch.device("cpu")
     least, multiple = row_rule(cpu)

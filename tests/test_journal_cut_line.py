@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from sodaray.tuner.study import CUT_LINE_SECONDS, open_storage
+from sodaray.tuner.storage import CUT_LINE_SECONDS, open_storage
 
 
 def a_journal(tmp_path: Path) -> tuple[Path, bytes]:

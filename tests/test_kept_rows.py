@@ -25,7 +25,8 @@ from sodaray.experiment.replica import ReplicaWorker
 from sodaray.experiment.work import Finished, Kept
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.runner.layout import kept_path, meta_folder, plan_jobs, shard_path
+from sodaray.runner.jobs import plan_jobs
+from sodaray.runner.layout import kept_path, meta_folder, shard_path
 from sodaray.runner.run import shard_unit
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

@@ -17,8 +17,8 @@ from conftest import STORIES, tiny_model
 import sodaray
 from sodaray.report import metrics
 from sodaray.report.figures import exact_by_position
+from sodaray.report.rows import prepare
 from sodaray.report.tables import (
-    prepare,
     table_algo,
     table_length,
     table_model,

@@ -1,5 +1,5 @@
 """The prepared attention mask and position ids (`sodaray.model.attention.prepared_mask`,
-`sodaray.model.load.prepared_positions`): a model takes a cached causal mask and cached positions
+`sodaray.model.padding.prepared_positions`): a model takes a cached causal mask and cached positions
 instead of making its own every forward (issue 41: about 17 operations a forward), and the check
 plans its observed positions on the host; nothing a search computes moves by a bit."""
 
@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import sodaray
 from sodaray.model.attention import prepared_mask
-from sodaray.model.load import prepared_positions
+from sodaray.model.padding import prepared_positions
 from sodaray.objective.scoring import check_sequences, observed_positions
 from sodaray.search.engine.base import SlotEntry, observed_rows
 

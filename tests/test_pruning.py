@@ -22,7 +22,9 @@ from sodaray.search.engine.loop import Engine
 from sodaray.search.engine.work import Work
 from sodaray.tuner import load_tuning, run_tuning
 from sodaray.tuner.run import saved_steps
-from sodaray.tuner.study import checkpoint_value, make_pruner, open_storage, trial_value
+from sodaray.tuner.storage import open_storage
+from sodaray.tuner.study import make_pruner
+from sodaray.tuner.values import checkpoint_value, trial_value
 from sodaray.tuner.verdict import mcnemar_p
 
 

@@ -22,7 +22,8 @@ from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Finished, Progress
 from sodaray.results import read_results
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.runner.layout import meta_folder, plan_jobs, shard_path
+from sodaray.runner.jobs import plan_jobs
+from sodaray.runner.layout import meta_folder, shard_path
 from sodaray.runner.run import shard_unit
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

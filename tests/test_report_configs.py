@@ -18,13 +18,14 @@ from conftest import tiny_model
 
 import sodaray
 from sodaray.data.store import RANDOM_SOURCE
-from sodaray.report import build_report, load_frame
+from sodaray.report import build_report
+from sodaray.report.drawing import PERCENT_LIMITS
 from sodaray.report.figures import (
-    PERCENT_LIMITS,
     exact_by_position_figure,
     exact_vs_steps_figure,
     scaling_figure,
 )
+from sodaray.report.rows import load_frame
 from sodaray.report.tables import build_tables, table_algo, table_fluency, table_model
 from sodaray.results import RunContext, result_rows
 from sodaray.search.engine.base import InversionResult

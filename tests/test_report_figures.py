@@ -13,16 +13,17 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 import sodaray
-from sodaray.report import build_report, load_frame
+from sodaray.report import build_report
 from sodaray.report.figures import (
     exact_by_position_figure,
     exact_vs_steps_figure,
     scaling_figure,
 )
+from sodaray.report.rows import load_frame
 from sodaray.report.study import MIN_TRIALS_FOR_IMPORTANCE, history_figure, save_plots
 from sodaray.results import RunContext, result_rows
 from sodaray.search.engine.base import InversionResult
-from sodaray.tuner.study import METRIC_LABELS
+from sodaray.tuner.values import METRIC_LABELS
 
 matplotlib.use("Agg")
 
@@ -249,7 +250,7 @@ def test_a_tall_figures_suptitle_clears_its_first_panel(tmp_path):
     suptitle's lowest line is above every panel's title and legend."""
     import matplotlib.pyplot as plt
 
-    from sodaray.report.figures import _save
+    from sodaray.report.drawing import save as _save
 
     fig, axes = plt.subplots(6, 1, figsize=(8.5, 3.2 * 6), squeeze=False)
     for (ax,) in axes:

@@ -21,13 +21,9 @@ from sodaray.cli import main
 from sodaray.experiment.owner import STALE_SECONDS
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
-from sodaray.runner.layout import (
-    LOCK_FILE,
-    acquire_lock,
-    meta_folder,
-    plan_jobs,
-    shard_path,
-)
+from sodaray.runner.jobs import plan_jobs
+from sodaray.runner.layout import meta_folder, shard_path
+from sodaray.runner.locks import LOCK_FILE, acquire_lock
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 

@@ -208,7 +208,7 @@ TUNING = {
 
 
 def study_trials(tmp_path: Path) -> list:
-    from sodaray.tuner.study import open_storage
+    from sodaray.tuner.storage import open_storage
 
     journal = str(tmp_path / "o" / "sig" / "study.journal")
     return optuna.load_study(study_name="sig", storage=open_storage(journal)).trials
@@ -222,7 +222,7 @@ def study_trials(tmp_path: Path) -> list:
     ids=["SIGTERM", "SIGHUP"],
 )
 def test_a_signal_stops_tune_cleanly_and_its_running_trials_run_again(tmp_path, sig):
-    from sodaray.tuner.study import INTERRUPTED_ATTR
+    from sodaray.tuner.owner import INTERRUPTED_ATTR
 
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(TUNING))
     journal = tmp_path / "o" / "sig" / "study.journal"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sodaray.search.soda import batch as soda
+from sodaray.search.soda import relaxed as soda
 
 
 def relaxed(z: torch.Tensor, embedding: torch.Tensor, tau: torch.Tensor):
@@ -62,7 +62,7 @@ def test_one_workspace_over_growing_and_shrinking_batches_keeps_its_zero_rows(in
     """The product reads the workspace's own zero rows after the probabilities (no padded copy,
     issue 41): as a batch's row count moves (rows left by a larger step become padding, a few
     rows need many), every output is the padded product's bit for bit."""
-    from sodaray.model.load import pad_rows
+    from sodaray.model.padding import pad_rows
 
     z, embedding, tau = inputs
     ws = soda.Workspace()

@@ -1,5 +1,5 @@
 """One owner per study while it runs (issue 58): each `tune` run records itself in its study and
-names itself in each trial it asks (`tuner.study.RunOwner`). A second run on a study whose first
+names itself in each trial it asks (`tuner.owner.RunOwner`). A second run on a study whose first
 is live joins it (its own trials, none of the first's touched: it used to fail them as "left
 running by an earlier run", and the first then died on "Trial#1 has already finished"); a
 RUNNING trial is failed and tried again only once its run is known to be over. Storage URLs
@@ -23,14 +23,9 @@ from conftest import STORIES, one_line_error
 
 from sodaray.experiment.owner import boot_id, process_start
 from sodaray.tuner import load_tuning
-from sodaray.tuner.study import (
-    RUN_ATTR,
-    TRIAL_RUN_ATTR,
-    RunOwner,
-    ask_trial,
-    open_storage,
-    open_study,
-)
+from sodaray.tuner.owner import RUN_ATTR, TRIAL_RUN_ATTR, RunOwner, ask_trial
+from sodaray.tuner.storage import open_storage
+from sodaray.tuner.study import open_study
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +144,7 @@ def test_a_run_joining_a_live_one_proposes_other_points(tmp_path, live_process):
 
 
 def test_an_interrupted_runs_trials_are_failed_marked_and_enqueued(tmp_path):
-    from sodaray.tuner.study import INTERRUPTED_ATTR, abandon_trials
+    from sodaray.tuner.owner import INTERRUPTED_ATTR, abandon_trials
 
     spec = load_tuning(tuning_file(tmp_path))
     url = str(tmp_path / "study.journal")
@@ -232,7 +227,7 @@ def test_a_second_tune_on_a_live_study_joins_it_and_touches_none_of_its_trials(t
 def test_an_empty_storage_is_refused_in_one_line(tmp_path, capsys):
     """`--storage "$DB"` with DB unset silently became the local journal: a cluster's study on
     one node's disk. Refused in one line, whether the parser or the tuner sees it first."""
-    from sodaray.tuner.study import storage_url
+    from sodaray.tuner.storage import storage_url
 
     path = tuning_file(tmp_path)
     err = one_line_error(["tune", str(path), "--out", str(tmp_path / "o"), "--storage", ""], capsys)

@@ -11,7 +11,8 @@ import yaml
 from conftest import STORIES
 
 from sodaray.tuner import load_tuning
-from sodaray.tuner.study import ask_trial, open_study
+from sodaray.tuner.owner import ask_trial
+from sodaray.tuner.study import open_study
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 

@@ -19,7 +19,7 @@ from sodaray.cli.tune import leaderboard, print_leaderboard
 from sodaray.config.presets import load_preset_file
 from sodaray.data.store import dataset_hash, read_dataset
 from sodaray.tuner import load_tuning, run_tuning
-from sodaray.tuner.study import open_storage
+from sodaray.tuner.storage import open_storage
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 
@@ -220,7 +220,7 @@ def test_shipped_tuning_files_are_valid():
 
 
 def test_trial_value_metrics():
-    from sodaray.tuner.study import trial_value
+    from sodaray.tuner.values import trial_value
 
     assert trial_value("exact", 3, 10, 2.0, [0.1] * 10) == pytest.approx(0.3)
     assert trial_value("exact_per_second", 3, 10, 2.0, []) == pytest.approx(1.5)
@@ -364,7 +364,7 @@ def test_a_study_is_its_preset_files_values_not_its_path(tmp_path):
     """Issue 53: the study's identity hashed the path of the preset file its model names, so an
     edited preset made the next `tune` add trials to the old study. Its values decide now: an
     edit makes another study, a copy elsewhere the same."""
-    from sodaray.tuner.study import spec_hash
+    from sodaray.tuner.identity import spec_hash
 
     preset = tmp_path / "p.yaml"
     preset.write_text("soda: {temperature: 0.05}\n")

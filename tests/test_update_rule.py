@@ -11,6 +11,7 @@ from sodaray.objective.scoring import Layout, context_embeds, objective_loss
 from sodaray.search.engine.base import SlotEntry
 from sodaray.search.engine.slots import removal_plan
 from sodaray.search.soda.batch import SodaBatch
+from sodaray.search.soda.step import relaxed_gradient
 
 
 def make_batch(model, config, n=2, rows=3, configs=None):
@@ -26,7 +27,7 @@ def make_batch(model, config, n=2, rows=3, configs=None):
 
 def view(batch, name):
     """A fresh batch's packed (T, V) state as (slots, n, V): a view, writes go through."""
-    return batch.rows[name].view(len(batch), -1, batch.rows[name].shape[-1])
+    return batch.state.rows[name].view(len(batch), -1, batch.state.rows[name].shape[-1])
 
 
 def test_paper_defaults():
@@ -101,9 +102,9 @@ def test_gradient_is_that_of_the_relaxed_loss(tiny_llama):
     batch = make_batch(tiny_llama, cfg)
     torch.manual_seed(2)
     batch.z.copy_(torch.randn_like(batch.z))
-    grad, loss = batch.gradient()
+    grad, loss = relaxed_gradient(batch.state, batch.refresh(), batch.precision, batch.workspace)
     grad = grad[:6].view(3, 2, -1)  # the rows; the guard row after them
-    objective = batch.groups[0][0]
+    objective = batch.state.groups[0][0]
     # Per-sample: each sample's gradient is that of its own loss alone.
     for i in range(3):
         z = view(batch, "z")[i : i + 1].clone().requires_grad_(True)
@@ -152,9 +153,9 @@ def test_schedules_follow_each_slots_own_periods(tiny_llama):
 def test_switches_turn_schedules_off(tiny_llama):
     cfg = sodaray.SodaConfig(reset_period=5, reinit_period=5, use_resets=False, use_reinit=False)
     batch = make_batch(tiny_llama, cfg)
-    batch.z.fill_(3.0), batch.rows["m"].fill_(1.0)
+    batch.z.fill_(3.0), batch.state.rows["m"].fill_(1.0)
     batch.apply_schedules(np.array([5, 10, 15]))
-    assert torch.all(batch.rows["m"] == 1) and torch.all(batch.z == 3)
+    assert torch.all(batch.state.rows["m"] == 1) and torch.all(batch.z == 3)
 
 
 def test_reinit_without_resets_still_zeroes_moments(tiny_llama):
@@ -171,16 +172,16 @@ def test_state_starts_at_zero_and_a_new_search_starts_afresh(tiny_llama):
     cfg = sodaray.SodaConfig()
     batch = make_batch(tiny_llama, cfg)
     assert batch.z.abs().sum() == 0
-    batch.z.fill_(1.0), batch.rows["m"].fill_(1.0), batch.rows["v"].fill_(1.0)
+    batch.z.fill_(1.0), batch.state.rows["m"].fill_(1.0), batch.state.rows["v"].fill_(1.0)
     batch.remove(*removal_plan(3, np.array([1])))  # slot 2 moves into slot 1
     targets = sodaray.make_targets(tiny_llama, [[5, 6, 7]])
     batch.add([SlotEntry(targets, 0, 3, cfg)])  # a search of another length joins
     batch.refresh()
-    rows = batch.slot_rows[2]
-    assert len(rows) == 3 and list(batch.host["length"]) == [2, 2, 3]
+    rows = batch.state.slot_rows()[2]
+    assert len(rows) == 3 and list(batch.state.host["length"]) == [2, 2, 3]
     for name in ("z", "m", "v"):
-        assert batch.rows[name][rows].abs().sum() == 0
-        assert torch.all(batch.rows[name][np.concatenate(batch.slot_rows[:2])] == 1)
+        assert batch.state.rows[name][rows].abs().sum() == 0
+        assert torch.all(batch.state.rows[name][np.concatenate(batch.state.slot_rows()[:2])] == 1)
 
 
 @pytest.mark.parametrize(
@@ -215,8 +216,7 @@ def test_presets_load():
 
 def test_relaxed_embedding_matches_autograd_bit_for_bit(tiny_llama):
     """The workspace kernels (in place, out=) are autograd's own: same bits both ways."""
-    from sodaray.search.soda.batch import RelaxedEmbedding
-    from sodaray.search.soda.relaxed import Workspace
+    from sodaray.search.soda.relaxed import RelaxedEmbedding, Workspace
 
     torch.manual_seed(3)
     emb = tiny_llama.embedding_matrix
@@ -258,7 +258,7 @@ def test_mean_reduction_is_the_authors_batch_averaged_loss(tiny_llama):
         batch = make_batch(tiny_llama, cfg)
         torch.manual_seed(2)
         batch.z.copy_(torch.randn_like(batch.z))
-        grad, _ = batch.gradient()
+        grad, _ = relaxed_gradient(batch.state, batch.refresh(), batch.precision, batch.workspace)
         steps[reduction] = grad[:6].clone()
         batch.set_steps([0, 0, 0])
         batch.update(grad)

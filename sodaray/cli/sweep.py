@@ -1,4 +1,4 @@
-"""`sodaray sweep run|status`: the command-line face of the runner."""
+"""`sodaray sweep run|plan|status`: the command-line face of the runner."""
 
 from __future__ import annotations
 
@@ -21,18 +21,44 @@ OVERRIDE_HELP = (
     "KEY=VALUE overrides of the file's fields, in the file's own names (max_steps=500, "
     "models.qwen.bos=true, algorithms.soda.grid.temperature=[0.07]); validated as the file"
 )
-
-
 COSTS_HELP = (
     "measured step costs: a costs file (YAML, as `benchmarks/bench_invert.py --suite gpu "
     "--out FILE` writes it; kind gpu prices the GPU jobs, kind cpu the CPU jobs) or a "
-    "built-in device (h100: issue 41's figures; h200: measured on an H200)"
+    "built-in device (h100: measured on an H100; h200: measured on an H200)"
 )
+
+
+def add_mlflow_options(p: argparse.ArgumentParser, parent: str, child: str, when: str) -> None:
+    """`--mlflow` and `--mlflow-experiment` of a command logging a `parent` run (`sweep`,
+    `study`) with a `child` run each; `when`: when it logs them, or empty."""
+    p.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help=f"log the {parent} (a parent run) and each {child} (a child run) to this MLflow "
+        f"tracking URI{when} (sqlite:///mlflow.db, http://HOST:5000; needs pip install "
+        "'sodaray[mlflow]'; see them with `mlflow ui --backend-store-uri URI`)",
+    )
+    parents = {"study": "studies"}.get(parent, f"{parent}s")
+    p.add_argument(
+        "--mlflow-experiment",
+        metavar="NAME",
+        help=f"the MLflow experiment (default: the {parent}'s name); give several {parents} one "
+        "to compare them in one table",
+    )
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
     cmds = p.add_subparsers(dest="sweep_command", required=True, parser_class=type(p))
+    _add_run_parser(cmds)
+    _add_plan_parser(cmds)
+    status = cmds.add_parser("status", help="done / pending / failed shards per job")
+    status.add_argument("out", help="results folder (or one sweep's folder in it)")
+    status.add_argument("--json", action="store_true", help="one JSON object per job")
+    status.set_defaults(func=cmd_sweep_status)
+
+
+def _add_run_parser(cmds: argparse._SubParsersAction) -> None:
     run = cmds.add_parser(
         "run",
         help="run every shard of a sweep that has no result file yet",
@@ -77,19 +103,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--json", action="store_true", help="the run's outcome as one JSON object on stdout"
     )
-    run.add_argument(
-        "--mlflow",
-        metavar="URI",
-        help="log the sweep (a parent run) and each job (a child run) to this MLflow tracking "
-        "URI when the run ends (sqlite:///mlflow.db, http://HOST:5000; needs pip install "
-        "'sodaray[mlflow]'; see them with `mlflow ui --backend-store-uri URI`)",
-    )
-    run.add_argument(
-        "--mlflow-experiment",
-        metavar="NAME",
-        help="the MLflow experiment (default: the sweep's name); give several sweeps one to "
-        "compare them in one table",
-    )
+    add_mlflow_options(run, "sweep", "job", " when the run ends")
     run.add_argument(
         "--costs",
         metavar="FILE_OR_DEVICE",
@@ -97,6 +111,9 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
         "GPU jobs; CPU jobs only with a CPU costs file)",
     )
     run.set_defaults(func=cmd_sweep_run)
+
+
+def _add_plan_parser(cmds: argparse._SubParsersAction) -> None:
     plan = cmds.add_parser(
         "plan",
         help="jobs, samples, the most sample-steps and the time a sweep can take",
@@ -123,15 +140,12 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     )
     plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
-    status = cmds.add_parser("status", help="done / pending / failed shards per job")
-    status.add_argument("out", help="results folder (or one sweep's folder in it)")
-    status.add_argument("--json", action="store_true", help="one JSON object per job")
-    status.set_defaults(func=cmd_sweep_status)
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.cli.progress import SweepProgress
-    from sodaray.errors import first_line
+    from sodaray.config.validation import check_output_dir
+    from sodaray.costs.devices import load_costs
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
     if args.max_attempts < 1:
@@ -142,54 +156,18 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         args.sweep, model=args.model, overrides=args.overrides
     )  # validated before Ray starts
     sweep = _quick(sweep, args, args.limit)
-    from sodaray.config.validation import check_output_dir
-
     check_output_dir(args.out)
     # Each model entry without a preset: its family defaults and why (their job files say so,
     # and --json's `defaults`); on stdout, where stderr keeps an error to one line.
-    defaults = model_defaults(sweep.jobs(limit=args.limit, model=args.model))
+    defaults = _defaults_by_label(sweep.jobs(limit=args.limit, model=args.model))
     if not args.json:
         for label, chosen in defaults.items():
             print(f"model {label}: {chosen['why']}", flush=True)
-    track = None
-    if args.mlflow is not None:  # an empty URI too: check_tracking refuses it
-        from sodaray.cli.tracking.sweep import sweep_logger
-
-        options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
-        # The URI is checked before anything runs.
-        track = sweep_logger(args.mlflow, sweep, args.mlflow_experiment, options)
+    track = _sweep_tracker(args, sweep)
     progress = SweepProgress(sweep.name)
-    costs = _costs(args.costs or "h100")
     planned: dict = {}
-
-    def on_start(run, samples: int) -> None:
-        from sodaray.runner.plan import plan_sweep
-
-        # The jobs are planned and their datasets built: price those with work to do (no
-        # calibration: the costs say what a step takes) to hold the run's wall against.
-        try:
-            planned.update(
-                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
-            )
-        except Exception as exc:  # a price is a by-product: the run goes on without it
-            log.warning("no plan to hold the run against: %s", first_line(exc))
-        print(
-            f"sweep {sweep.name}: {run.jobs} jobs, {run.shards_total} shards "
-            f"({run.shards_skipped} already done), {samples} samples to run",
-            file=sys.stderr,
-        )
-        for name in run.locked:
-            owner = run.lock_owners.get(name, "?")
-            print(f"  skipped {name}: another driver is running it ({owner})", file=sys.stderr)
-        for name in run.corrupt:
-            print(f"  {name}: file was invalid, set aside; recomputing", file=sys.stderr)
-        if run.kept:
-            print(
-                f"  {run.kept} samples of unfinished shards ended in an earlier run: kept",
-                file=sys.stderr,
-            )
-        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
-
+    on_start = _on_start(sweep.name, load_costs(args.costs or "h100"), planned, progress)
+    folder = f"{args.out}/{sweep.name}"
     try:
         run = run_sweep(
             sweep,
@@ -205,21 +183,11 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             on_progress=progress.job,
         )
     except SweepInterrupted as stop:
-        progress.close()
-        if track is not None:
-            track(f"{args.out}/{sweep.name}")
-        print(
-            f"interrupted: {len(stop.run.done)} shards finished in this run are kept, and the "
-            "searches that ended in unfinished shards; run the same command again to continue",
-            file=sys.stderr,
-        )
-        from sodaray.experiment import stops
-
-        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+        return _interrupted(stop.run, progress, track, folder)
     progress.close()
     if track is not None:
-        track(f"{args.out}/{sweep.name}")
-    jobs = sweep_status(f"{args.out}/{sweep.name}")
+        track(folder)
+    jobs = sweep_status(folder)
     # Work left undone is not success: a failed shard, or a job another driver holds (its
     # shards are not done when this run ends; exit 0 read as "complete" to a script).
     incomplete = 1 if run.failed or run.locked else 0
@@ -232,6 +200,78 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         summary = {**run_summary(sweep.name, run, jobs), "plan": check, "defaults": defaults}
         print(jsontext.dumps(summary))
         return incomplete
+    _print_outcome(run, jobs, check)
+    return incomplete
+
+
+def _sweep_tracker(args: argparse.Namespace, sweep):
+    """With --mlflow, what logs the sweep to MLflow given its folder, else None."""
+    if args.mlflow is None:  # an empty URI goes on: check_tracking refuses it
+        return None
+    from sodaray.cli.tracking.sweep import sweep_logger
+
+    options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
+    # The URI is checked before anything runs.
+    return sweep_logger(args.mlflow, sweep, args.mlflow_experiment, options)
+
+
+def _on_start(name: str, costs, planned: dict, progress):
+    """`run_sweep`'s `on_start`: once the jobs are planned and their datasets built, those with
+    work to do are priced into `planned` (no calibration: the costs say what a step takes) to
+    hold the run's wall against; the run's counts go to stderr and the bars start."""
+
+    def on_start(run, samples: int) -> None:
+        from sodaray.errors import first_line
+        from sodaray.runner.plan import plan_sweep
+
+        try:
+            planned.update(
+                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
+            )
+        except Exception as exc:  # a price is a by-product: the run goes on without it
+            log.warning("no plan to hold the run against: %s", first_line(exc))
+        _announce(name, run, samples)
+        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
+
+    return on_start
+
+
+def _announce(name: str, run, samples: int) -> None:
+    """What the run will do, and what it skips or set aside, on stderr."""
+    print(
+        f"sweep {name}: {run.jobs} jobs, {run.shards_total} shards "
+        f"({run.shards_skipped} already done), {samples} samples to run",
+        file=sys.stderr,
+    )
+    for job in run.locked:
+        owner = run.lock_owners.get(job, "?")
+        print(f"  skipped {job}: another driver is running it ({owner})", file=sys.stderr)
+    for job in run.corrupt:
+        print(f"  {job}: file was invalid, set aside; recomputing", file=sys.stderr)
+    if run.kept:
+        print(
+            f"  {run.kept} samples of unfinished shards ended in an earlier run: kept",
+            file=sys.stderr,
+        )
+
+
+def _interrupted(run, progress, track, folder: str) -> int:
+    """A stopped run: what it kept logged and said; the stop's exit code."""
+    from sodaray.experiment import stops
+
+    progress.close()
+    if track is not None:
+        track(folder)
+    print(
+        f"interrupted: {len(run.done)} shards finished in this run are kept, and the "
+        "searches that ended in unfinished shards; run the same command again to continue",
+        file=sys.stderr,
+    )
+    return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+
+
+def _print_outcome(run, jobs, check: dict | None) -> None:
+    """The finished run for people: each job's status, the totals, the plan, what failed."""
     _print_status(jobs)
     occupancy = run.occupancy
     busy = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
@@ -248,7 +288,6 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
             f"NOT RUN {name}: another driver holds its lock ({run.lock_owners.get(name, '?')}); "
             "run the command again once it ends"
         )
-    return incomplete
 
 
 def _plan_line(check: dict) -> str:
@@ -270,13 +309,7 @@ def _plan_line(check: dict) -> str:
     return line
 
 
-def _costs(source: str):
-    from sodaray.costs.devices import load_costs
-
-    return load_costs(source)
-
-
-def model_defaults(jobs) -> dict[str, dict]:
+def _defaults_by_label(jobs) -> dict[str, dict]:
     """The family defaults each model entry without a preset got (`Job.defaults`), by label."""
     return {j.model.label: j.defaults.to_dict() for j in jobs if j.defaults is not None}
 
@@ -317,6 +350,7 @@ def _quick(sweep, args: argparse.Namespace, limit: int | None):
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
+    from sodaray.costs.devices import load_costs
     from sodaray.costs.flops import check_rate
     from sodaray.runner import load_sweep
     from sodaray.runner.plan import check_jobs_fit, plan_sweep
@@ -328,13 +362,13 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
             "--rate and --no-calibrate contradict: --rate prices every job, --no-calibrate "
             "prices none; give one"
         )
-    costs = _costs(args.costs)
+    costs = load_costs(args.costs)
     sweep = _quick(
         load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
     )
     jobs = sweep.jobs(limit=args.limit, model=args.model)
     check_jobs_fit(jobs, sweep.path)  # inputs beyond a model's context: refused, as `run` does
-    defaults = model_defaults(jobs)
+    defaults = _defaults_by_label(jobs)
     if not args.json:
         for label, chosen in defaults.items():
             print(f"model {label}: {chosen['why']}")

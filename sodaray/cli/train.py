@@ -41,7 +41,6 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mlp-hidden",
         type=int,
-        default=None,
         help="logits: hidden width of the slice MLP (default 1024; the paper's 32768 is for a GPU)",
     )
     p.add_argument("--warmup-steps", type=int, default=1000)
@@ -96,7 +95,7 @@ def check_threads(threads: int | None) -> None:
 def cmd_train_inverter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sodaray.config.validation import check_context
+    from sodaray.config.capacity import check_context
     from sodaray.data.build import parse_lengths
     from sodaray.inverter.train import (
         PAPER_DEFAULTS,
@@ -110,7 +109,7 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         raise ValueError(
             "--mlp-hidden sizes the logits encoder's MLP: it is for --observation logits"
         )
-    from sodaray.config.validation import check_device
+    from sodaray.config.capacity import check_device
 
     check_device(args.device)  # `--device tpu`: one line, before anything loads
     paper = PAPER_DEFAULTS[args.observation]

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP
+from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP, add_mlflow_options
 from sodaray.io import jsontext
 
 
@@ -70,25 +70,17 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
     est.add_argument(
         "--costs", metavar="FILE_OR_DEVICE", default="h100", help=f"{COSTS_HELP} (default h100)"
     )
-    p.add_argument(
-        "--mlflow",
-        metavar="URI",
-        help="log the study (a parent run) and each trial (a child run) to this MLflow tracking "
-        "URI (sqlite:///mlflow.db, http://HOST:5000; needs pip install 'sodaray[mlflow]'; "
-        "see them with `mlflow ui --backend-store-uri URI`)",
-    )
-    p.add_argument(
-        "--mlflow-experiment",
-        metavar="NAME",
-        help="the MLflow experiment (default: the study's name); give several studies one to "
-        "compare them in one table",
-    )
+    add_mlflow_options(p, "study", "trial", "")
     p.set_defaults(func=cmd_tune)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.cli.progress import TrialProgress
+    from sodaray.config.validation import check_output_dir
+    from sodaray.costs.devices import load_costs
+    from sodaray.costs.flops import check_rate
     from sodaray.tuner import load_tuning, run_tuning
+    from sodaray.tuner.storage import check_storage
 
     if args.trials is not None and args.trials < 1:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
@@ -96,15 +88,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
     check_modes(args)
     spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
-    from sodaray.config.validation import check_output_dir
-
     check_output_dir(args.out)
-    from sodaray.tuner.study import check_storage
-
     check_storage(spec, args.out, args.storage)  # empty, unknown, its driver missing
-    from sodaray.costs.devices import load_costs
-    from sodaray.costs.flops import check_rate
-
     check_rate(args.rate)
     costs = load_costs(args.costs)
     if args.evaluate:
@@ -115,31 +100,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for line in dry_run_lines(study["estimate"]):
             print(line, file=sys.stderr)
         return 0
-    from sodaray.experiment.spec import model_defaults
-
-    model = spec.on_model(args.model).model
-    defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
-    if defaults is not None and not args.json:  # with --json: its `defaults`
-        print(f"model {model.label}: {defaults.why()}", flush=True)
-    callbacks = []
-    tracker = None
-    if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
-        from sodaray.cli.tracking.study import StudyTracker
-
-        tracker = StudyTracker(
-            args.mlflow,
-            spec,
-            out=args.out,
-            storage=args.storage,
-            model=args.model,
-            overrides=args.overrides,
-            experiment=args.mlflow_experiment,
-        )
-        callbacks.append(tracker.trial)
+    defaults = _model_defaults(spec, args)
+    tracker = _study_tracker(args, spec)
     progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
-    from sodaray.experiment import stops
-    from sodaray.tuner.run import TuneInterrupted
-
     try:
         run = run_tuning(
             spec,
@@ -151,21 +114,63 @@ def cmd_tune(args: argparse.Namespace) -> int:
             address=args.address,
             wait_for_nodes=args.wait_for_nodes,
             on_trial=progress.trial,
-            callbacks=callbacks,
+            callbacks=[] if tracker is None else [tracker.trial],
             on_progress=progress.progress,
         )
     except KeyboardInterrupt as exc:
-        if tracker is not None:
-            tracker.stop()
-        left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
-        again = f"; running trials {left} failed, to run again" if left else ""
-        print(
-            f"interrupted: finished trials are in the study{again}; run again to resume",
-            file=sys.stderr,
-        )
-        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+        return _interrupted(exc, tracker)
     finally:
         progress.close()
+    return _finish(args, run, tracker, defaults)
+
+
+def _model_defaults(spec, args: argparse.Namespace):
+    """The family defaults of the tuned model when it names no preset (else None), said on
+    stdout without --json (with it: the leaderboard's `defaults`)."""
+    from sodaray.experiment.spec import model_defaults
+
+    model = spec.on_model(args.model).model
+    defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
+    if defaults is not None and not args.json:
+        print(f"model {model.label}: {defaults.why()}", flush=True)
+    return defaults
+
+
+def _study_tracker(args: argparse.Namespace, spec):
+    """With --mlflow, the study's MLflow tracker, else None."""
+    if args.mlflow is None:  # the URI is checked before anything runs (an empty one too)
+        return None
+    from sodaray.cli.tracking.study import StudyTracker
+
+    return StudyTracker(
+        args.mlflow,
+        spec,
+        out=args.out,
+        storage=args.storage,
+        model=args.model,
+        overrides=args.overrides,
+        experiment=args.mlflow_experiment,
+    )
+
+
+def _interrupted(exc: KeyboardInterrupt, tracker) -> int:
+    """A stopped run: its tracker stopped, one line on what is kept; the stop's exit code."""
+    from sodaray.experiment import stops
+    from sodaray.tuner.run import TuneInterrupted
+
+    if tracker is not None:
+        tracker.stop()
+    left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
+    again = f"; running trials {left} failed, to run again" if left else ""
+    print(
+        f"interrupted: finished trials are in the study{again}; run again to resume",
+        file=sys.stderr,
+    )
+    return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+
+
+def _finish(args: argparse.Namespace, run, tracker, defaults) -> int:
+    """The study after the run, as a leaderboard (and to MLflow); 1 when every trial failed."""
     board = leaderboard(run)
     if tracker is not None:
         tracker.finish(run, board)
@@ -236,15 +241,12 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     """What `tune` would run, where it would write, and what it will cost at most
     (`--dry-run`): each parameter's range as the study samples it (overrides applied), and
     the estimate of `sodaray.tuner.plan`, priced by `costs` as `sweep plan` prices."""
-    import dataclasses
-
     from sodaray.experiment.spec import model_defaults
     from sodaray.io.paths import inside
     from sodaray.tuner.plan import plan_study
-    from sodaray.tuner.study import checkpoint_steps
+    from sodaray.tuner.values import checkpoint_steps
 
-    if args.model is not None:  # as `run_tuning` runs it
-        spec = dataclasses.replace(spec, model=spec.model.with_id(args.model))
+    spec = spec.on_model(args.model)  # as `run_tuning` runs it
     trials = spec.trials if args.trials is None else args.trials
     defaults = model_defaults(spec.model)
     return {
@@ -309,7 +311,7 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
     import optuna
 
     from sodaray.report.study import leaderboard as board
-    from sodaray.tuner.study import open_storage
+    from sodaray.tuner.storage import open_storage
 
     study = optuna.load_study(study_name=run.study_name, storage=open_storage(run.storage))
     return {

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sodaray.config.validation import yaml_load
+from sodaray.config.yamltext import yaml_load
 from sodaray.errors import first_line
 from sodaray.io.files import MAX_NESTING, read_config
 from sodaray.io.paths import brief, expand_path

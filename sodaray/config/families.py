@@ -1,24 +1,18 @@
 """Family defaults: what a model gets when no preset is named, chosen by its config's
-`model_type`, with the measurement each default rests on.
+`model_type` (`defaults_for`), with the measurement each default rests on.
 
-One rule, here: `defaults_for(model_type)`. `sodaray invert` asks it with the loaded model's
-`config.model_type`; a sweep's model entry and a tuning file's model ask it on the driver with
-the type `model_type_of` reads from the model's files (a folder's `config.json`, a GGUF file's
-`general.architecture`, a hub repository's `config.json`), weights never loaded. A command or
-model entry that names a preset (`--preset`, `--preset-file`, `preset:`, `preset_file:`) gets
-that preset alone, as before.
+`sodaray invert` asks with the loaded model's `config.model_type`; a sweep's or tuning file's
+model entry asks on the driver with the type `model_type_of` reads from the model's files (a
+folder's `config.json`, a GGUF file's `general.architecture`, a hub repository's `config.json`),
+weights never loaded. A command or entry that names a preset gets that preset alone.
 
-A family sets two things, both only where nothing else says otherwise:
-- SODA's knobs, as one of the paper's presets (`sodaray.config.presets`); other algorithms keep
-  theirs;
-- the space observed logits are compared in (`raw` or `centred`), for the logits objective
-  observing all logits, which is what was measured; top-k and text observations keep `raw`.
-A BOS before the input is a fact of how the model was deployed, not a search setting, so a
-family never sets it: it gives advice, which `invert` prints when no BOS precedes the input.
-
-Each value says in `basis` which measurement it rests on (benchmarks/RESULTS.md), or that none
-was made; a default nothing measured is the one a model without a preset got before (SODA's
-own values, which are the paper's TinyStories-33M preset, and raw logits).
+A family sets, only where nothing else says otherwise, SODA's knobs (one of the paper's presets,
+`sodaray.config.presets`; other algorithms keep theirs) and the space all-logits observations are
+compared in (`raw` or `centred`; top-k and text observations keep `raw`). A BOS before the input
+is a fact of how the model was deployed, so a family never sets it: it gives advice, which
+`invert` prints when no BOS precedes the input. Each value says in `basis` which measurement it
+rests on, or that none was made; a model of no family gets SODA's own values (the paper's
+TinyStories-33M preset) and raw logits.
 """
 
 from __future__ import annotations
@@ -32,8 +26,8 @@ from sodaray.config.presets import load_preset_objective, preset_params
 from sodaray.errors import first_line
 from sodaray.io.files import parse_json
 
-# The preset SODA's own defaults equal: `--preset tinystories-33m` keeps what a model without a
-# preset got before family defaults (SODA's defaults, raw logits).
+# The preset SODA's own defaults equal: `--preset tinystories-33m` gives a model SODA's defaults
+# and raw logits whatever its family.
 SODA_DEFAULTS_PRESET = "tinystories-33m"
 CONFIG_LIMIT = 4 << 20  # bytes of a config.json read to learn the model's type
 
@@ -53,8 +47,7 @@ class Family:
         return f"preset {self.preset}, {self.space} logits"
 
 
-# RESULTS.md sections named below: "Real models of the paper's kind (issue 14)", "Issue 27: ...",
-# "Issue 38: ...". Lengths are input lengths in tokens; n/16 are exact finds of 16 inputs.
+# Lengths are input lengths in tokens; n/16 are exact finds of 16 inputs.
 FAMILIES: tuple[Family, ...] = (
     Family(
         name="llama",
@@ -70,7 +63,7 @@ FAMILIES: tuple[Family, ...] = (
             "preset": "SmolLM2-135M, a BOS, 2,000 steps: the paper's Qwen2.5-0.5B knobs in every "
             "measurement (75/6/0% exact at lengths 1/2/3 in raw logits, sweeps/real-models.yaml); "
             "a 20-trial study of the knobs in centred logits ended next to them and found 8/16 "
-            "held-out length-2 inputs against their 9/16 (issue 27). The paper has no Llama "
+            "held-out length-2 inputs against their 9/16. The paper has no Llama "
             "preset.",
             "space": "SmolLM2-135M, a BOS, length 2, 2,000 steps (sweeps/smollm2-space.yaml): "
             "centred 13/16 against raw 0/16 on the seed-0 inputs it was chosen on, 9/16 against "
@@ -78,7 +71,7 @@ FAMILIES: tuple[Family, ...] = (
             "held-out inputs per length (sweeps/both-spaces.yaml): centred 15/4/5 against raw "
             "12/4/3 exact at lengths 1/2/3, but 22.6% of centred finds are another input whose "
             "outputs match within the tolerance (near-collisions within 5e-4 that a raw check "
-            "turns down) against 5.0% of raw ones (issue 38 in benchmarks/RESULTS.md); with "
+            "turns down) against 5.0% of raw ones (benchmarks/RESULTS.md); with "
             "the confirm against raw logits (confirm: both, the default) 0% false and no exact "
             "input lost on those 48 inputs. SmolLM2's lengths 1 and 3 are not measured in both "
             "spaces.",
@@ -107,8 +100,7 @@ FAMILIES: tuple[Family, ...] = (
             "35/48 = 72.9% (59.0-83.4), against raw 15/9/9, 33/48 = 68.8% (54.7-80.1), on the "
             "same inputs (sweeps/real-models.yaml); 0 false finds of 35. The intervals overlap: "
             "centred is chosen as no worse at any length, the space the authors' code compares "
-            "in, and the Llama and Gemma 3 families' measured space (issue 38 in "
-            "benchmarks/RESULTS.md).",
+            "in, and the Llama and Gemma 3 families' measured space (benchmarks/RESULTS.md).",
             "bos": "Qwen2.5-0.5B, 2,000 steps (sweeps/real-models.yaml): length 1 15/16 with a BOS "
             "against 1/16 without; length 2 9/16 against 11/16. Its tokenizer adds no BOS.",
         },
@@ -128,7 +120,7 @@ FAMILIES: tuple[Family, ...] = (
             "against raw logits (confirm: both, the default) 16/15/14 exact at lengths 1/2/3, "
             "45/48 = 93.8% (83.2-97.9), against raw 14/10/6, 30/48 = 62.5% (48.4-74.8), on the "
             "same inputs (sweeps/real-models.yaml); 0 false finds of 45, and 14,820 sample-steps "
-            "of at most 96,000 (issue 38 in benchmarks/RESULTS.md).",
+            "of at most 96,000 (benchmarks/RESULTS.md).",
             "bos": "Gemma's tokenizer adds a BOS; with none, position 0 is not flat (distinct "
             "inputs differ by 4.70 in centred logits: `real_models.py --probe`).",
         },

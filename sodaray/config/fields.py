@@ -2,9 +2,8 @@
 
 Each takes a `fail(where, message)` made by `failer`, so an error is one line naming the file
 and the field (`sweep.yaml: algorithms[0].grid.lr: ...`): names known, types and bounds by the
-dataclass the entry becomes (`sodaray.config.validation.coerce_fields`), grids counted before they
-are
-built, names that become paths checked by `sodaray.io.paths.component`.
+dataclass the entry becomes (`sodaray.config.validation.coerce_fields`), grids counted before
+they are built, names that become paths checked by `sodaray.io.paths.component`.
 """
 
 from __future__ import annotations
@@ -111,8 +110,8 @@ _SCALARS = (int, float, str, bool, type(None))
 
 def plain(obj: Any) -> dict[str, Any]:
     """`dataclasses.asdict(obj)`: the same dict (nested dataclasses, lists, tuples and dicts
-    copied as it copies them), without its deep copy of every number and string: a job's hash
-    takes its config's and objective's fields, and a plan of 100,000 jobs spent seconds there."""
+    copied as it copies them), without its deep copy of every number and string: every job's
+    hash in a plan takes its config's and objective's fields."""
     return {name: _plain(getattr(obj, name)) for name in field_names(type(obj))}
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from sodaray.config.validation import make_objective, yaml_load
+from sodaray.config.validation import make_objective
+from sodaray.config.yamltext import yaml_load
 from sodaray.errors import first_line
 from sodaray.io.files import read_config
 from sodaray.io.paths import brief
@@ -88,9 +89,8 @@ def get_preset(name: str) -> Preset:
 
 # A preset file is either a flat mapping of SODA parameters, or these sections. `soda` holds
 # SODA's parameters and `params` another algorithm's (as `sodaray tune` writes them); `note` and
-# `model` say where it came from. Anything else is refused by name: a misspelt `objectve:` or an
-# `include:` (which presets do not take) was ignored in silence, and with both `soda` and
-# `params` the second was dropped.
+# `model` say where it came from. Anything else is refused by name (a misspelt `objectve:`, an
+# `include:`, which presets do not take), and so are `soda` and `params` together.
 SECTIONS = ("soda", "params", "objective", "note", "model")
 
 

@@ -1,8 +1,7 @@
 """What a search step takes on a device, from measured costs: a floor per transformer pass and a
-rate for the batch's work. The H100 figures of issue 41 are the built-in defaults until a device
-is re-measured (`benchmarks/bench_invert.py --suite gpu --out FILE` writes a costs file); an
-H200's, measured by that suite at padded static shapes (so dear for short inputs), are built in
-as `h200`.
+rate for the batch's work. Built in: `h100` (the default) and `h200`, costs files packaged beside
+this module with the measured steps they were fit to; `bench_invert.py --suite gpu --out FILE`
+measures a device and writes a costs file of the same form.
 
     step seconds = passes x (pass_seconds + layers x layer_seconds)
                    + (sum of the step's sample FLOPs) / flops_per_second
@@ -10,26 +9,18 @@ as `h200`.
 and a sweep's wall adds `startup_seconds` once per model (Ray, its replicas, its load).
 
 - A pass costs a floor however few samples it holds: kernel launches, Python dispatch and host
-  synchronisation, per layer (each layer launches its own kernels) and besides. On the H100 it is
-  about 15 ms for 4 layers and 74 ms for 24 (the issue read 75-90 off its small batches): small
-  batches are launch-bound.
+  synchronisation, per layer (each layer launches its own kernels) and besides: small batches
+  are launch-bound.
 - A sample's work is its sample-step FLOPs from the model's shape (`ModelShape.step_flops`:
   its positions through the blocks, the relaxed input's mixture, the unembedding, the update),
   at the rate the device reaches on a batch's work: per sample position, the per-position
   seconds of a shape and precision are its FLOPs per position over that rate.
 
-Each precision (`SodaConfig.precision`: float32, bfloat16; tf32 is priced as float32, its one
-H100 measurement having been taken under padded static shapes, RESULTS.md) has its own three
-constants, fit by `fit_costs` to measured steps: least squares on
-the relative error, the constants kept non-negative (a constant that would go negative is left
-out and the rest refit). Measurements of one depth cannot tell the per-layer floor from the rest:
+Each measured precision (`SodaConfig.precision`; one not measured, tf32 among them, is priced as
+float32) has its own three constants, fit by `fit_costs` to measured steps: least squares on the
+relative error, the constants kept non-negative (a constant that would go negative is left out
+and the rest refit). Measurements of one depth cannot tell the per-layer floor from the rest:
 the floor is then all per layer.
-
-The built-in H100 constants are `fit_costs` over the rows of `H100_STEPS` not marked held out
-(tests/test_device_costs.py refits them and checks every row's error):
-- float32: fit on neo n=10 B=1, B=8, B=1000 and Qwen n=3 B=64, B=1000 (the launch floors and the
-  slopes); held out: neo n=3 B=64, neo n=10 B=64 and B=256, Qwen n=3 B=256, Qwen n=10 B=64.
-- bfloat16 (five rows measured): fit on neo B=256, B=1000, Qwen B=64, B=1000; held out: Qwen B=256.
 """
 
 from __future__ import annotations
@@ -37,16 +28,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from sodaray.config.configfile import read_document
+from sodaray.config.yamltext import yaml_load
 from sodaray.costs.flops import KNOWN_SHAPES, ModelShape
 from sodaray.io.paths import brief
 
 KINDS = ("gpu", "cpu")  # the jobs a costs table prices: those asking a GPU, or none
 PRECISIONS = ("float32", "tf32", "bfloat16")
-# A precision not measured is priced as float32. For tf32 that errs high where it matters: on an
-# H100 it ran 1.8-2.5x float32's speed at B=1000, and 0.76-1.09x at B=64 (host-bound, noisy).
+# A precision not measured is priced as float32 (for tf32 that errs high where the batch's work
+# dominates: there it runs faster).
 FALLBACK = "float32"
 MAX_STEP_SECONDS = 3600.0  # a floor above an hour a pass is a typo, not a measurement
 MIN_RATE = 1e3  # FLOP/s: below, a plan's hours overflow before they mean anything
@@ -260,84 +254,6 @@ def fit_costs(steps: Sequence[MeasuredStep]) -> dict[str, PrecisionCosts]:
     return out
 
 
-# ---- the H100 figures of issue 41 (shared/device/README.md): H100 80GB HBM3, 2026-11-25,
-# sodaray at cb3cb7b, torch 2.11 + CUDA 13.0, random-init models of the real shapes, 30 steps,
-# one length per batch (one pass a step), one observed output, no BOS (bench_invert's models).
-_NEO = KNOWN_SHAPES["roneneldan/TinyStories-33M"]
-_QWEN = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"]
-
-
-def _row(label: str, shape: ModelShape, n: int, b: int, precision: str, ms: float, held=False):
-    """A measured row of a device's table (one length per batch, one output, no BOS)."""
-    return MeasuredStep(label, shape, n, b, precision, ms, held_out=held)
-
-
-H100_STEPS: tuple[MeasuredStep, ...] = (
-    _row("neo n=10 B=1", _NEO, 10, 1, "float32", 16.1),
-    _row("neo n=10 B=8", _NEO, 10, 8, "float32", 15.1),
-    _row("neo n=3 B=64", _NEO, 3, 64, "float32", 16.7, held=True),
-    _row("neo n=10 B=64", _NEO, 10, 64, "float32", 23.1, held=True),
-    _row("neo n=10 B=256", _NEO, 10, 256, "float32", 41.4, held=True),
-    _row("neo n=10 B=1000", _NEO, 10, 1000, "float32", 127.3),
-    _row("qwen n=3 B=64", _QWEN, 3, 64, "float32", 91.0),
-    _row("qwen n=3 B=256", _QWEN, 3, 256, "float32", 139.0, held=True),
-    _row("qwen n=3 B=1000", _QWEN, 3, 1000, "float32", 288.0),
-    _row("qwen n=10 B=64", _QWEN, 10, 64, "float32", 134.0, held=True),
-    _row("neo n=10 B=256", _NEO, 10, 256, "bfloat16", 34.6),
-    _row("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 82.0),
-    _row("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 127.0),
-    _row("qwen n=3 B=256", _QWEN, 3, 256, "bfloat16", 149.0, held=True),
-    _row("qwen n=3 B=1000", _QWEN, 3, 1000, "bfloat16", 195.0),
-)
-
-# fit_costs over H100_STEPS' fit rows, to three figures (tests/test_device_costs.py refits).
-H100 = DeviceCosts(
-    device="h100",
-    kind="gpu",
-    precisions={
-        "float32": PrecisionCosts(3.40e-3, 2.94e-3, 2.76e13),
-        "bfloat16": PrecisionCosts(7.41e-3, 4.32e-3, 6.14e13),
-    },
-    source="issue 41's figures, H100 80GB HBM3, 2026-11-25, not re-measured",
-    # Issue 41's Ray sweep (neo shape, 1,000 inputs, one replica): about 35 s of its 70 s wall.
-    startup_seconds=35.0,
-)
-
-
-# ---- the H200 figures (benchmarks/RESULTS.md, "Issue 41 on an H200"): NVIDIA H200 141GB,
-# 2026-11-26, sodaray at 740535d, torch 2.11 + CUDA 13.0, `bench_invert.py --suite gpu` (its
-# models, 20 steps, one process; the first of its two runs). Qwen n=3 B=1000 was not reached
-# within the lease, so both precisions' slopes rest on neo's largest batch. The engine then ran
-# GPU passes at static shapes (widths of 16s, power-of-two batches), so these rows are padded:
-# they over-price short inputs at today's exact default (RESULTS.md, "Issue 41 on an H100").
-
-H200_STEPS: tuple[MeasuredStep, ...] = (
-    _row("neo n=10 B=1", _NEO, 10, 1, "float32", 15.9),
-    _row("neo n=10 B=64", _NEO, 10, 64, "float32", 16.8, held=True),
-    _row("neo n=10 B=1000", _NEO, 10, 1000, "float32", 113.0),
-    _row("qwen n=3 B=64", _QWEN, 3, 64, "float32", 117.8),
-    _row("qwen n=3 B=256", _QWEN, 3, 256, "float32", 221.7, held=True),
-    _row("neo n=10 B=1", _NEO, 10, 1, "bfloat16", 16.1),
-    _row("neo n=10 B=64", _NEO, 10, 64, "bfloat16", 20.1, held=True),
-    _row("neo n=10 B=1000", _NEO, 10, 1000, "bfloat16", 68.7),
-    _row("qwen n=3 B=64", _QWEN, 3, 64, "bfloat16", 123.3),
-)
-
-# fit_costs over H200_STEPS' fit rows, to three figures (tests/test_device_costs.py refits).
-H200 = DeviceCosts(
-    device="h200",
-    kind="gpu",
-    precisions={
-        "float32": PrecisionCosts(0.0, 4.09e-3, 2.93e13),
-        "bfloat16": PrecisionCosts(0.0, 4.32e-3, 5.48e13),
-    },
-    source="bench_invert.py --suite gpu on an NVIDIA H200, 2026-11-26 (RESULTS.md)",
-    # plan_vs_wall.py there: 58.1 s wall, 34.9 s of it searching (one run).
-    startup_seconds=23.2,
-)
-BUILT_IN: dict[str, DeviceCosts] = {"h100": H100, "h200": H200}
-
-
 # ---- costs files ------------------------------------------------------------------------------
 # `measured`: not read back; `startup_seconds`: optional (see `DeviceCosts`).
 FILE_KEYS = ("device", "kind", "source", "precisions", "startup_seconds", "measured")
@@ -349,8 +265,6 @@ def load_costs(source: str) -> DeviceCosts:
     --suite gpu --out FILE` writes it); a one-line ValueError naming the problem."""
     if source in BUILT_IN:
         return BUILT_IN[source]
-    from sodaray.config.configfile import read_document
-
     path = Path(source).expanduser()
     if not path.is_file():
         raise ValueError(
@@ -363,7 +277,7 @@ def load_costs(source: str) -> DeviceCosts:
 
 def _number(value: Any) -> float | None:
     """A YAML number as a float; None for anything else, a bool, or an integer too large for a
-    float (`math.isfinite(10**400)` raised OverflowError, a line naming no file)."""
+    float (`math.isfinite(10**400)` raises OverflowError)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -418,6 +332,7 @@ def costs_from_data(data: Any, where: str) -> DeviceCosts:
 
 
 def costs_to_data(costs: DeviceCosts, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`costs` as a costs file holds them, with what was `measured` (kept, not read back)."""
     data: dict[str, Any] = {
         "device": costs.device,
         "kind": costs.kind,
@@ -434,17 +349,28 @@ def costs_to_data(costs: DeviceCosts, measured: dict[str, Any] | None = None) ->
     return data
 
 
+def _built_in(device: str) -> tuple[DeviceCosts, tuple[MeasuredStep, ...]]:
+    """The packaged costs file `DEVICE.yaml` beside this module: its costs, and the measured
+    steps they were fit to (`measured.rows`, `MeasuredStep`s whose shapes `measured.shapes`
+    names; `held_out` rows were left out of the fit)."""
+    name = f"{device}.yaml"
+    data = yaml_load(files(__package__).joinpath(name).read_text(encoding="utf-8"))
+    measured = data["measured"]
+    shapes = {key: KNOWN_SHAPES[model] for key, model in measured["shapes"].items()}
+    steps = tuple(MeasuredStep(**{**r, "shape": shapes[r["shape"]]}) for r in measured["rows"])
+    return costs_from_data(data, name), steps
+
+
+H100, H100_STEPS = _built_in("h100")
+H200, H200_STEPS = _built_in("h200")
+BUILT_IN: dict[str, DeviceCosts] = {"h100": H100, "h200": H200}
+
+
 def describe_costs(costs: DeviceCosts) -> dict[str, Any]:
     """A costs table as plans show it (`sweep plan --json`'s and `tune --dry-run`'s `costs`)."""
-    return {
-        "device": costs.device,
-        "source": costs.source,
-        "precisions": {
-            name: {key: getattr(c, key) for key in CONSTANTS}
-            for name, c in costs.precisions.items()
-        },
-        "startup_seconds": costs.startup_seconds,
-    }
+    data = costs_to_data(costs)
+    shown = {key: data[key] for key in ("device", "source", "precisions")}
+    return {**shown, "startup_seconds": costs.startup_seconds}
 
 
 @dataclass

@@ -25,21 +25,25 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from sodaray.config.capacity import check_memory, dataset_bytes
 from sodaray.data import sources
-from sodaray.data.pii import SyntheticPii, record_tokens
-from sodaray.data.store import COLUMNS, RANDOM_SOURCE, make_table
-from sodaray.data.tokenizer import (
-    DatasetError,
-    TokenizerInfo,
-    check_model_path,
-    load_tokenizer,
+from sodaray.data.samples import (
+    Sample,
+    nl_samples,
+    random_samples,
+    record_samples,
+    synthetic_samples,
+    whole_record_samples,
 )
+from sodaray.data.store import COLUMNS, RANDOM_SOURCE, make_table
+from sodaray.data.tokenizer import DatasetError, TokenizerInfo, check_model_path, load_tokenizer
 from sodaray.io.files import regular_file
 
 log = logging.getLogger(__name__)
@@ -48,11 +52,6 @@ DATASETS = ("random", "nl-id", "nl-ood", "privacy")
 DEFAULT_LENGTHS = {"random": (1, 10), "nl-id": (1, 10), "nl-ood": (1, 10), "privacy": (15, 24)}
 DEFAULT_PER_LENGTH = {"random": 1000, "nl-id": 1000, "nl-ood": 1000, "privacy": 500}
 TEST_SEED, VALIDATION_SEED = 1, 0
-
-T = TypeVar("T")
-# One sample: (length, document id or None, tokens, PII labels or None).
-Sample = tuple[int, int | None, list[int], list[str | None] | None]
-
 
 # Longer than any model's context; a bound before a range becomes a list.
 MAX_LENGTH = 1 << 20
@@ -65,27 +64,21 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
 
         # One rule for number lists (`--tokens` too): "1 2" is not 12, "1,,3" not [1, 3].
         text = spec.strip()
+        ranged = "," not in text and "-" in text[1:]
         try:
-            if "," in text:
-                values = parse_int_list(text, "lengths")
-            elif "-" in text[1:]:
-                first, last = (parse_int_list(t, "lengths")[0] for t in text.split("-", 1))
-                if last < first:
-                    values = None
-                elif last > MAX_LENGTH:  # before building a list that size
-                    raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
-                else:
-                    values = list(range(first, last + 1))
-            else:
-                values = parse_int_list(text, "lengths")
-        except DatasetError:
-            raise
+            parts = text.split("-", 1) if ranged else [text]
+            values = [n for part in parts for n in parse_int_list(part, "lengths")]
         except ValueError:
             raise DatasetError(
                 f"lengths take A-B, N or a comma list such as 1,3,5, not {spec!r}"
             ) from None
-        if values is None:
-            raise DatasetError(f"lengths {spec!r}: the range ends before it starts")
+        if ranged:
+            first, last = values
+            if last < first:
+                raise DatasetError(f"lengths {spec!r}: the range ends before it starts")
+            if last > MAX_LENGTH:  # before building a list that size
+                raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
+            values = list(range(first, last + 1))
     elif isinstance(spec, int):
         values = [spec]
     else:
@@ -119,144 +112,6 @@ def _bar(total: int, desc: str, progress: bool | None):
 
     enabled = sys.stderr.isatty() if progress is None else progress
     return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=not enabled)
-
-
-def _pick(
-    n_docs: int,
-    lengths: list[int],
-    per_length: int,
-    rng: np.random.Generator,
-    attempt: Callable[[int, int], T | None],
-    on_sample: Callable[[], None],
-) -> tuple[list[tuple[int, int, T]], int]:
-    """(length, document index, attempt's result) per sample, and how many reused a document.
-
-    Documents are tried in one seeded order; each serves at most one sample until none unused
-    fits a length, then seeded passes over all documents reuse them.
-    """
-    order = [int(i) for i in rng.permutation(n_docs)]
-    used = [False] * n_docs
-    picked: list[tuple[int, int, T]] = []
-    reused = 0
-    for length in lengths:
-        got = 0
-        for i in order:  # unused documents passed over at a shorter length get another try
-            if got == per_length:
-                break
-            if used[i]:
-                continue
-            result = attempt(i, length)
-            if result is not None:
-                used[i] = True
-                picked.append((length, i, result))
-                got += 1
-                on_sample()
-        while got < per_length:
-            found = False
-            for i in rng.permutation(n_docs):
-                result = attempt(int(i), length)
-                if result is None:
-                    continue
-                found = True
-                picked.append((length, int(i), result))
-                got, reused = got + 1, reused + 1
-                on_sample()
-                if got == per_length:
-                    break
-            if not found:
-                raise DatasetError(f"no document in the source gives a sample of {length} tokens")
-    return picked, reused
-
-
-def _random_samples(
-    vocab_size: int, lengths: list[int], per_length: int, seed: int
-) -> list[Sample]:
-    rng = np.random.default_rng(seed)
-    samples: list[Sample] = []
-    for length in lengths:
-        block = rng.integers(0, vocab_size, size=(per_length, length), dtype=np.int64)
-        samples += [(length, None, row.tolist(), None) for row in block]
-    return samples
-
-
-def _nl_samples(
-    tok: Any,
-    docs: list[sources.Document],
-    lengths: list[int],
-    per_length: int,
-    rng: np.random.Generator,
-    bar,
-) -> tuple[list[Sample], int]:
-    cache: dict[int, list[list[int]]] = {}
-
-    def attempt(i: int, length: int) -> list[int] | None:
-        if i not in cache:
-            sentences = sources.split_sentences(docs[i].text)
-            ids = tok(sentences, add_special_tokens=False)["input_ids"] if sentences else []
-            cache[i] = [list(s) for s in ids]
-        fits = [s for s in cache[i] if len(s) >= length]
-        if not fits:
-            return None
-        return fits[int(rng.integers(len(fits)))][:length]
-
-    picked, reused = _pick(len(docs), lengths, per_length, rng, attempt, bar.update)
-    return [(length, docs[i].id, tokens, None) for length, i, tokens in picked], reused
-
-
-def _record_samples(
-    tok: Any,
-    records: list[dict[str, Any]],
-    lengths: list[int],
-    per_length: int,
-    rng: np.random.Generator,
-    bar,
-) -> tuple[list[Sample], int]:
-    cache: dict[int, tuple[list[int], list[str | None]]] = {}
-
-    def attempt(i: int, length: int) -> tuple[list[int], list[str | None]] | None:
-        if i not in cache:
-            cache[i] = record_tokens(tok, records[i])
-        ids, labels = cache[i]
-        if len(ids) < length or all(label is None for label in labels[:length]):
-            return None
-        return ids[:length], labels[:length]
-
-    picked, reused = _pick(len(records), lengths, per_length, rng, attempt, bar.update)
-    samples = [(length, int(records[i]["id"]), ids, labels) for length, i, (ids, labels) in picked]
-    return samples, reused
-
-
-def _whole_record_samples(
-    tok: Any, records: list[dict[str, Any]], lengths: list[int], per_length: int, bar
-) -> tuple[list[Sample], dict[int, int]]:
-    """The authors' privacy set: records whose whole text is one of `lengths` tokens, the first
-    `per_length` of each length in source order (the paper's PII totals count whole records).
-    Returns the samples and, per length, how many records were missing."""
-    wanted = set(lengths)
-    got: dict[int, list[Sample]] = {n: [] for n in lengths}
-    for record in records:
-        if all(len(got[n]) >= per_length for n in lengths):
-            break
-        ids, labels = record_tokens(tok, record)
-        n = len(ids)
-        if n in wanted and len(got[n]) < per_length:
-            got[n].append((n, int(record["id"]), ids, labels))
-            bar.update()
-    short = {n: per_length - len(got[n]) for n in lengths if len(got[n]) < per_length}
-    return [s for n in lengths for s in got[n]], short
-
-
-def _synthetic_samples(
-    tok: Any, lengths: list[int], per_length: int, seed: int, bar
-) -> list[Sample]:
-    gen = SyntheticPii(seed)
-    samples: list[Sample] = []
-    for length in lengths:
-        for _ in range(per_length):
-            ids, labels = gen.sample(tok, length)
-            samples.append((length, None, ids, labels))
-            bar.update()
-    return samples
 
 
 def _hub_limit(total: int) -> int:
@@ -318,8 +173,7 @@ class BuildSpecError(DatasetError):
 def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
     """A build spec as a sweep or tuning file gives it (`dataset` defaults to the entry's
     `name`), checked, with the options that decide its rows written out, so the job hash and
-    the dataset cache key say which vocabulary and which records the samples came from (files
-    from before these options drew ids from the padded vocab_size and took whole records)."""
+    the dataset cache key say which vocabulary and which records the samples came from."""
     kind = build.get("dataset", name)
     if kind not in DATASETS:
         raise BuildSpecError("dataset", f"unknown dataset {kind!r} (choose {', '.join(DATASETS)})")
@@ -347,8 +201,8 @@ def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
         build = {**build, "vocab": vocab}
     if kind == "privacy":
         records = build.get("records", "whole")
-        if records not in ("whole", "prefix"):
-            raise BuildSpecError("records", f"whole or prefix, not {records!r}")
+        if records not in RECORDS:
+            raise BuildSpecError("records", f"{' or '.join(RECORDS)}, not {records!r}")
         build = {**build, "records": records}
     if "lengths" in build:
         try:
@@ -361,6 +215,42 @@ def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
             what = "positive" if least else "non-negative"
             raise BuildSpecError(key, f"a {what} integer, not {value!r}")
     return build
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What `build_dataset` was asked for; `checked()` fills in the defaults."""
+
+    name: str
+    lengths: Any
+    per_length: int | None
+    seed: int
+    source: str | None
+    vocab: str
+    records: str
+
+    def checked(self) -> _Request:
+        """The request with one-line `DatasetError`s for bad values, defaults filled in."""
+        name, vocab, records, lengths = self.name, self.vocab, self.records, self.lengths
+        if name not in DATASETS:
+            raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+        if vocab not in VOCABS:
+            raise DatasetError(f"vocab must be {' or '.join(VOCABS)}, not {vocab!r}")
+        if records not in RECORDS:
+            raise DatasetError(f"records must be {' or '.join(RECORDS)}, not {records!r}")
+        if lengths is None:
+            first, last = DEFAULT_LENGTHS[name]
+            lengths = list(range(first, last + 1))
+        length_list = parse_lengths(lengths)
+        per_length = DEFAULT_PER_LENGTH[name] if self.per_length is None else int(self.per_length)
+        if per_length < 1:
+            raise DatasetError(f"per_length must be at least 1, not {per_length}")
+        if int(self.seed) < 0:
+            raise DatasetError(f"seed must be non-negative, not {self.seed}")
+        source = _resolve_source(name, self.source)
+        if source == "synthetic" and records != "whole":
+            raise DatasetError("records is for records from the hub or a file, not synthetic text")
+        return _Request(name, length_list, per_length, int(self.seed), source, vocab, records)
 
 
 def build_dataset(
@@ -387,70 +277,22 @@ def build_dataset(
     has the length (the authors' set), or "prefix", the first tokens of longer records.
     Returns the table `write_dataset` stores.
     """
-    if name not in DATASETS:
-        raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-    if vocab not in VOCABS:
-        raise DatasetError(f"vocab must be {' or '.join(VOCABS)}, not {vocab!r}")
-    if records not in RECORDS:
-        raise DatasetError(f"records must be {' or '.join(RECORDS)}, not {records!r}")
-    if lengths is None:
-        first, last = DEFAULT_LENGTHS[name]
-        lengths = list(range(first, last + 1))
-    length_list = parse_lengths(lengths)
-    per_length = DEFAULT_PER_LENGTH[name] if per_length is None else int(per_length)
-    if per_length < 1:
-        raise DatasetError(f"per_length must be at least 1, not {per_length}")
-    if int(seed) < 0:
-        raise DatasetError(f"seed must be non-negative, not {seed}")
-    source = _resolve_source(name, source)
-    if source == "synthetic" and records != "whole":
-        raise DatasetError("records is for records from the hub or a file, not synthetic text")
+    req = _Request(name, lengths, per_length, seed, source, vocab, records).checked()
     if tokenizer is None:
         check_model_path(model, gguf_file)
-    total = len(length_list) * per_length
-    from sodaray.config.validation import check_memory, dataset_bytes
-
-    check_memory(dataset_bytes(length_list, per_length), f"{total} samples (rows)")
+    total = len(req.lengths) * req.per_length
+    check_memory(dataset_bytes(req.lengths, req.per_length), f"{total} samples (rows)")
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.
-    docs, pii_records, info = _load_source(name, source, total)
-    info_tok = tokenizer or load_tokenizer(model, gguf_file=gguf_file)
-    tok, vocab_size = info_tok.tokenizer, info_tok.vocab_size
-    rng = np.random.default_rng(int(seed))
-    info["documents_reused"] = 0
+    loaded = _load_source(name, req.source, total)
+    tok_info = tokenizer or load_tokenizer(model, gguf_file=gguf_file)
     with _bar(total, f"building {name}", progress) as bar:
-        if name == "random":
-            draw = vocab_size if vocab == "model" else min(len(tok), vocab_size)
-            samples = _random_samples(draw, length_list, per_length, int(seed))
-            info["random_vocab"] = f"{vocab}: [0, {draw})"
-            bar.update(total)
-        elif docs is not None:
-            samples, info["documents_reused"] = _nl_samples(
-                tok, docs, length_list, per_length, rng, bar
-            )
-        elif pii_records is not None and records == "whole":
-            samples, short = _whole_record_samples(tok, pii_records, length_list, per_length, bar)
-            if not samples:
-                raise DatasetError(f"{source}: no record is {length_list} tokens long as a whole")
-            info["records"] = "whole records of each length, first in source order"
-            if short:
-                info["records_missing"] = {str(n): k for n, k in short.items()}
-                log.warning(
-                    "%s has too few whole records of some lengths (missing per length: %s)",
-                    source,
-                    short,
-                )
-        elif pii_records is not None:
-            samples, info["documents_reused"] = _record_samples(
-                tok, pii_records, length_list, per_length, rng, bar
-            )
-            info["records"] = "prefixes of records"
-        else:
-            samples = _synthetic_samples(tok, length_list, per_length, int(seed), bar)
+        samples = _draw(req, tok_info, loaded, bar)
+    _, pii_records, info = loaded
     if info["documents_reused"]:
         log.warning(
             "%s has too few usable documents for a fresh one per sample: %d of %d samples "
             "reuse a document (documents_reused in the dataset metadata)",
-            source,
+            req.source,
             info["documents_reused"],
             total,
         )
@@ -458,14 +300,52 @@ def build_dataset(
         "model": model,
         "gguf_file": gguf_file,
         "dataset": name,
-        "lengths": length_list,
-        "per_length": per_length,
-        "seed": int(seed),
-        "source": source,
+        "lengths": req.lengths,
+        "per_length": req.per_length,
+        "seed": req.seed,
+        "source": req.source,
         **({"vocab": vocab} if name == "random" else {}),
         **({"records": records} if pii_records is not None else {}),
     }
-    return make_table(_columns(samples, name, model, tok, vocab_size), args, info)
+    rows = _columns(samples, name, model, tok_info.tokenizer, tok_info.vocab_size)
+    return make_table(rows, args, info)
+
+
+def _draw(req: _Request, tok_info: TokenizerInfo, loaded: tuple, bar: Any) -> list[Sample]:
+    """The request's samples from its source (`_load_source`'s), noted in the source's info."""
+    (docs, pii_records, info), tok = loaded, tok_info.tokenizer
+    lengths, per_length, rng = req.lengths, req.per_length, np.random.default_rng(req.seed)
+    info["documents_reused"] = 0
+    if req.name == "random":
+        draw = tok_info.vocab_size
+        draw = draw if req.vocab == "model" else min(len(tok), draw)
+        samples = random_samples(draw, lengths, per_length, req.seed)
+        info["random_vocab"] = f"{req.vocab}: [0, {draw})"
+        bar.update(len(lengths) * per_length)
+        return samples
+    if docs is not None:
+        samples, info["documents_reused"] = nl_samples(tok, docs, lengths, per_length, rng, bar)
+        return samples
+    if pii_records is None:
+        return synthetic_samples(tok, lengths, per_length, req.seed, bar)
+    if req.records == "prefix":
+        samples, info["documents_reused"] = record_samples(
+            tok, pii_records, lengths, per_length, rng, bar
+        )
+        info["records"] = "prefixes of records"
+        return samples
+    samples, short = whole_record_samples(tok, pii_records, lengths, per_length, bar)
+    if not samples:
+        raise DatasetError(f"{req.source}: no record is {lengths} tokens long as a whole")
+    info["records"] = "whole records of each length, first in source order"
+    if short:
+        info["records_missing"] = {str(n): k for n, k in short.items()}
+        log.warning(
+            "%s has too few whole records of some lengths (missing per length: %s)",
+            req.source,
+            short,
+        )
+    return samples
 
 
 def _faker_version() -> str:

@@ -94,10 +94,6 @@ def split_sentences(text: str, max_chars: int = 1000) -> list[str]:
 
 
 # ---- local files ----------------------------------------------------------------------------
-def _check_file(path: str | os.PathLike) -> Path:
-    return regular_file(path, "source file", DatasetError)  # a FIFO would block its read
-
-
 def _read_text(path: Path) -> str:
     """A source file's text: UTF-8, and text (a NUL byte is in binary files, never in text);
     else one line naming the file."""
@@ -151,7 +147,7 @@ def _read_csv(path: Path) -> list[str]:
 
 def read_local_documents(path: str | os.PathLike) -> list[Document]:
     """Documents of a local JSONL, CSV or plain-text file (empty ones skipped, ids kept)."""
-    p = _check_file(path)
+    p = regular_file(path, "source file", DatasetError)  # a FIFO would block its read
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = _read_jsonl(p)
@@ -177,7 +173,7 @@ def read_local_documents(path: str | os.PathLike) -> list[Document]:
 
 def read_local_pii_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """ai4privacy-style records (`source_text`, `privacy_mask`) from a local JSONL file."""
-    p = _check_file(path)
+    p = regular_file(path, "source file", DatasetError)
     if p.suffix.lower() not in (".jsonl", ".json"):
         raise DatasetError(
             f"{path}: a privacy source file must be JSONL with source_text and privacy_mask "

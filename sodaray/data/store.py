@@ -178,8 +178,7 @@ def check_rows(table: pa.Table, where: str) -> None:
     """A dataset's rows: at least one, and no sample id twice (a result row is named by its
     sample id: two samples with one id would write two rows that say the same thing); no
     null where the schema has none, no negative token id, and each `length` its row's number
-    of tokens (a file written by hand with any of these ran, and failed shard by shard or
-    searched inputs of another length than it said)."""
+    of tokens."""
     if not len(table):
         raise DatasetError(f"{where} holds no samples")
     for field in SCHEMA:

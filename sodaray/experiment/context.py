@@ -5,7 +5,7 @@ Why here: a sweep whose dataset held inputs longer than the model's context was 
 `sweep plan`, and `sweep run` started its replicas, loaded the model and failed every shard
 there, as a five-line failure per shard. Checked before any actor starts, it is one line and
 exit code 2. A hub id (no local config) or a GGUF file is not checked here: the replica's own
-check (`sodaray.config.validation.check_context`) still holds for them.
+check (`sodaray.config.capacity.check_context`) still holds for them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sodaray.config.validation import check_positions
+from sodaray.config.capacity import check_positions
 from sodaray.experiment.spec import ModelSpec
 from sodaray.io.files import read_json_object, what_is
 

@@ -27,7 +27,7 @@ from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
 from sodaray.io.modelfiles import ModelLoadError
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.data.build import _random_samples
-from sodaray.model.load import LoadedModel
+from sodaray.data.samples import random_samples
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.targets import greedy_continuation
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def build_pairs(
     objective observes (with output_tokens=1, the next-token distribution)."""
     if per_length < 1 or output_tokens < 1:
         raise ValueError("per_length and output_tokens must be at least 1")
-    samples = _random_samples(model.vocab_size, lengths, per_length, seed)
+    samples = random_samples(model.vocab_size, lengths, per_length, seed)
     inputs = [s[2] for s in samples]
     outs: list[Tensor] = []
     seen: list[Tensor] = []
@@ -43,7 +43,7 @@ def build_pairs(
                 outs.append(cont.cpu())
                 if keep_logits:
                     seen.append(logits.float().cpu())
-    # _random_samples emits lengths in order, so this order matches `inputs`.
+    # random_samples emits lengths in order, so this order matches `inputs`.
     return inputs, torch.cat(outs), torch.cat(seen) if keep_logits else None
 
 

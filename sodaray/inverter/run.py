@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import BatchTargets, screen_slack
 from sodaray.objective.scoring import hard_match
 from sodaray.objective.targets import TargetSet

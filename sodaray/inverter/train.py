@@ -29,7 +29,7 @@ from sodaray.inverter.model import (
 from sodaray.io import jsontext
 from sodaray.io.files import read_json_object
 from sodaray.io.writes import check_places, write_file
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def train_inverter(
     cfg.validate()
     out = Path(out)
     check_resumable(cfg, out)
-    from sodaray.config.validation import check_context
+    from sodaray.config.capacity import check_context
 
     check_context(model, max(cfg.lengths), cfg.output_tokens)
     state_path = out / "state.json"

@@ -3,17 +3,16 @@ a configuration file (YAML or JSON: sweep, tuning, include, preset, costs, job a
 is read only up to `MAX_CONFIG_BYTES`, and nothing parsed (those files, `KEY=VALUE` overrides,
 JSON in a dataset's or result file's metadata and columns) nests deeper than `MAX_NESTING`.
 
-Why: `Path.is_file()` is false for a directory, `/dev/zero` and a FIFO alike, so each was
-reported as "no such file" though it exists; and opening a FIFO or a device blocks or never
-ends. `regular_file` says what the path is instead, before anything opens it. Sweep files
-stopped at 4 MB while a 30 MB preset was parsed (seconds of YAML, hundreds of MB of memory):
-`read_config` holds every configuration file to the same limit, reading at most one byte
-past it whatever the file's size claims (a file may grow between `stat` and `read`).
+Why: `Path.is_file()` is false for a directory, `/dev/zero` and a FIFO alike, none of which is
+"no such file"; and opening a FIFO or a device blocks or never ends. `regular_file` says what
+the path is instead, before anything opens it. A large YAML file costs seconds and hundreds of
+MB to parse: `read_config` holds every configuration file to one limit, reading at most one
+byte past it whatever the file's size claims (a file may grow between `stat` and `read`).
 
-Nesting: a `job.lock` holding `'[' * 100000 + ']' * 100000` ended in a RecursionError (the JSON
-parser recurses per level), so the sweep could not run. `parse_json` counts a text's brackets
-before `json.loads` sees it, in a loop that does not recurse; YAML is held to the same bound as
-it is composed (`validation.yaml_load`). Past either bound the error is one line.
+Nesting: the JSON parser recurses per level, so a deeply nested text (a `job.lock` holding
+`'[' * 100000 + ']' * 100000`) would end in a RecursionError. `parse_json` counts a text's
+brackets before `json.loads` sees it, in a loop that does not recurse; YAML is held to the same
+bound as it is composed (`yamltext.yaml_load`). Past either bound the error is one line.
 """
 
 from __future__ import annotations
@@ -256,7 +255,7 @@ def check_model_files(
 # A model config's sizes, each a whole number from 1 to its bound when given: far above any
 # model (the largest have ~130 layers, ~260k tokens, a width of ~30k, contexts of ~1M), far
 # below what hangs or exhausts memory while transformers builds the empty model (a
-# `num_hidden_layers` of 10**9 ran for minutes; a negative `vocab_size` was a traceback).
+# `num_hidden_layers` of 10**9 runs for minutes; a negative `vocab_size` is a traceback).
 CONFIG_SIZES = {
     "vocab_size": 1 << 24,
     "hidden_size": 1 << 18,

@@ -104,10 +104,9 @@ def in_file(path: str, folder: str | Path | None) -> str:
     path as it is, a relative one joined to `folder` (None: a path from the command line, read
     from the current directory).
 
-    Files written before this rule named paths from the directory they were run in (the shipped
-    sweeps from the repository root: `../shared/models/...`). Such a path, missing from the
-    file's folder but present from the current directory, is still taken, with a warning that
-    says how to write it; where both exist the file's folder wins."""
+    A path missing from the file's folder but present from the current directory (a file
+    written to be run from elsewhere) is still taken, with a warning that says how to write it;
+    where both exist the file's folder wins."""
     expanded = expand_path(path)
     if folder is None or os.path.isabs(expanded):
         return expanded

@@ -1,11 +1,10 @@
-"""The one rule for files sodaray writes, removes and renames (issue 53).
+"""The one rule for files sodaray writes, removes and renames.
 
-Why: a results folder that was copied or shared can carry links. With `.sodaray/jobs/<job>/
-job.json` a link to a file elsewhere, `sweep run` overwrote that file; `report --out` and
-`tune --out` did the same through files they write; and `invert --out` onto a device node
-(`mknod fakenull c 1 3`) replaced the node with a Parquet file (as root, `--out /dev/null`
-would replace the machine's). Every write sodaray makes goes through `write_file`, and every
-removal or rename inside an output folder through `remove_file` and `move_file`:
+Why: a results folder that was copied or shared can carry links, and an `--out` can name a
+device node: a plain open would write through a link at `.sodaray/jobs/<job>/job.json` to the
+file it points to, or replace `/dev/null` with a Parquet file. Every write sodaray makes goes
+through `write_file`, and every removal or rename inside an output folder through `remove_file`
+and `move_file`:
 
 - `base` is the folder the user gave (`--out DIR`, or the folder of `--out FILE`). It may be
   a link the user chose (`results -> /data/results`) and is followed; nothing beneath it is.

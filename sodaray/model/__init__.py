@@ -1,2 +1,2 @@
-"""Language models as the searches use them: loading (`load`) and the width-invariant attention the
-batched searches rely on (`attention`)."""
+"""Language models as the searches use them: loading (`load`), the wrapped model (`loaded`), the
+padding that keeps each row's bits (`padding`) and width-invariant attention (`attention`)."""

@@ -1,20 +1,16 @@
 """Attention whose result for a sequence does not depend on how wide the padded batch around it
 is, so that searches of any input length can share one transformer pass bit for bit.
 
-Why: a batch of inputs of different lengths is padded at the end to its longest (see
-`sodaray.objective.scoring`). Under the causal mask nothing attends to a later position, so a
-sequence's
-outputs are its own up to rounding; but PyTorch's fused attention blocks and vectorises its
-key loop by the padded width, so the rounding (forward 1e-5, gradients more) moves with the
-longest input in the batch. A search beside a longer neighbour then follows another trajectory.
+Why: a batch of inputs of different lengths is padded at the end to its longest. Under the
+causal mask a sequence's outputs are its own up to rounding; but PyTorch's fused attention blocks
+and vectorises its key loop by the padded width, so the rounding moves with the longest input in
+the batch, and a search beside a longer neighbour would follow another trajectory.
 
-How: inside `invariant()` (the relaxed gradient pass), attention is computed by plain
-matmuls on queries, keys and values padded with zeros to a multiple of `BLOCK` positions, masked
-with -inf and a softmax over the padded width. Masked probabilities are exactly 0, so the extra
-keys add exact zeros, and every reduction sees the same vector layout whatever the width
-(measured: bit-identical outputs and input gradients for real lengths 1-13 in widths up to 48,
-`tests/test_attention.py`). Outside the block the model's own SDPA runs, unchanged: targets
-and the hard-max check see the model as it is deployed.
+How: inside `invariant()` (the relaxed gradient pass), attention is plain matmuls on queries,
+keys and values zero-padded to a multiple of `BLOCK` positions, masked with -inf, and a softmax
+over the padded width: the extra keys add exact zeros and every reduction sees the same vector
+layout whatever the width. Outside the block the model's own SDPA runs, unchanged: targets and
+the hard-max check see the model as it is deployed.
 
 It goes in through transformers' public `AttentionInterface` and `AttentionMaskInterface` (as
 `sodaray-invariant`, with SDPA's masks); a model whose attention cannot take it (a class
@@ -221,10 +217,10 @@ def prepared_mask(
       skip), so the prepared one is a True-where-visible mask marked as plain, which `_attention`
       turns back into no mask: the same kernels as before.
 
-    Why: transformers rebuilds its mask on every forward (about 15 operations each, twice a
-    step: issue 41), while a search runs the same few shapes thousands of times. A 4D mask is
-    documented to be used as is (`create_causal_mask`); `LoadedModel` checks once per model that
-    it gives the same logits, bit for bit, and otherwise lets transformers build its own."""
+    Why: transformers rebuilds its mask on every forward, while a search runs the same few
+    shapes thousands of times. A 4D mask is documented to be used as is
+    (`create_causal_mask`); `LoadedModel` checks once per model that it gives the same logits,
+    bit for bit, and otherwise lets transformers build its own."""
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if implementation not in ("eager", NAME):
         return None

@@ -23,7 +23,7 @@ LossKind = Literal["huber", "mse"]
 # Text objective: "logprob" is the authors' code, mean over output positions of
 # max log-prob - log-prob of the observed token (clamped at 1e-12); "prob" is the paper's Eq. 5,
 # the sum of probability differences. The default is the form that found more on held-out
-# validation inputs (benchmarks/RESULTS.md, issue 13).
+# validation inputs.
 TextLoss = Literal["logprob", "prob"]
 TEXT_LOSSES: tuple[str, ...] = ("logprob", "prob")
 # Fluency penalty: "argmax" is the paper's Eq. 6 and the authors' code, the NLL of the relaxed
@@ -41,7 +41,7 @@ SPACES: tuple[str, ...] = ("raw", "centred", "logprobs")
 # authors' code), or also against the raw logits where they are known ("both"): a
 # near-collision can fall inside the tolerance in one space and outside it in the other, and a
 # true input reproduces the raw logits bit for bit, so it passes both. The default is the one
-# that turned down every false find on held-out inputs (benchmarks/RESULTS.md, issue 38).
+# that turned down every false find on held-out inputs.
 Confirm = Literal["space", "both"]
 CONFIRMS: tuple[str, ...] = ("space", "both")
 # The fields that say how a candidate is compared, which a preset file may carry beside SODA's

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.objectives import KINDS, Objective
 
 # ---- the observed rows of a batch ---------------------------------------------------------------

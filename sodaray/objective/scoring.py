@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel, padding_items
+from sodaray.model.loaded import LoadedModel
+from sodaray.model.padding import padding_items
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import BatchTargets, observation, screen_slack
 
@@ -54,7 +55,7 @@ class Layout:
     row_offset: Tensor  # (T,) long
     longest: int
     # Index tensors derived from the layout, made on first use: a batch's layout lives for many
-    # steps, and each derivation is a few operations (kernels on a GPU) a step (issue 41).
+    # steps, and each derivation is a few operations (kernels on a GPU) a step.
     _derived: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def input_index(
@@ -279,7 +280,7 @@ def check_sequences(
     the few candidates it lets through are decided in the canonical shape
     (`LoadedModel.canonical_logits`), where targets were recorded. So a decision does not
     depend on what shared the batch or on its width, and a true input reproduces its target
-    bit for bit: never missed (issue 37).
+    bit for bit: never missed.
 
     `misses[c]`, where given, holds the sequences the confirm already turned down for
     candidate c's search: the canonical computation is deterministic, so one seen there is not
@@ -350,7 +351,7 @@ def confirm(
     """The match check's second stage, (C,) bool on the host: candidate c (its input tokens and
     its continuation but the last observed token, on the host) against row `rows[c]` of
     `batch`, in the canonical shape (`LoadedModel.canonical_logits`), where targets were
-    recorded, so a true input reproduces its target bit for bit (issue 37). `misses[c]` holds
+    recorded, so a true input reproduces its target bit for bit. `misses[c]` holds
     the sequences this search's confirm turned down before: the computation is deterministic,
     so one seen there is not computed again, and one turned down now joins it (up to
     `MISS_MEMORY` a search)."""

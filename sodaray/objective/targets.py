@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from sodaray.errors import first_line
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import observation, observed_in_space, raw_shift
 

@@ -1,8 +1,7 @@
 """The budget tables and figure (`sodaray report --extrapolate STEPS`): exact against the step
 budget per model, configuration and input length, measured with Wilson intervals, and
-extrapolated to STEPS with bootstrap intervals (`sodaray.report.extrapolate` holds the statistics
-and says
-what each extrapolation assumes)."""
+extrapolated to STEPS with bootstrap intervals (`extrapolate` holds the statistics and says what
+each extrapolation assumes)."""
 
 from __future__ import annotations
 
@@ -11,20 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sodaray.report import drawing
 from sodaray.report import extrapolate as bud
-from sodaray.report.figures import (
-    BAND_ALPHA,
-    EDGE_ALPHA,
-    Plot,
-    _legend_outside,
-    _percent_axis,
-    _pyplot,
-    _rgba,
-    _source,
-    _title,
-    series_style,
-)
-from sodaray.report.tables import Cell, Table, by_setting, named, standard_rows, tuning_rows
+from sodaray.report.rows import by_setting, named, standard_rows, tuning_rows
+from sodaray.report.tables import Cell, Table
 
 LABELS = {
     "weibull": "Weibull",
@@ -58,8 +47,7 @@ def groups(
     seed: int = 0,
     where: str = "the result rows",
 ) -> list[Group]:
-    """SODA's rows (the paper tables' rows: main dataset, fixed lengths, no tuning trials, true
-    inputs known) by model, configuration and input length, each measured and extrapolated to
+    """`budget_rows` by model, configuration and input length, each measured and extrapolated to
     `target` steps. Rows of one group share a step budget (`max_steps` is part of their
     configuration: `by_setting` splits by it). `where`: the result files or folders the rows
     came from, named in the error when a group's rows cannot be samples of its budget."""
@@ -84,7 +72,7 @@ def _grouped(df: pd.DataFrame):
 
 
 def _samples(sel: pd.DataFrame, where: str) -> bud.Samples:
-    """A group's rows as `budget.Samples` under the group's step budget (its `max_steps`); a
+    """A group's rows as `extrapolate.Samples` under the group's step budget (its `max_steps`); a
     ValueError naming `where` and the first row past the budget (or not a count of steps)."""
     budget = int(sel["max_steps"].astype(int).max())
     try:
@@ -105,7 +93,8 @@ def _samples(sel: pd.DataFrame, where: str) -> bud.Samples:
 
 
 def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows the budget tables measure and extrapolate from (`groups`)."""
+    """The rows the budget tables measure and extrapolate from (`groups`): SODA's paper-table
+    rows (main dataset, fixed lengths, no tuning trials) with true inputs known."""
     base = standard_rows(df[(df["algorithm"] == "soda") & ~tuning_rows(df)])
     return base[base["length"].notna() & base["exact"].notna()]
 
@@ -184,9 +173,8 @@ def budget_tables(found: list[Group], target: int) -> list[Table]:
     for g in found:
         fit = g.fit
         if not fit.extrapolated:
-            extrapolated.rows.append(
-                (g.label, [Cell("no exact find: no fit")] + [Cell("")] * (len(targets) + 1))
-            )
+            blank = [Cell("")] * (len(targets) + 1)
+            extrapolated.rows.append((g.label, [Cell("no exact find: no fit")] + blank))
             continue
         for model in bud.MODELS:
             by_target = fit.extrapolated[model]
@@ -210,72 +198,62 @@ def _parameters(fit: bud.BudgetFit, model: str) -> str:
     return text
 
 
-def budget_figure(found: list[Group], target: int) -> Plot | None:
+def _budget_panel(ax, g: Group, target: int) -> None:
+    """One panel of `budget_figure`: `g`'s measured share and each fit's curve."""
+    samples = g.fit.samples
+    steps = _curve_steps(samples.budget, target)
+    handles, labels = [], []
+    for j, model in enumerate(bud.MODELS):
+        style = drawing.series_style(j + 1)
+        est = g.fit.extrapolated[model]
+        values = [100 * est[s].value for s in steps]
+        (line,) = ax.plot(steps, values, color=style.color, linestyle=style.dash, zorder=3)
+        bounds = [(est[s].low, est[s].high) for s in steps]
+        band = drawing.interval_band(
+            ax, steps, bounds, style.color, style.hatch, linewidth=0.5, zorder=1
+        )
+        handles.append((band, line))
+        labels.append(f"{LABELS[model]}, 95% bootstrap")
+    measured = bud.measured(samples, list(range(1, samples.budget + 1)))
+    xs = list(measured)
+    ys = [100 * p.value for p in measured.values()]
+    (line,) = ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=1.6, zorder=4)
+    bounds = [(p.low, p.high) for p in measured.values()]
+    hatch = drawing.series_style(0).hatch
+    band = drawing.interval_band(
+        ax, xs, bounds, "black", hatch, step="post", linewidth=0.5, zorder=2
+    )
+    handles.insert(0, (band, line))
+    labels.insert(0, f"measured (n={samples.n}), 95% Wilson")
+    ax.axvline(samples.budget, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlim(1, max(target, samples.budget) * 1.05)
+    drawing.percent_axis(ax)
+    ax.set_ylabel("exact (%)")
+    ax.set_title(f"{g.label} (n={samples.n})", fontsize="small")
+    drawing.legend_outside(ax, handles, labels, f"dotted: budget {samples.budget:,}")
+
+
+def budget_figure(found: list[Group], target: int) -> drawing.Plot | None:
     """A panel per model, configuration and length: the measured share exact by step (a step
     function to the budget, its Wilson band hatched), and each fit's curve from step 1 to
     `target` with its bootstrap band (hatched, one hatching per fit), on a log step axis."""
     drawn = [g for g in found if g.fit.extrapolated]
     if not drawn:
         return None
-    plt = _pyplot()
+    plt = drawing.pyplot()
     fig, axes = plt.subplots(
         len(drawn), 1, figsize=(8.5, 3.2 * len(drawn)), squeeze=False, sharex=True
     )
-    counts = []
-    for ax, g in zip((a for (a,) in axes), drawn, strict=True):
-        samples = g.fit.samples
-        steps = _curve_steps(samples.budget, target)
-        handles, labels = [], []
-        for j, model in enumerate(bud.MODELS):
-            style = series_style(j + 1)
-            est = g.fit.extrapolated[model]
-            values = [100 * est[s].value for s in steps]
-            (line,) = ax.plot(steps, values, color=style.color, linestyle=style.dash, zorder=3)
-            band = ax.fill_between(
-                steps,
-                [100 * est[s].low for s in steps],
-                [100 * est[s].high for s in steps],
-                facecolor=_rgba(style.color, BAND_ALPHA),
-                edgecolor=_rgba(style.color, EDGE_ALPHA),
-                hatch=style.hatch,
-                linewidth=0.5,
-                zorder=1,
-            )
-            handles.append((band, line))
-            labels.append(f"{LABELS[model]}, 95% bootstrap")
-        measured = bud.measured(samples, list(range(1, samples.budget + 1)))
-        xs = list(measured)
-        ys = [100 * p.value for p in measured.values()]
-        black = series_style(0)
-        (line,) = ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=1.6, zorder=4)
-        band = ax.fill_between(
-            xs,
-            [100 * p.low for p in measured.values()],
-            [100 * p.high for p in measured.values()],
-            step="post",
-            facecolor=_rgba("black", BAND_ALPHA),
-            edgecolor=_rgba("black", EDGE_ALPHA),
-            hatch=black.hatch,
-            linewidth=0.5,
-            zorder=2,
-        )
-        handles.insert(0, (band, line))
-        labels.insert(0, f"measured (n={samples.n}), 95% Wilson")
-        ax.axvline(samples.budget, color="grey", linestyle=":", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_xlim(1, max(target, samples.budget) * 1.05)
-        _percent_axis(ax)
-        ax.set_ylabel("exact (%)")
-        ax.set_title(f"{g.label} (n={samples.n})", fontsize="small")
-        _legend_outside(ax, handles, labels, f"dotted: budget {samples.budget:,}")
-        counts.append(samples.n)
+    for (ax,), g in zip(axes, drawn, strict=True):
+        _budget_panel(ax, g, target)
     axes[-1][0].set_xlabel("steps (log scale)")
     rows = pd.concat([g.rows for g in drawn])
-    fig.suptitle(
-        _title(rows, f"Exact vs step budget, extrapolated to {target:,}", counts), fontsize="medium"
-    )
+    counts = [g.fit.samples.n for g in drawn]
+    what = f"Exact vs step budget, extrapolated to {target:,}"
+    fig.suptitle(drawing.title(rows, what, counts), fontsize="medium")
     caption = (
-        f"Exact inversion against the step budget ({_source(rows)}), a panel per model, "
+        f"Exact inversion against the step budget ({drawing.source(rows)}), a panel per model, "
         "configuration and input length: the measured share exact within s steps (black step "
         "function to the dotted budget line; hatched: 95% Wilson interval), and four fits of "
         f"the per-sample steps to an exact find continued to {target:,} steps, each with its "
@@ -283,10 +261,10 @@ def budget_figure(found: list[Group], target: int) -> Plot | None:
         "log-logistic, Weibull with a never-found share, and a line in log(steps). Past the "
         "budget nothing is measured: the bands are each fit's sampling uncertainty under its "
         "own assumption (see the budget_extrapolated table). n: samples, per panel: "
-        + "; ".join(f"{g.label}: n={g.fit.samples.n}" for g in drawn)
+        + "; ".join(f"{g.label}: n={n}" for g, n in zip(drawn, counts, strict=True))
         + "."
     )
-    return Plot(fig, caption)
+    return drawing.Plot(fig, caption)
 
 
 def check_target(target: int) -> int:

@@ -1,42 +1,38 @@
 """The budget question: how the exact rate grows with the step budget, measured and extrapolated.
 
-Every result row records when its search stopped (`steps`), whether it found an input
-reproducing the observation (`found`) and whether that input was the true one (`exact`). Per
-sample that is the time to an exact find, right-censored at the budget where the search ended
-without a find. A search that stopped at another input with the same outputs (`found`, not
-`exact`) stops there at any budget: it is never exact, so the fits leave it out and every
-extrapolated share is scaled by the share of samples without one (`BudgetFit.other` counts
-them).
+Per sample, a result row's `steps`, `found` and `exact` give the time to an exact find,
+right-censored at the budget where the search ended without one. A search that stopped at another
+input with the same outputs (`found`, not `exact`) stops there at any budget and is never exact:
+the fits leave it out and every extrapolated share is scaled by the share of samples without one
+(`BudgetFit.other` counts them).
 
 - Measured (`measured`): the share exact within s steps, for each s up to the budget, with a
-  Wilson 95% interval. No model. It is also a lower bound at any larger budget: a search's
-  first s steps do not depend on its budget, so what was exact by step s stays exact.
+  Wilson 95% interval; no model. A search's first s steps do not depend on its budget, so what
+  was exact by step s stays exact: it is also a lower bound at any larger budget.
 - Extrapolated (`extrapolate`), four ways, each with a 95% percentile interval from a bootstrap
   over samples (every fit redone on each resample):
   - `weibull`: S(t) = exp(-(t/scale)^shape), by maximum likelihood with censoring;
   - `loglogistic`: S(t) = 1 / (1 + (t/scale)^shape), the same way;
-  - `weibull_cure`: a Weibull for a share `cure_share` of the inputs and never found for the
-    rest (a mixture cure model): the share found by t is cure_share * F(t);
+  - `weibull_cure`: a Weibull for a share `cure_share` of the inputs, never found for the rest
+    (a mixture cure model): the share found by t is cure_share * F(t);
   - `loglinear`: the measured share against log(steps), a straight line fitted by least
     squares between the first find and the budget, continued (clipped to [0, 1]).
 
-What each assumes: `weibull` and `loglogistic` that every input is found eventually, at a
+What each assumes: `weibull` and `loglogistic`, that every input is found eventually, at a
 hazard whose shape within the budget holds beyond it (SODA re-draws its state every
-`reinit_period` steps, so past a few periods it is a renewal process with a roughly flat
-hazard, which a fit over the first periods may under- or over-state). `weibull_cure` lets a
-share of inputs be unfindable; within the budget a slow input and an unfindable one look the
-same, so that share is set only by the shape of the finds' times, and its interval is the widest
-(the honest width: the rows cannot tell these assumptions apart). `loglinear` that the rate
-gains the same amount per doubling of the budget. The bootstrap interval is each assumption's
-sampling uncertainty, not the uncertainty of the assumption: where the models disagree beyond
-their intervals, the rows do not decide the answer. Nothing here measures past the budget.
+`reinit_period` steps: past a few periods a renewal process with a roughly flat hazard, which a
+fit over the first periods may under- or over-state); `weibull_cure`, that a share of inputs is
+unfindable (within the budget a slow input and an unfindable one look the same, so that share is
+set only by the shape of the finds' times, and its interval is the widest); `loglinear`, that the
+rate gains the same amount per doubling of the budget. Each bootstrap interval is the sampling
+uncertainty under its own assumption: where the models disagree beyond their intervals, the rows
+do not decide the answer. Nothing here measures past the budget.
 
-The maximum-likelihood fits are grid searches over (log scale, log shape), refined twice, run
-for every bootstrap resample at once as weighted sums: no optimiser to stall or diverge, and
-every resample fitted the same way. The cure share has a closed form at each grid point (all
-censoring is at the budget): finds d of n give cure_share = min(1, d / (n F(budget))). A fit
-whose best scale lies at the grid's edge (beyond 10^9 steps: too few finds to place it) is
-flagged `at_edge`.
+The maximum-likelihood fits are grid searches over (log scale, log shape), refined twice, for
+every bootstrap resample at once as weighted sums: no optimiser to stall or diverge, and every
+resample fitted the same way; the cure share has a closed form at each grid point
+(`_cure_share`). A fit whose best scale lies at the grid's edge (beyond 10^9 steps: too few
+finds to place it) is flagged `at_edge`.
 """
 
 from __future__ import annotations
@@ -248,15 +244,13 @@ def extrapolate(
     samples: Samples,
     targets: Sequence[int] = TARGETS,
     *,
-    budgets: Sequence[int] | None = None,
     boot: int = BOOTSTRAP,
     seed: int = 0,
 ) -> BudgetFit:
-    """The measured curve at `budgets` (default: the budget, halved down to 1/8 of it) and each
-    model's share exact at `targets` steps, with 95% bootstrap intervals (`boot` resamples of
-    the samples, drawn with `seed`: the same rows give the same intervals)."""
-    if budgets is None:
-        budgets = sorted({max(1, samples.budget // d) for d in (8, 4, 2, 1)})
+    """The measured curve at the budget, halved down to 1/8 of it, and each model's share
+    exact at `targets` steps, with 95% bootstrap intervals (`boot` resamples of the samples,
+    drawn with `seed`: the same rows give the same intervals)."""
+    budgets = sorted({max(1, samples.budget // d) for d in (8, 4, 2, 1)})
     out = BudgetFit(samples, measured(samples, budgets))
     if samples.n == 0 or not samples.exact.any():
         return out  # no find: nothing to place a curve on

@@ -237,7 +237,6 @@ class SentenceEmbedder:
     def __init__(self, name_or_path: str, *, local_files_only: bool = True) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        self.name = name_or_path
         self.tokenizer = AutoTokenizer.from_pretrained(
             name_or_path, local_files_only=local_files_only
         )

@@ -22,21 +22,14 @@ def to_markdown(table: Table) -> str:
     lines = [f"### {shown(table.title)}", "", "| " + " | ".join(map(md_cell, table.header)) + " |"]
     lines.append("|" + "---|" * len(table.header))
     for label, cells in table.rows:
-        lines.append(
-            "| " + " | ".join(md_cell(x) for x in [label] + [c.text for c in cells]) + " |"
-        )
+        texts = [label] + [c.text for c in cells]
+        lines.append("| " + " | ".join(map(md_cell, texts)) + " |")
     lines += ["", f"*{shown(table.caption)}*", ""]
     return "\n".join(lines)
 
 
-_LATEX_SPECIAL = {
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
+# LaTeX's special characters: seven escaped with a backslash, the rest spelled out.
+_LATEX_SPECIAL = {ch: "\\" + ch for ch in "&%$#_{}"} | {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "\\": r"\textbackslash{}",
@@ -63,9 +56,8 @@ def to_latex(table: Table) -> str:
         r"\midrule",
     ]
     for label, cells in table.rows:
-        lines.append(
-            " & ".join(latex_escape(x) for x in [label] + [c.text for c in cells]) + r" \\"
-        )
+        texts = [label] + [c.text for c in cells]
+        lines.append(" & ".join(map(latex_escape, texts)) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(lines)
 

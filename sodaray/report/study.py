@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
-from sodaray.io.writes import write_file
+from sodaray.report.drawing import integer_axis, pyplot, save
 from sodaray.report.tables import Skipped
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,7 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not done:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = pyplot().subplots(figsize=(9, 4.5))
     pruned = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
@@ -81,7 +75,7 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
     )
     if pruned:
         # Checkpoints report the exact rate, ties broken below one sample's worth
-        # (`tuner.study.checkpoint_value`): on the value's axis when the metric is that rate
+        # (`tuner.values.checkpoint_value`): on the value's axis when the metric is that rate
         # (or the rate with a tie-break), else on their own.
         rate_ax = ax if metric != "exact_per_second" else ax.twinx()
         if rate_ax is not ax:
@@ -98,7 +92,7 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
                 zorder=2,
             )
         )
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    integer_axis(ax.xaxis)
     if metric != "exact_per_second":  # (exact_then_loss: the rate plus less than one sample)
         # A rate: the whole 0-1 range, so a flat study does not look like a wide spread, and
         # a trial at 0 or 1 sits inside the frame rather than on it.
@@ -139,7 +133,7 @@ def save_plots(
         reason = "no completed trial yet"
         log.info("plots skipped: %s", reason)
         return [], [Skipped(name, reason) for name in PLOTS]
-    made = [_save(fig, folder / "history.png", base)]
+    made = [save(fig, folder / "history.png", base, dpi=110)]
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
         reason = (
@@ -163,21 +157,12 @@ def save_plots(
             fig.set_size_inches(10, 5.5)
             for label in fig.axes[0].get_xticklabels():
                 label.set_rotation(20)
-            made.append(_save(fig, folder / f"{name}.png", base))
+            made.append(save(fig, folder / f"{name}.png", base, dpi=110))
         except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
             log.info("plot %s skipped: %s", name, exc)
             skipped.append(Skipped(name, f"Optuna could not draw it: {first_line(exc)}"))
     return made, skipped
 
 
-# The plots `save_plots` makes, in order (the README promises each).
+# The plots `save_plots` makes, in order.
 PLOTS = ("history", "importances", "parallel_coordinate")
-
-
-def _save(fig: Any, path: Path, base: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    write_file(base, path, lambda f: fig.savefig(f, dpi=110, format="png"))
-    plt.close(fig)
-    return path

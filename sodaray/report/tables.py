@@ -1,27 +1,33 @@
 """The paper's tables, built from result rows wherever the rows for them are present.
 
-Each builder takes the prepared DataFrame (see `prepare`) and returns tables, or an empty list
+Each builder takes the prepared DataFrame (`rows.prepare`) and returns tables, or an empty list
 when the rows it needs are absent (the report lists what it skipped and why).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from sodaray.data.store import RANDOM_SOURCE
-from sodaray.io.files import parse_json
 from sodaray.report import metrics
 from sodaray.report.metrics import Mean, Proportion
-from sodaray.results import model_label
+from sodaray.report.rows import (
+    by_setting,
+    dominant_observation,
+    fixed_length,
+    main_dataset,
+    named,
+    objective_label,
+    standard_rows,
+    tuning_rows,
+)
 
 DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]
+# What a table shows in its own columns or rows: never a reason to split it.
+OBSERVATION = ("objective", "top_k", "output_tokens")
 
 
 @dataclass
@@ -62,24 +68,10 @@ class Table:
 
 @dataclass
 class Skipped:
+    """A table or figure the report did not make, and why."""
+
     name: str
     reason: str
-
-
-# ---- preparation ----------------------------------------------------------------------------
-def objective_label(kind: str, top_k: float | None) -> str:
-    if kind == "text":
-        return "text only"
-    return "all logits" if top_k is None or pd.isna(top_k) else f"top-{int(top_k)} logits"
-
-
-def variant_label(algorithm: str, params: str | None) -> str:
-    """A row's name, as its algorithm names it (an unknown algorithm: its own name)."""
-    from sodaray.api import ALGORITHMS
-
-    if algorithm not in ALGORITHMS:
-        return algorithm
-    return ALGORITHMS[algorithm].variant_label(row_params(params))
 
 
 def main_variants(df: pd.DataFrame) -> list[str]:
@@ -90,137 +82,6 @@ def main_variants(df: pd.DataFrame) -> list[str]:
     known = [config.variant_label({}) for config in ALGORITHMS.values()]
     other = sorted(set(df["algorithm"]) - set(ALGORITHMS))
     return [v for v in known + other if v in set(df["variant"])]
-
-
-# ---- configurations --------------------------------------------------------------------------
-# Rows of different configurations (a sweep's temperature grid, a model run with two presets)
-# are never pooled into one cell: a Wilson interval over them would treat them as samples of one
-# rate. Each row carries its configuration (`config`: the algorithm's parameters, seed aside, and
-# the objective's settings), and a table row whose rows differ in it is split, one row per
-# configuration, its label naming the differing values. Seeds are not a configuration: a sweep's
-# seeds pool (the caption lists them).
-OBJECTIVE_SETTINGS = (
-    "objective",
-    "top_k",
-    "space",
-    "output_tokens",
-    "loss",
-    "fluency_weight",
-    "text_loss",
-    "fluency_form",
-    "confirm",
-)
-# What a table shows in its own columns or rows: never a reason to split it.
-OBSERVATION = ("objective", "top_k", "output_tokens")
-# Sweep names of tuning trials (`sodaray tune` writes `tune:NAME`).
-TUNING_PREFIX = "tune:"
-
-
-def _value(x: Any) -> Any:
-    """A configuration value, NaN (a null from pandas) as None."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return x.item() if hasattr(x, "item") else x
-
-
-def row_params(params: str | None) -> dict[str, Any]:
-    """A row's `params` column (JSON of its algorithm's parameters), read back: result files
-    come from anywhere, so it is bounded as any JSON read and must hold an object."""
-    if not params:
-        return {}
-    value = parse_json(params, "a result row's params")
-    if not isinstance(value, dict):
-        raise ValueError(f"a result row's params: a JSON object, not {type(value).__name__}")
-    return value
-
-
-def row_config(params: str | None, objective: dict[str, Any]) -> dict[str, Any]:
-    """One row's configuration: its algorithm parameters and objective settings. Settings that
-    did not apply (a logits row's text loss, fluency form with fluency off, a v1 file's space)
-    are left out rather than compared as None; top-k None means every logit and is kept."""
-    config = row_params(params)
-    for key, value in objective.items():
-        value = _value(value)
-        if value is None and key != "top_k":
-            continue
-        if key == "fluency_weight":
-            value = float(value)
-        config[f"objective.{key}" if key in config else key] = value
-    return config
-
-
-def _text(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _order(value: Any) -> tuple:
-    # Numbers in numeric order, before strings; None (and a missing key) first.
-    if value is None:
-        return (0, 0.0, "")
-    if isinstance(value, bool):
-        return (2, 0.0, str(value))
-    if isinstance(value, (int, float)):
-        return (1, float(value), "")
-    return (2, 0.0, str(value))
-
-
-_MISSING = "?"  # a key an older file's rows do not record
-
-
-def by_setting(rows: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[tuple[str, pd.DataFrame]]:
-    """`rows` split by the configuration values that differ among them (keys in `exclude`
-    aside: what the table shows itself), each part with a label naming those values
-    (`temperature=0.5`); one part labelled "" when they share one configuration. A key only some
-    rows record (files from before it) splits them only where the recorded values differ."""
-    if rows.empty or "config" not in rows:
-        return [("", rows)]
-    configs = [{k: v for k, v in c.items() if k not in exclude} for c in rows["config"]]
-    seen: dict[str, set[str]] = {}
-    for c in configs:
-        for k, v in c.items():
-            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
-    varying = sorted(k for k, vals in seen.items() if len(vals) > 1)
-    if not varying:
-        return [("", rows)]
-    keys = [tuple(c.get(k, _MISSING) for k in varying) for c in configs]
-    groups: dict[str, list[int]] = {}
-    labels: dict[str, tuple] = {}
-    for i, key in enumerate(keys):
-        label = ", ".join(f"{k}={_text(v)}" for k, v in zip(varying, key, strict=True))
-        groups.setdefault(label, []).append(i)
-        labels[label] = key
-    ordered = sorted(groups, key=lambda lab: [_order(v) for v in labels[lab]])
-    return [(lab, rows.iloc[groups[lab]]) for lab in ordered]
-
-
-def named(label: str, setting: str) -> str:
-    """A row label with its configuration, when the table splits it."""
-    return f"{label} ({setting})" if setting else label
-
-
-def tuning_rows(df: pd.DataFrame) -> pd.Series:
-    """Rows of `sodaray tune` trials: each trial is its own configuration, picked on the
-    validation set by the study, so they stay out of the paper tables and figures (the jobs
-    table lists every trial)."""
-    return df["sweep"].fillna("").astype(str).str.startswith(TUNING_PREFIX)
-
-
-def prepare(df: pd.DataFrame) -> pd.DataFrame:
-    """Derived columns the tables group by."""
-    df = df.copy()
-    df["objective_label"] = [
-        objective_label(k, t) for k, t in zip(df["objective"], df["top_k"], strict=True)
-    ]
-    df["fluency"] = df["fluency_weight"].fillna(0) > 0
-    # Files from before the model_name column: label by the id's last part.
-    missing = df["model_name"].isna() | (df["model_name"] == "")
-    df.loc[missing, "model_name"] = [model_label(m) for m in df.loc[missing, "model"]]
-    df["variant"] = [
-        variant_label(a, p) for a, p in zip(df["algorithm"], df["params"], strict=True)
-    ]
-    objectives = df[list(OBJECTIVE_SETTINGS)].to_dict("records")
-    df["config"] = [row_config(p, o) for p, o in zip(df["params"], objectives, strict=True)]
-    return df
 
 
 def settings(df: pd.DataFrame) -> str:
@@ -234,71 +95,6 @@ def settings(df: pd.DataFrame) -> str:
         f"Model: {values('model')}; max steps: {values('max_steps')}; "
         f"samples: {len(df)}; seed: {values('seed')}."
     )
-
-
-def observation_key(df: pd.DataFrame) -> pd.Series:
-    """What was observed, as one string per row: objective | top-k (-1: all) | outputs."""
-    top_k = df["top_k"].fillna(-1).astype(int).astype(str)
-    return df["objective"].astype(str) + "|" + top_k + "|" + df["output_tokens"].astype(str)
-
-
-def fixed_length(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["length_mode"].fillna("fixed") == "fixed"]
-
-
-# Two rows are one result when these agree: the same search (model, settings, seed) of the
-# same drawn input.
-SAME_SEARCH = (
-    "model_name",
-    "bos",
-    "config_hash",
-    "algorithm",
-    "params",
-    "objective",
-    "top_k",
-    "output_tokens",
-    "seed",
-    "max_steps",
-    "dataset_seed",
-    "length",
-    "sample_id",
-    "true_tokens",
-)
-
-
-def main_dataset(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of one dataset: every dataset the random builder made (`random`, the paper's main
-    tables, a sweep's `random-short` for the jobs that run only the short lengths, one set per
-    length), else the most common one other than privacy. Random draws depend only on the seed
-    and length, so two such datasets can hold the same inputs: a search that ran on both counts
-    once, as its `random` row when it has one."""
-    names = df["dataset"].fillna("")
-    pooled = names == "random"
-    if "dataset_source" in df:
-        pooled |= df["dataset_source"].fillna("").eq(RANDOM_SOURCE)
-    if pooled.any():
-        rows = df[pooled]
-        if rows["dataset"].nunique() == 1:
-            return rows
-        rows = rows.iloc[np.argsort(rows["dataset"].ne("random").to_numpy(), kind="stable")]
-        key = pd.DataFrame({c: rows[c].map(str) for c in SAME_SEARCH if c in rows})
-        return rows[~key.duplicated().to_numpy()].sort_index()
-    others = names[names != "privacy"]
-    return df[names == others.value_counts().index[0]] if len(others) else df.iloc[:0]
-
-
-def dominant_observation(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of the most common observation setting, so a table that varies something else
-    never mixes objectives."""
-    if df.empty:
-        return df
-    keys = observation_key(df)
-    return df[keys == keys.value_counts().index[0]]
-
-
-def standard_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The main dataset, fluency off, fixed lengths, the most common observation setting."""
-    return dominant_observation(main_dataset(fixed_length(df[~df["fluency"]])))
 
 
 def by_model(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -318,7 +114,6 @@ def _describe_objective(df: pd.DataFrame) -> str:
     return f"{objective_label(row['objective'], row['top_k'])}, {int(row['output_tokens'])} output"
 
 
-# ---- the tables -----------------------------------------------------------------------------
 def table_model(df: pd.DataFrame) -> list[Table]:
     """Exact by input length per model (paper Table "model")."""
     base = standard_rows(df[df["variant"] == "SODA"])
@@ -326,12 +121,8 @@ def table_model(df: pd.DataFrame) -> list[Table]:
     if base.empty:
         return []
     lengths = sorted(int(n) for n in base["length"].unique())
-    models = (
-        base.groupby("model_name")["model_parameters"]
-        .max()
-        .sort_values(kind="stable")
-        .index.tolist()
-    )
+    sizes = base.groupby("model_name")["model_parameters"].max()
+    models = sizes.sort_values(kind="stable").index.tolist()
     table = Table(
         "model",
         "Exact inversion (%) by input length",
@@ -363,7 +154,10 @@ def _size_cell(rows: pd.DataFrame, column: str) -> Cell:
     return Cell(f"{value:,}", float(value))
 
 
-def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
+def table_tradeoff(df: pd.DataFrame, fdr: bool = False) -> list[Table]:
+    """Exact by top-k logits x output tokens, with a text-only row, per model (paper Table
+    "tradeoff"); `fdr`: its false-discovery counterpart."""
+    stat = metrics.false_discovery if fdr else metrics.exact_rate
     base = main_dataset(fixed_length(df[(df["variant"] == "SODA") & ~df["fluency"]]))
     tables = []
     for model, rows in base.groupby("model_name", sort=True):
@@ -389,27 +183,11 @@ def _tradeoff(df: pd.DataFrame, fdr: bool) -> list[Table]:
         )
         for lab in labels:
             for setting, sel in by_setting(rows[rows["objective_label"] == lab], OBSERVATION):
-                cells = []
-                for m in outs:
-                    cell_rows = sel[sel["output_tokens"] == m]
-                    if cell_rows.empty:
-                        cells.append(EMPTY)
-                        continue
-                    stat = metrics.false_discovery if fdr else metrics.exact_rate
-                    cells.append(Cell.rate(stat(cell_rows)))
+                parts = [sel[sel["output_tokens"] == m] for m in outs]
+                cells = [EMPTY if part.empty else Cell.rate(stat(part)) for part in parts]
                 table.rows.append((named(lab, setting), cells))
         tables.append(table)
     return tables
-
-
-def table_tradeoff(df: pd.DataFrame) -> list[Table]:
-    """Exact by top-k logits x output tokens, with a text-only row (paper Table "tradeoff")."""
-    return _tradeoff(df, fdr=False)
-
-
-def table_tradeoff_fdr(df: pd.DataFrame) -> list[Table]:
-    """The tradeoff table's false-discovery counterpart."""
-    return _tradeoff(df, fdr=True)
 
 
 COS_SKIPPED = "; cosine similarity skipped (no local sentence-embedding model)."
@@ -434,16 +212,12 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
     if base[["dataset", "fluency"]].drop_duplicates().shape[0] < 2:
         return []
     with_cos = _has_cos(base)
+    cos = "; cosine similarity of recovered and true text ± standard error."
     table = Table(
         "fluency",
         "Natural-language inputs and the fluency penalty",
         f"SODA, {_describe_objective(base)} position(s). {settings(base)} Exact with Wilson 95% "
-        "intervals; Partial ± standard error"
-        + (
-            "; cosine similarity of recovered and true text ± standard error."
-            if with_cos
-            else COS_SKIPPED
-        ),
+        "intervals; Partial ± standard error" + (cos if with_cos else COS_SKIPPED),
         ["Dataset", "Fluency", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []),
     )
     for prefix, rows_m in by_model(base):
@@ -454,12 +228,8 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
                 rows_w = rows_d[rows_d["fluency_weight"].fillna(0) == weight]
                 label = f"{weight:g}" if weight > 0 else "off"
                 for setting, rows in by_setting(rows_w, ("fluency_weight",)):
-                    table.rows.append(
-                        (
-                            named(prefix + ds, setting),
-                            [Cell(label)] + _quality_cells(rows, with_cos),
-                        )
-                    )
+                    cells = [Cell(label)] + _quality_cells(rows, with_cos)
+                    table.rows.append((named(prefix + ds, setting), cells))
     return [table]
 
 
@@ -625,12 +395,8 @@ def table_length(df: pd.DataFrame) -> list[Table]:
             for n, row in counts.iterrows():
                 right = int(row.get(n, 0)) if n in predicted else 0
                 cells = [Cell.count(int(row.get(c, 0))) for c in [*predicted, metrics.UNSOLVED]]
-                table.rows.append(
-                    (
-                        named(str(n), setting),
-                        cells + [Cell.rate(metrics.proportion(right, int(row.sum())))],
-                    )
-                )
+                cells.append(Cell.rate(metrics.proportion(right, int(row.sum()))))
+                table.rows.append((named(str(n), setting), cells))
         tables.append(table)
     return tables
 
@@ -649,24 +415,19 @@ def table_jobs(df: pd.DataFrame) -> list[Table]:
         ["Sweep / job", "Samples", "Exact", "Partial", "False discovery"],
     )
     for (sweep, job), rows in base.groupby(["sweep", "job"], sort=True):
-        table.rows.append(
-            (
-                f"{sweep} / {job}",
-                [
-                    Cell.count(len(rows)),
-                    Cell.rate(metrics.exact_rate(rows)),
-                    Cell.mean(metrics.partial(rows)),
-                    Cell.rate(metrics.false_discovery(rows)),
-                ],
-            )
-        )
+        cells = [Cell.count(len(rows)), Cell.rate(metrics.exact_rate(rows))]
+        cells += [Cell.mean(metrics.partial(rows)), Cell.rate(metrics.false_discovery(rows))]
+        table.rows.append((f"{sweep} / {job}", cells))
     return [table]
 
 
 TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
     "model": (table_model, "needs SODA rows with known lengths"),
     "tradeoff": (table_tradeoff, "needs SODA rows with at least two observation settings"),
-    "tradeoff_fdr": (table_tradeoff_fdr, "needs SODA rows with at least two observation settings"),
+    "tradeoff_fdr": (
+        functools.partial(table_tradeoff, fdr=True),
+        "needs SODA rows with at least two observation settings",
+    ),
     "fluency": (table_fluency, "needs SODA rows from two datasets or fluency settings"),
     "tweaks": (table_tweaks, "needs at least two SODA variants or SODA and embedding search"),
     "algo": (table_algo, "needs rows from at least two algorithms"),

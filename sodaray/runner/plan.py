@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +31,6 @@ from sodaray.experiment.estimate import (
     tables,
 )
 from sodaray.runner.spec import Job
-
-log = logging.getLogger(__name__)
 
 
 def select_counts(
@@ -79,20 +76,9 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
     seen: set[str] = set()
     models: dict[int, Any] = {}  # a model's identity, once per entry (not per job)
     for job in jobs:
-        if id(job.model) not in models:
-            models[id(job.model)] = job.model.identity()
-        key = json.dumps(
-            [
-                models[id(job.model)],
-                job.dataset.name,
-                job.length,
-                job.max_length,
-                job.samples_per_length,
-                job.limit,
-                job.objective.output_tokens,
-            ],
-            default=str,
-        )
+        _once(models, id(job.model), job.model.identity)
+        shown = (job.dataset.name, job.length, job.max_length, job.samples_per_length, job.limit)
+        key = json.dumps([models[id(job.model)], *shown, job.objective.output_tokens], default=str)
         if key in seen:
             continue
         seen.add(key)
@@ -161,7 +147,7 @@ def job_cost(
     """`job`'s workload; `shape` (the loaded model's, for a GGUF file) where its id tells none.
     Its shards go to as many replicas as the entry asks, at most one a shard. `memo`: what
     jobs share (a dataset's lengths, a model's shape from its config), kept by the caller
-    across its jobs: a plan of 100,000 jobs read them 100,000 times."""
+    across its jobs so that each is read once."""
     memo = {} if memo is None else memo
     lengths = _once(memo, ("lengths", id(job.dataset)), lambda: dataset_lengths(job.dataset))
     counts = select_counts(lengths, job.samples_per_length, job.limit)
@@ -194,18 +180,9 @@ def load_for_plan(job: Job) -> Any:
 def calibration_key(job: Job, cost: Workload) -> str:
     """Jobs that cost the same per sample-step share one calibration."""
     obj = job.objective
-    return json.dumps(
-        [
-            job.model.identity(),
-            job.algorithm,
-            obj.kind,
-            obj.output_tokens,
-            bool(obj.fluency_weight),
-            cost.batch_size,
-            sorted(cost.samples_by_length),
-        ],
-        default=str,
-    )
+    shown = [obj.kind, obj.output_tokens, bool(obj.fluency_weight), cost.batch_size]
+    lengths = sorted(cost.samples_by_length)
+    return json.dumps([job.model.identity(), job.algorithm, *shown, lengths], default=str)
 
 
 def plan_sweep(

@@ -5,19 +5,16 @@ Every shard of every job is a unit (`experiment.work.Unit`); the units of one mo
 actor group (`experiment.group.ActorGroup`), whose replicas run all of them through one engine,
 so a replica's batch holds samples of any job, config and length at once. The driver writes a
 shard's file when its rows arrive, counts each job's progress in sample-steps as the replicas
-stream it (`JobProgress`), keeps its locks fresh, and records a shard that failed for
-good (`.sodaray/jobs/<job>/shard-NNNNN.error.json`, retried by the next run). While a shard
-runs, the rows of its searches that have ended are kept beside it (`shard-NNNNN.kept.pq`, at
-most every `KEEP_EVERY_S`), so a driver stopped mid-shard (Ctrl-C, a crash, a machine taken
-away) loses only the searches still running: the next run searches the shard's other samples
-and writes the shard from both. Ctrl-C stops the replicas and keeps every finished shard.
+stream it (`JobProgress`), keeps its locks fresh, and records a shard that failed for good
+(its error file, retried by the next run). A running shard's ended searches are kept beside it
+at most every `KEEP_EVERY_S` (`runner.layout`): a driver stopped mid-shard loses only the
+searches still running. Ctrl-C stops the replicas and keeps every finished shard.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -43,22 +40,11 @@ from sodaray.experiment.work import Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.io.paths import inside
 from sodaray.io.writes import remove_file, write_file
 from sodaray.results import write_table_atomic
-from sodaray.runner.layout import (
-    JobPlan,
-    error_path,
-    found_exact,
-    kept_path,
-    plan_jobs,
-    refresh_locks,
-    release_lock,
-    shard_bounds,
-    shard_path,
-    shard_table,
-)
+from sodaray.runner.jobs import JobPlan, plan_jobs, shard_bounds, shard_table
+from sodaray.runner.layout import error_path, found_exact, kept_path, shard_path
+from sodaray.runner.locks import refresh_locks, release_lock
 from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Job, Sweep
-
-log = logging.getLogger(__name__)
 
 # Seconds between writes of a running shard's ended searches: a search on a real model takes
 # minutes, and a write costs a small Parquet file, so a stopped driver loses under a minute.
@@ -409,19 +395,10 @@ class _Shards:
         remove_file(plan.base, kept_path(plan.meta, index))
         self.kept.pop(output.key, None)
         remove_file(plan.base, error_path(plan.meta, index))
-        done = ShardDone(
-            plan.job.name,
-            index,
-            len(table),
-            *found_exact(table),
-            output.seconds,
-            output.pid,
-            int(pc.sum(output.table["steps"]).as_py() or 0),
-            output.slot_steps,
-            output.capacity_steps,
-            output.batch_steps,
-            time.perf_counter() - self.run.started,
-        )
+        head = (plan.job.name, index, len(table), *found_exact(table), output.seconds, output.pid)
+        steps = int(pc.sum(output.table["steps"]).as_py() or 0)
+        occupancy = (output.slot_steps, output.capacity_steps, output.batch_steps)
+        done = ShardDone(*head, steps, *occupancy, time.perf_counter() - self.run.started)
         self.run.done.append(done)
         return done
 

@@ -52,8 +52,6 @@ from sodaray.objective.observations import observation
 from sodaray.results import config_hash
 from sodaray.search.engine.base import SearchConfig
 
-__all__ = ["DatasetSpec", "Job", "ModelSpec", "Sweep", "SweepError", "load_sweep", "parse_sweep"]
-
 
 @dataclass(frozen=True)
 class Job:
@@ -78,7 +76,7 @@ class Job:
     defaults: Defaults | None = field(default=None, compare=False)
     # Set when planning, where an earlier run in the results folder wrote this same job with
     # its model or a build's source named by another path to the same place (relative against
-    # absolute, through a link): that run's job name and spellings (`runner.layout`), so the
+    # absolute, through a link): that run's job name and spellings (`runner.jobs`), so the
     # job keeps its folder and hash and runs nothing again.
     spelled: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -107,8 +105,7 @@ class Job:
             "shard_size": self.shard_size,
         }
 
-    # Cached (the job is frozen): a plan of 100,000 jobs asked each its name four times, and a
-    # name hashes the job's whole configuration.
+    # Cached (the job is frozen): a name hashes the job's whole configuration, asked often.
     @functools.cached_property
     def config_hash(self) -> str:
         return config_hash(self.config())
@@ -204,7 +201,7 @@ class Sweep:
         jobs = []
         variants = [(e, *v) for e in self.algorithms for v in e.variants()]
         # Once per model (and algorithm, objective entry), not per job: each reads the model's
-        # config, and a preset file (a grid of 100,000 jobs read them 300,000 times).
+        # config, and a preset file.
         family = {id(m): model_defaults(m) for m in models}
         bases = {(e.name, id(m)): preset_base(e.name, m) for e in self.algorithms for m in models}
         objectives = {
@@ -215,13 +212,9 @@ class Sweep:
         # A variant's config on a model, made once (presets applied, coerced, validated); its
         # other seeds are that config with another seed, validated again.
         made: dict[tuple[int, int], SearchConfig] = {}
+        axes = (models, self.datasets, enumerate(variants), enumerate(self.objectives), self.seeds)
         for m, ds, (k, (entry, variant, params)), (i, _), seed, length in itertools.product(
-            models,
-            self.datasets,
-            enumerate(variants),
-            enumerate(self.objectives),
-            self.seeds,
-            self.length_modes(),
+            *axes, self.length_modes()
         ):
             if m.datasets and ds.name not in m.datasets:
                 continue
@@ -233,26 +226,12 @@ class Sweep:
                 made[k, id(m)] = config
             elif config.seed != seed:
                 config = dataclasses.replace(config, seed=seed)
-            objective = objectives[i, id(m)]
-            jobs.append(
-                Job(
-                    self.name,
-                    m,
-                    ds,
-                    entry.name,
-                    variant,
-                    config,
-                    objective,
-                    length,
-                    # Read by a length search alone: any other job hashes the default, so a
-                    # value that cannot change its run does not make it another job.
-                    self.max_length if length == "auto" else MAX_LENGTH,
-                    self.samples_per_length,
-                    limit,
-                    self.shard_size,
-                    defaults=family[id(m)],
-                )
-            )
+            # `max_length` is read by a length search alone: any other job hashes the default,
+            # so a value that cannot change its run does not make it another job.
+            longest = self.max_length if length == "auto" else MAX_LENGTH
+            what = (entry.name, variant, config, objectives[i, id(m)], length, longest)
+            sizes = (self.samples_per_length, limit, self.shard_size)
+            jobs.append(Job(self.name, m, ds, *what, *sizes, defaults=family[id(m)]))
         # Entries can make one job twice (a preset's `space: centred` under an objective entry
         # that says nothing, beside one that says `space: centred`): one folder, run once.
         unique: dict[str, Job] = {}
@@ -287,30 +266,12 @@ def load_sweep(
 
 
 def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
+    """A sweep file's `data` (read from `path`) as a `Sweep`, every field checked; `model` as
+    `load_sweep`'s."""
     fail, name = check_top(
         data, path, SweepError, TOP_KEYS, ("name", "models", "datasets", "algorithms")
     )
-    base = path.parent.resolve()  # relative paths in the file are read from its folder
-    models = [
-        parse_model(e, f"models[{i}]", fail, model, base=base)
-        for i, e in enumerate(entries(data, "models", fail))
-    ]
-    datasets = [
-        parse_dataset(e, f"datasets[{i}]", fail, base=base)
-        for i, e in enumerate(entries(data, "datasets", fail))
-    ]
-    names = [d.name for d in datasets]
-    _unique([d.name for d in datasets], "datasets", fail)
-    # A model's `name` labels its jobs, its rows' `model` column and an override's entry: two
-    # entries of one name would be told apart by none of them. (Entries that name none may
-    # share an id: their settings differ, and so do their jobs' hashes.)
-    _unique([m.name for m in models], "models", fail)
-    for i, m in enumerate(models):
-        unknown = [n for n in m.datasets if n not in names]
-        if unknown:
-            raise fail(
-                f"models[{i}].datasets", f"no dataset entry named {unknown[0]!r} (have {names})"
-            )
+    models, datasets = _models_datasets(data, path, model, fail)
     algorithms = [
         _algorithm_entry(e, f"algorithms[{i}]", fail)
         for i, e in enumerate(entries(data, "algorithms", fail))
@@ -320,14 +281,8 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         for i, e in enumerate(data.get("objectives") or [{"kind": "logits"}])
         for o in _objective_entry(e, f"objectives[{i}]", fail)
     ]
-    assumed: list[int] = []
-    if isinstance(data.get("length"), (int, list)) and not isinstance(data["length"], bool):
-        # An int or a list of ints: assumed lengths, each its own job (a wrong length allowed).
-        assumed = data["length"] if isinstance(data["length"], list) else [data["length"]]
-        for n in assumed:
-            check_positive(n, "length", fail)
-        if len(set(assumed)) != len(assumed):
-            raise fail("length", f"assumed lengths repeat: {assumed}")
+    assumed = _assumed_lengths(data.get("length"), fail)
+    if assumed is not None:  # the field holds them, not a mode
         data = {k: v for k, v in data.items() if k != "length"}
     scalars = ("description", "max_steps", "samples_per_length", "shard_size", "length")
     scalars += ("max_length",)
@@ -338,24 +293,11 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         datasets=datasets,
         algorithms=algorithms,
         objectives=objectives,
-        assumed_lengths=list(assumed),
+        assumed_lengths=assumed or [],
         **coerce_scalars(Sweep, {k: data[k] for k in scalars if k in data}, fail),  # 1e3: 1000
     )
     if "seeds" in data:
-        seeds = data["seeds"]
-        seeds = [seeds] if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds
-        if not (
-            isinstance(seeds, list)
-            and seeds
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-        ):
-            raise fail("seeds", f"a list of integers, not {brief(seeds)}")
-        if len(set(seeds)) != len(seeds):  # two jobs would share one folder and its locks
-            raise fail("seeds", f"repeat: {brief(seeds)}")
-        for seed in seeds:
-            if not 0 <= seed < 2**63:
-                raise fail("seeds", f"each in [0, 2**63), not {seed}")
-        sweep.seeds = seeds
+        sweep.seeds = _seeds(data["seeds"], fail)
     jobs = (
         sum(m.datasets and len(m.datasets) or len(datasets) for m in models)
         * sum(grid_size(e.grid) for e in algorithms)
@@ -369,12 +311,77 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         raise fail(
             "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
         )
-    # Expand once so every algorithm parameter is checked now, with each model's preset; a
-    # family's defaults wait for `jobs()`, which reads each model's config.
-    for i, entry in enumerate(algorithms):
+    _check_configs(sweep, fail)
+    return sweep
+
+
+def _models_datasets(
+    data: dict[str, Any], path: Path, model: str | None, fail: Fail
+) -> tuple[list[ModelSpec], list[DatasetSpec]]:
+    """The `models:` and `datasets:` entries, each name once, every dataset a model names
+    there; relative paths in them are read from the file's folder."""
+    base = path.parent.resolve()
+    models = [
+        parse_model(e, f"models[{i}]", fail, model, base=base)
+        for i, e in enumerate(entries(data, "models", fail))
+    ]
+    datasets = [
+        parse_dataset(e, f"datasets[{i}]", fail, base=base)
+        for i, e in enumerate(entries(data, "datasets", fail))
+    ]
+    names = [d.name for d in datasets]
+    _unique(names, "datasets", fail)
+    # A model's `name` labels its jobs, its rows' `model` column and an override's entry: two
+    # entries of one name would be told apart by none of them. (Entries that name none may
+    # share an id: their settings differ, and so do their jobs' hashes.)
+    _unique([m.name for m in models], "models", fail)
+    for i, m in enumerate(models):
+        unknown = [n for n in m.datasets if n not in names]
+        if unknown:
+            raise fail(
+                f"models[{i}].datasets", f"no dataset entry named {unknown[0]!r} (have {names})"
+            )
+    return models, datasets
+
+
+def _assumed_lengths(value: Any, fail: Fail) -> list[int] | None:
+    """`length:` as assumed lengths (an int or a list of ints, each its own job, a wrong length
+    allowed), or None where it names a mode (`fixed`, `auto`)."""
+    if not isinstance(value, (int, list)) or isinstance(value, bool):
+        return None
+    assumed = value if isinstance(value, list) else [value]
+    for n in assumed:
+        check_positive(n, "length", fail)
+    if len(set(assumed)) != len(assumed):
+        raise fail("length", f"assumed lengths repeat: {assumed}")
+    return list(assumed)
+
+
+def _seeds(value: Any, fail: Fail) -> list[int]:
+    """`seeds:`, an integer or a list of distinct integers in [0, 2**63)."""
+    seeds = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise fail("seeds", f"a list of integers, not {brief(seeds)}")
+    if len(set(seeds)) != len(seeds):  # two jobs would share one folder and its locks
+        raise fail("seeds", f"repeat: {brief(seeds)}")
+    for seed in seeds:
+        if not 0 <= seed < 2**63:
+            raise fail("seeds", f"each in [0, 2**63), not {seed}")
+    return seeds
+
+
+def _check_configs(sweep: Sweep, fail: Fail) -> None:
+    """Every algorithm variant and objective entry made on each model with its preset, so a
+    bad parameter fails now; a family's defaults wait for `jobs()`, which reads each model's
+    config."""
+    for i, entry in enumerate(sweep.algorithms):
         steps = entry.max_steps or sweep.max_steps
         bases: dict[int, dict[str, Any]] = {}  # a model's preset, read once for every variant
-        for (_, params), m in itertools.product(entry.variants(), models):
+        for (_, params), m in itertools.product(entry.variants(), sweep.models):
             try:
                 if id(m) not in bases:
                     bases[id(m)] = preset_base(entry.name, m, defaults=False)
@@ -383,12 +390,11 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
             except (TypeError, ValueError) as exc:
                 message = str(exc).removeprefix("config: ")
                 raise fail(f"algorithms[{i}]", message) from exc
-    for (i, m), obj in itertools.product(enumerate(models), objectives):
+    for (i, m), obj in itertools.product(enumerate(sweep.models), sweep.objectives):
         try:  # a preset's settings with each objective entry: `space: centred` and top_k 1 clash
             objective_config(obj, m, defaults=False)
         except (TypeError, ValueError) as exc:
             raise fail(f"models[{i}].preset_file", f"{exc} (with objective {obj})") from exc
-    return sweep
 
 
 def _unique(labels: list[str], where: str, fail: Fail) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.scoring import Layout, context_embeds, objective_loss
 from sodaray.search.denormals import flush_denormals
 from sodaray.search.engine.base import (

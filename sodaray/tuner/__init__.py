@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `_
     from sodaray.tuner.spec import ParamSpace, TuningSpec, load_tuning  # noqa: F401
 
 _MODULES = {  # the module that defines each public name
-    "sodaray.tuner.spec": ("ParamSpace", "TuningError", "TuningSpec", "load_tuning"),
+    "sodaray.experiment.spec": ("TuningError",),
+    "sodaray.tuner.spec": ("ParamSpace", "TuningSpec", "load_tuning"),
     "sodaray.tuner.run": ("TrialOutcome", "TuneRun", "run_tuning"),
 }
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}

@@ -1,11 +1,7 @@
 """`sodaray tune --dry-run`'s estimate: what a study will cost before it runs, priced as
-`sweep plan` prices a job (`experiment.estimate`): every trial runs each validation sample for
-the whole step budget at most, so samples x budget x trials is an upper bound on the
-sample-steps (found samples stop early, pruned trials end at a checkpoint). The trials' samples
-share their replicas' batches, split evenly over the `workers` replicas (at most one a trial):
-a GPU model is priced by measured device costs (the H100's by default, or a costs file's), a
-CPU model by a CPU costs file, or at a rate given or measured by a short calibration here.
-"""
+`sweep plan` prices a job (`experiment.estimate`). Samples x budget x trials bounds the
+sample-steps from above (found samples stop early, pruned trials end at a checkpoint); the
+trials' samples are split evenly over the `workers` replicas (at most one a trial)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """`sodaray tune`: an Optuna study whose trials are units of work on a model's replicas.
 
-The driver owns the study: it asks Optuna for a trial, hands its samples to the actor group as
-one unit (its config, its objective, the validation rows), reports each checkpoint the replica
-streams back (`trial.report`), asks the pruner (`trial.should_prune`), cancels a pruned trial's
-unit, passes on the running trials' progress (`on_progress`), and tells Optuna the outcome once
-the trial's rows are written. Trials share a replica's batch: as many run at once as fill it. A
-trial whose replica died runs again in the same trial (its samples' results do not depend on
-the replica). Each run records itself in the study and names itself in each trial it asks
-(`tuner.study.RunOwner`): a second run on a study whose first is live joins it, asking its own
-trials and touching none of the first's; trials left RUNNING by a run known to be over are
-marked failed and their parameters tried again when the study is opened next. A run stopped by
-a signal (SIGINT, SIGTERM, SIGHUP: `TuneInterrupted`) or an error fails its running trials
-itself, marked `interrupted`, and enqueues their parameters for the next run.
+The driver owns the study: it asks a trial, hands its samples to the actor group as one unit,
+reports each checkpoint the replica streams back, cancels the unit when the pruner says so, and
+tells Optuna the outcome once the trial's rows are written. Trials share a replica's batch; one
+whose replica died runs again in the same trial. Each run asks and ends only its own trials
+(`tuner.owner`): stopped by a signal (`TuneInterrupted`) or an error, it fails its running
+trials, marked `interrupted`, and enqueues their parameters for the next run.
 """
 
 from __future__ import annotations
@@ -36,21 +30,16 @@ from sodaray.io.paths import inside
 from sodaray.io.writes import check_places, make_folder
 from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
+from sodaray.tuner.owner import RunOwner, abandon_trials, ask_trial
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningSpec
-from sodaray.tuner.study import (
+from sodaray.tuner.storage import open_storage, storage_url
+from sodaray.tuner.study import grid_left, open_study, write_preset
+from sodaray.tuner.values import (
     METRIC_LABELS,
     SIGNALS,
-    RunOwner,
-    abandon_trials,
-    ask_trial,
     checkpoint_steps,
     checkpoint_value,
-    grid_left,
-    open_storage,
-    open_study,
-    storage_url,
     trial_value,
-    write_preset,
 )
 
 log = logging.getLogger(__name__)
@@ -80,17 +69,13 @@ class TuneRun:
     best_params: dict[str, Any] | None = None
     preset_path: Path | None = None
     plots: list[Path] = field(default_factory=list)
-    # Plots not made, by name, with the reason (too few completed trials for importances).
-    plots_skipped: dict[str, str] = field(default_factory=dict)
+    plots_skipped: dict[str, str] = field(default_factory=dict)  # plot name -> why not made
     # A grid study: its points, and the trials it had left when this run began (None: not a
     # grid). A run asks no more trials than are left; a covered grid runs none.
     grid: tuple[int, int] | None = None
     asked: int = 0  # the trials this run was asked for
-    # Other runs live on the study when this one opened it ("host pid N since ..."): this run
-    # joined them, its trials its own.
-    joined: list[str] = field(default_factory=list)
-    # This run's trials it failed as it stopped (a signal, an error): enqueued to run again.
-    abandoned: list[int] = field(default_factory=list)
+    joined: list[str] = field(default_factory=list)  # other runs live on the study as it opened
+    abandoned: list[int] = field(default_factory=list)  # trials failed as it stopped, enqueued
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -272,6 +257,30 @@ def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
         ) from exc
 
 
+def study_unit(
+    spec: TuningSpec,
+    params: dict[str, Any],
+    rows: dict[str, list[Any]],
+    identity: DatasetIdentity,
+    *,
+    job: str,
+    sweep: str,
+    data: str | None = None,
+    checkpoints: tuple[int, ...] = (),
+) -> Unit:
+    """`rows` (of `data`, default the study's) to search with the study's config and
+    objective at `params`, as the unit `job` of `sweep` (the context its result rows carry)."""
+    context = {"dataset": spec.data.name if data is None else data, "sweep": sweep, "job": job}
+    return Unit(
+        key=job,
+        rows=rows,
+        search=spec.config(params),
+        objective=spec.objective_for(params),
+        checkpoints=checkpoints,
+        context={**context, **identity.context()},
+    )
+
+
 def saved_steps(unit: Unit, table: Any, spent: int, cancelled: bool) -> int:
     """The sample-steps a cancel (the pruner's) saved a trial at most: what its samples could
     have taken (finished ones their steps, each unfinished one its whole budget) beyond what
@@ -336,21 +345,16 @@ class _Trials:
 
     def unit(self, trial: Any) -> Unit:
         """A trial's samples as a unit (`trial` None: a stand-in to size one)."""
-        params = {} if trial is None else trial.params
-        number = -1 if trial is None else trial.number
         spec = self.spec
-        return Unit(
-            key=f"trial-{number:05d}",
-            rows=self.rows,
-            search=spec.config(params),
-            objective=spec.objective_for(params),
+        number = -1 if trial is None else trial.number
+        return study_unit(
+            spec,
+            {} if trial is None else trial.params,
+            self.rows,
+            self.identity,
+            job=f"trial-{number:05d}",
+            sweep=f"tune:{spec.name}",
             checkpoints=checkpoint_steps(spec.max_steps, spec.checkpoints),
-            context={
-                "dataset": spec.data.name,
-                "sweep": f"tune:{spec.name}",
-                "job": f"trial-{number:05d}",
-                **self.identity.context(),
-            },
         )
 
     def launch(self) -> None:

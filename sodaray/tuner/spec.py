@@ -12,7 +12,7 @@ from typing import Any, Literal
 from sodaray.api import ALGORITHMS
 from sodaray.config.configfile import read_document
 from sodaray.config.fields import coerce_scalars, known_fields
-from sodaray.config.presets import preset_params
+from sodaray.config.presets import PRESETS, preset_params
 from sodaray.config.validation import AT_LEAST_1
 from sodaray.experiment.spec import (
     DatasetSpec,
@@ -29,8 +29,6 @@ from sodaray.experiment.spec import (
 from sodaray.io.paths import in_file, local_path, looked_for
 from sodaray.objective.objectives import Objective
 from sodaray.search.engine.base import SearchConfig
-
-__all__ = ["ParamSpace", "TuningError", "TuningSpec", "load_tuning", "parse_tuning"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,16 @@ class ParamSpace:
                 int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
             )
         return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
+    def holds(self, value: Any) -> bool:
+        """Whether the study can sample `value`: one of the choices, or in the range and on its
+        step."""
+        if self.type == "categorical":
+            return value in (self.choices or [])
+        if not self.low <= value <= self.high:
+            return False
+        off = value - self.low
+        return self.step is None or abs(round(off / self.step) * self.step - off) < 1e-9
 
     def describe(self) -> dict[str, Any]:
         """The range as the study samples it, for a reader (`tune --dry-run`): its type and
@@ -96,14 +104,11 @@ class TuningSpec:
     trials: int = field(default=20, metadata=AT_LEAST_1)
     metric: Literal["exact", "exact_per_second", "exact_then_loss"] = "exact"
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
-    # How trials are stopped early (`tuner.study.make_pruner`): successive halving over step
-    # budgets (rungs at the first checkpoint's steps, doubling), Hyperband's brackets of it,
-    # the median rule, or none.
+    # How trials are stopped early (`tuner.study.make_pruner`).
     pruner: Literal["median", "successive_halving", "hyperband", "none"] = "successive_halving"
     checkpoints: int = field(default=4, metadata=AT_LEAST_1)  # pruning reports per input length
-    # What each checkpoint reports to the pruner (`tuner.study.checkpoint_value`): the exact
-    # rate, with ties broken by the mean relaxed loss (`loss`) or by the share of true tokens
-    # in place (`tokens`), or the exact rate alone. The study's value stays `metric`'s.
+    # What a checkpoint reports to the pruner (`tuner.values.checkpoint_value`; the study's
+    # value stays `metric`'s).
     signal: Literal["loss", "tokens", "exact"] = "loss"
     seed: int = 0
     storage: str | None = None
@@ -148,7 +153,7 @@ class TuningSpec:
         """What the model's family defaults change in this study's trials: the knobs they set
         that neither `fixed` nor the space sets, and the objective settings the file leaves
         unset, each where it differs from the built-in default ({}: none, or a preset named).
-        The study's hash takes it (`tuner.study.spec_hash`), so a default that changes no
+        The study's hash takes it (`tuner.identity.spec_hash`), so a default that changes no
         trial keeps a study's hash."""
         family = model_defaults(self.model)
         if family is None:
@@ -189,27 +194,15 @@ class TuningSpec:
         """`start_from`'s values for the parameters in the space (those inside its ranges)."""
         if self.start_from is None:
             return {}
-        from sodaray.config.presets import PRESETS
-
         named = self.start_from in PRESETS
         # A preset file by the rule for paths in files: read from the tuning file's folder.
         where = None if named else in_file(self.start_from, self.path.parent.resolve())
         values = preset_params("soda", self.start_from if named else None, where)
         out = {}
         for p in self.space:
-            v = values.get(p.name)
-            if v is None:
-                continue
-            if p.type == "categorical":
-                inside = v in (p.choices or [])
-            else:
-                inside = p.low <= v <= p.high
-                if p.step is not None:  # on the grid the distribution allows
-                    inside = (
-                        inside and abs(round((v - p.low) / p.step) * p.step - (v - p.low)) < 1e-9
-                    )
-            if inside:
-                out[p.name] = v
+            value = values.get(p.name)
+            if value is not None and p.holds(value):
+                out[p.name] = value
         return out
 
 
@@ -231,6 +224,7 @@ def load_tuning(path: str | Path, overrides: list[str] | tuple = ()) -> TuningSp
 
 
 def parse_tuning(data: Any, path: Path) -> TuningSpec:
+    """A tuning file's document (`data`, read from `path`) as a checked `TuningSpec`."""
     fail, name = check_top(data, path, TuningError, TOP_KEYS, ("name", "model", "data", "space"))
     base = path.parent.resolve()  # relative paths in the file are read from its folder
     model = parse_model(data["model"], "model", fail, base=base)
@@ -243,12 +237,10 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
     objective = parse_objective(data.get("objective") or {"kind": "logits"}, "objective", fail)
     if "grid" in objective:
         raise fail("objective.grid", "a study searches `space`; objective grids are for sweeps")
-
     space_entry = data["space"]
     if not isinstance(space_entry, dict) or not space_entry:
         raise fail("space", "a non-empty mapping of parameter name to its range")
     space = [_param(name_, entry, f"space.{name_}", fail) for name_, entry in space_entry.items()]
-
     parsed = ("name", "model", "data", "algorithm", "objective", "space")
     scalars = {k: v for k, v in data.items() if k not in parsed}
     spec = TuningSpec(
@@ -261,6 +253,16 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         space=space,
         **coerce_scalars(TuningSpec, scalars, fail),  # max_steps: 1e3 is 1000
     )
+    _check_sampler(spec, fail)
+    if spec.start_from is not None:
+        _check_start_from(spec, base, fail)
+    _check_values(spec, fail)
+    return spec
+
+
+def _check_sampler(spec: TuningSpec, fail) -> None:
+    """The sampler can run: cmaes installed; a grid's every range stepped, and the grid within
+    `MAX_GRID` points."""
     if spec.sampler == "cmaes":
         try:
             import cmaes  # noqa: F401
@@ -268,58 +270,57 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
             raise fail(
                 "sampler", "cmaes needs the `cmaes` package (pip install 'sodaray[cmaes]')"
             ) from exc
-    if spec.sampler == "grid":
-        points = 1
-        for p in spec.space:
-            if p.type == "float" and p.step is None:
-                raise fail(f"space.{p.name}", "the grid sampler needs a `step` (or `choices`)")
-            count = p.grid_count()
-            if count > MAX_GRID:
-                raise fail(f"space.{p.name}", f"a grid of {count:,} values (at most {MAX_GRID:,})")
-            points *= count
-        if points > MAX_GRID:
-            raise fail("space", f"a grid of {points:,} points (at most {MAX_GRID:,})")
-    if spec.start_from is not None:
-        from sodaray.config.presets import PRESETS
+    if spec.sampler != "grid":
+        return
+    points = 1
+    for p in spec.space:
+        if p.type == "float" and p.step is None:
+            raise fail(f"space.{p.name}", "the grid sampler needs a `step` (or `choices`)")
+        count = p.grid_count()
+        if count > MAX_GRID:
+            raise fail(f"space.{p.name}", f"a grid of {count:,} values (at most {MAX_GRID:,})")
+        points *= count
+    if points > MAX_GRID:
+        raise fail("space", f"a grid of {points:,} points (at most {MAX_GRID:,})")
 
-        if spec.start_from not in PRESETS:
-            try:
-                where = in_file(spec.start_from, base)
-            except ValueError as exc:  # an unset environment variable
-                raise fail("start_from", str(exc)) from exc
-            if not Path(where).is_file():
-                shown = looked_for(spec.start_from, base)
-                raise fail("start_from", f"no such preset: {shown} (a preset name or YAML file)")
+
+def _check_start_from(spec: TuningSpec, base: Path, fail) -> None:
+    """`start_from` names a preset or a preset file (read from `base`) that loads."""
+    if spec.start_from not in PRESETS:
         try:
-            spec.start_params()
-        except (OSError, ValueError) as exc:
-            raise fail("start_from", f"{exc} (a preset name or a preset YAML file)") from exc
+            where = in_file(spec.start_from, base)
+        except ValueError as exc:  # an unset environment variable
+            raise fail("start_from", str(exc)) from exc
+        if not Path(where).is_file():
+            shown = looked_for(spec.start_from, base)
+            raise fail("start_from", f"no such preset: {shown} (a preset name or YAML file)")
+    try:
+        spec.start_params()
+    except (OSError, ValueError) as exc:
+        raise fail("start_from", f"{exc} (a preset name or a preset YAML file)") from exc
+
+
+def _check_values(spec: TuningSpec, fail) -> None:
+    """`fixed` and every range's ends are values the algorithm's config (or, for
+    `objective.*`, the objective) accepts; the model's preset fits the file's objective."""
     if not isinstance(spec.fixed, dict):
         raise fail("fixed", "a mapping of parameter name to value")
     for key in ("max_steps", "seed"):
         if key in spec.fixed or any(p.name == key for p in spec.space):
             raise fail(f"fixed.{key}", f"set it with the file's own `{key}`")
-    # Every parameter named must exist and accept the range's ends.
     for p in spec.space:
         samples = p.choices if p.type == "categorical" else [p.low, p.high]
-        if p.name.startswith(OBJECTIVE_PREFIX):
-            knob = p.name.removeprefix(OBJECTIVE_PREFIX)
-            if knob not in TUNABLE_OBJECTIVE:
-                raise fail(
-                    f"space.{p.name}", f"tunable objective fields: {', '.join(TUNABLE_OBJECTIVE)}"
-                )
-            for value in samples:
-                try:
-                    spec.objective_for({p.name: value}, defaults=False)
-                except (TypeError, ValueError) as exc:
-                    raise fail(f"space.{p.name}", str(exc)) from exc
-            continue
+        objective = p.name.startswith(OBJECTIVE_PREFIX)
+        if objective and p.name.removeprefix(OBJECTIVE_PREFIX) not in TUNABLE_OBJECTIVE:
+            raise fail(
+                f"space.{p.name}", f"tunable objective fields: {', '.join(TUNABLE_OBJECTIVE)}"
+            )
+        check, prefix = (spec.objective_for, "") if objective else (spec.config, "config: ")
         for value in samples:
             try:
-                spec.config({p.name: value}, defaults=False)
+                check({p.name: value}, defaults=False)
             except (TypeError, ValueError) as exc:
-                message = str(exc).removeprefix("config: ")
-                raise fail(f"space.{p.name}", message) from exc
+                raise fail(f"space.{p.name}", str(exc).removeprefix(prefix)) from exc
     # A family's defaults wait for the study's run (or `--dry-run`), which read the model's
     # config; every family's values are valid.
     try:
@@ -330,7 +331,6 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
         spec.objective_for({}, defaults=False)
     except (TypeError, ValueError) as exc:
         raise fail("model.preset_file", str(exc)) from exc
-    return spec
 
 
 def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:

@@ -21,8 +21,9 @@ from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Finished, Unit
 from sodaray.report.metrics import Proportion, proportion
 from sodaray.results import write_table_atomic
-from sodaray.tuner.run import study_folder, study_replicas
+from sodaray.tuner.run import study_folder, study_replicas, study_unit
 from sodaray.tuner.spec import TuningSpec
+from sodaray.tuner.storage import open_storage, storage_url
 
 SIGNIFICANCE = 0.05  # McNemar's p below which the arms are said to differ
 VERDICT_FOLDER = "verdict"  # OUT/<name>/verdict/<arm>.parquet: each arm's result rows
@@ -144,8 +145,6 @@ def evaluate(
     rows are written to OUT/<name>/verdict/<arm>.parquet."""
     import optuna
 
-    from sodaray.tuner.study import open_storage, storage_url
-
     check_wait(wait_for_nodes)
     check_address(address)
     spec = spec.on_model(model)
@@ -169,22 +168,12 @@ def evaluate(
     identity = dataset_identity(table)
     rows = select_rows(table, None, None)
     arms = [Arm("tuned", dict(best.params)), Arm("default", {})]
-    units = {
-        arm.name: Unit(
-            key=arm.name,
-            rows=rows,
-            search=spec.config(arm.params),
-            objective=spec.objective_for(arm.params),
-            context={
-                "dataset": data.name,
-                "sweep": f"verdict:{spec.name}",
-                "job": arm.name,
-                **identity.context(),
-            },
-        )
-        for arm in arms
-    }
-    tables = _run(spec, list(units.values()), workers, address, wait_for_nodes, max_attempts)
+    sweep = f"verdict:{spec.name}"
+    units = [
+        study_unit(spec, a.params, rows, identity, job=a.name, sweep=sweep, data=data.name)
+        for a in arms
+    ]
+    tables = _run(spec, units, workers, address, wait_for_nodes, max_attempts)
     for arm in arms:
         result = tables[arm.name]
         arm.rows = folder / VERDICT_FOLDER / f"{arm.name}.parquet"

@@ -42,9 +42,8 @@ RUN_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT
 
 def check_tracking(uri: str) -> None:
     """Import MLflow and reach the tracking URI before any work starts, within about
-    `CHECK_SECONDS` (`sodaray.experiment.waits`): a typo, an empty URI or a server that is down or
-    never
-    answers is one line now, not a failure (or a wait) after hours of trials."""
+    `CHECK_SECONDS` (`sodaray.experiment.waits`): a typo, an empty URI or a server that is down
+    or never answers is one line now, not a failure (or a wait) after hours of trials."""
     if not uri.strip():
         raise ValueError(
             "--mlflow: an empty tracking URI (give sqlite:///mlflow.db or http://HOST:5000, "

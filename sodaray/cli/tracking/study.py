@@ -66,7 +66,7 @@ class StudyTracker:
         check_tracking(uri)  # before the tuner's imports: a missing MLflow is the one line
 
         from sodaray.tuner.run import study_folder
-        from sodaray.tuner.study import storage_url
+        from sodaray.tuner.storage import storage_url
 
         self.uri, self.experiment = uri, experiment
         self.spec = spec.on_model(model)  # the spec the study runs
@@ -173,7 +173,7 @@ class StudyTracker:
         # `value`: under the file's metric (the `metric` param), as Optuna calls it.
         metrics = [] if trial.value is None else [("value", trial.value, 0)]
         # What each checkpoint reported to the pruner: the exact rate, ties broken as the
-        # file's `signal` says (`tuner.study.checkpoint_value`).
+        # file's `signal` says (`tuner.values.checkpoint_value`).
         metrics += [("checkpoint", v, s) for s, v in trial.intermediate_values.items()]
         path = trial_file(self.folder, trial.number)
         if path.is_file():

@@ -75,7 +75,7 @@ def log_job(client: Any, experiment: str, meta: Path, parent: str) -> dict[str, 
     the sweep's run. Returns its counts."""
     from sodaray.io.paths import inside
     from sodaray.results import JOB_FILE, ResultsError, read_results
-    from sodaray.runner.layout import job_status, read_job_file
+    from sodaray.runner.status import job_status, read_job_file
 
     info = read_job_file(meta)  # checked: its job is its folder's name
     status = job_status(meta)
@@ -130,7 +130,8 @@ def log_sweep(
     """The sweep whose results are in `folder` (OUT/<sweep>) as a parent run with a child run
     per job, in the experiment named `experiment` (default: the sweep's name). Returns the
     job runs logged."""
-    from sodaray.runner.layout import meta_folder, sweep_status
+    from sodaray.runner.layout import meta_folder
+    from sodaray.runner.status import sweep_status
 
     folder = Path(folder)
     jobs = sweep_status(folder)
@@ -163,7 +164,7 @@ def log_sweep(
 
 def log_sweep_artifacts(client: Any, run_id: str, folder: Path, sweep: Any) -> None:
     """The sweep's report (tables and figures), every job's status, and its file as given."""
-    from sodaray.runner.layout import sweep_status
+    from sodaray.runner.status import sweep_status
 
     with tempfile.TemporaryDirectory() as tmp:
         status = [dataclasses.asdict(s) for s in sweep_status(folder)]

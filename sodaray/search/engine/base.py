@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import SCREEN_SLACK, BatchTargets, screen_slack
 from sodaray.objective.scoring import Layout, check_candidates
 from sodaray.objective.targets import TargetSet

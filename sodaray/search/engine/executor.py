@@ -1,21 +1,20 @@
 """How a SODA step runs: eagerly, or captured once per shape as a CUDA graph and replayed.
 
 Executors (`EXECUTORS`):
-- "graph" (the default): on CUDA, the whole step (`soda_step.soda_step`: relaxation, passes,
+- "graph" (the default): on CUDA, the whole step (`step.soda_step`: relaxation, passes,
   loss, backward, update, argmax, screen, schedules) is captured once per shape with
   `torch.cuda.graph` and replayed: one launch where the eager step launches thousands of kernels,
   the weights read where they lie (no copy), every other input a persistent buffer the host
-  writes between replays (issue 52; the whole-network capture of PyTorch's CUDA-graph notes, the
-  capture sizes of vLLM's and SGLang's runners). The first step at a shape runs eagerly on a
-  side stream (the warm-up capture asks for), then the shape is captured. A model whose step
-  cannot be captured (GPT-Neo's attention copies a host scalar to the device on every forward)
-  runs eagerly, with one warning. Elsewhere (a CPU) the same function runs eagerly.
+  writes between replays. The first step at a shape runs eagerly on a side stream (the warm-up
+  capture asks for), then the shape is captured. A model whose step cannot be captured
+  (GPT-Neo's attention copies a host scalar to the device on every forward) runs eagerly, with
+  one warning. Elsewhere (a CPU) the same function runs eagerly.
 - "eager": the step's kernels one by one on every device.
 
 The two run the same function, so on a CPU they agree bit for bit. On a GPU a captured kernel
-may round otherwise than its eager twin (measured on an H100 and an H200: RESULTS.md), so a
-replayed search keeps a trajectory of its own there, repeated exactly from run to run; the
-match check's confirm never runs in a graph, so a reported match is exact either way.
+may round otherwise than its eager twin, so a replayed search keeps a trajectory of its own
+there, repeated exactly from run to run; the match check's confirm never runs in a graph, so a
+reported match is exact either way.
 
 Captured shapes come from the scheduler's "static" policy (a few bucketed shapes); "exact"
 remains the default wherever nothing is captured (`default_policy`, `policy_for`).
@@ -149,7 +148,7 @@ class Executor:
         """Drop `owner`'s captures (the buffers they read were reallocated, or it is gone):
         keys begin with their owner. Where no capture is left, the next one takes a fresh pool:
         the allocator drops a pool with its last graph, and a capture into a dropped pool's
-        handle fails (`use_count > 0`, CUDACachingAllocator), as a lease of 2026-11-27 saw."""
+        handle fails (`use_count > 0`, CUDACachingAllocator)."""
         for key in [k for k in self._graphs if isinstance(k, tuple) and k[:1] == (owner,)]:
             del self._graphs[key]
         if not self._graphs:
@@ -158,12 +157,11 @@ class Executor:
 
 def pinned_caches() -> tuple[Any, ...]:
     """The tensors the model code caches between calls (`sodaray.model.attention`,
-    `sodaray.model.load`),
-    held so that a cache cleared or regrown later cannot free memory a captured step reads."""
-    from sodaray.model import attention
-    from sodaray.model import load as models
+    `sodaray.model.padding`), held so that a cache cleared or regrown later cannot free memory
+    a captured step reads."""
+    from sodaray.model import attention, padding
 
     return tuple(
         tuple(cache.values())
-        for cache in (attention._BIAS, attention._PREPARED, models._ZEROS, models._POSITIONS)
+        for cache in (attention._BIAS, attention._PREPARED, padding._ZEROS, padding._POSITIONS)
     )

@@ -39,11 +39,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.targets import TargetSet
 from sodaray.search.engine.base import BatchSearch, InversionResult, SearchConfig
 from sodaray.search.engine.executor import Executor, policy_for
-from sodaray.search.engine.pool import Pool
+from sodaray.search.engine.pool import Finished, Pool
 from sodaray.search.engine.scheduler import admit, capacity
 from sodaray.search.engine.work import Occupancy, Work
 
@@ -95,7 +95,7 @@ class Engine:
         if len(work.plans) != len(work.targets):
             raise ValueError("a work needs one length plan per target")
         batch.refuse(self.model, work.config)  # here, on the caller's thread
-        from sodaray.config.validation import check_context, check_state_memory
+        from sodaray.config.capacity import check_context, check_state_memory
 
         if work.plans:  # plans are increasing: the last length is each one's longest
             longest = max(plan[-1] for plan in work.plans)
@@ -258,18 +258,10 @@ class Engine:
             pool.queue = kept
         self.settle(work)
 
-    def finished(
-        self,
-        work: Work,
-        row: int,
-        stage: int,
-        tokens: list[int],
-        found: bool,
-        loss: float,
-        steps: int,
-        seconds: float,
-    ) -> None:
+    def finished(self, done: Finished) -> None:
         """A target's search at one length ended: its result, or its next length."""
+        work, row, stage, tokens, found = done.work, done.row, done.stage, done.tokens, done.found
+        loss, steps, seconds = done.loss, done.steps, done.seconds
         prior_steps, prior_seconds, tried = work._partial.pop(row, (0, 0.0, []))
         length = work.plans[row][stage]
         steps, seconds, tried = steps + prior_steps, seconds + prior_seconds, [*tried, length]

@@ -22,7 +22,7 @@ import weakref
 import numpy as np
 import torch
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
 

@@ -8,17 +8,33 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.search.engine.base import BatchSearch, SlotEntry
 from sodaray.search.engine.scan import position_scan
 from sodaray.search.engine.slots import apply_plan, removal_plan
 from sodaray.search.engine.work import Work
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A target's search at one length that ended: whose it was (`work`, its `row`, the `stage`
+    of its length plan) and what it reached, steps and seconds at this length alone."""
+
+    work: Work
+    row: int
+    stage: int
+    tokens: list[int]
+    found: bool
+    loss: float
+    steps: int
+    seconds: float
 
 
 class Owner(Protocol):
@@ -30,17 +46,7 @@ class Owner(Protocol):
 
     def settle(self, work: Work) -> None: ...
 
-    def finished(
-        self,
-        work: Work,
-        row: int,
-        stage: int,
-        tokens: list[int],
-        found: bool,
-        loss: float,
-        steps: int,
-        seconds: float,
-    ) -> None: ...
+    def finished(self, done: Finished) -> None: ...
 
 
 class Pool:
@@ -169,15 +175,9 @@ class Pool:
                     hit = position_scan(self.engine.model, work.targets, row, tokens[j])
                     found, tokens[j] = hit is not None, tokens[j] if hit is None else hit
                     seconds += time.perf_counter() - began
+                stage, steps = int(s["stage"][slot]), int(s["settled"][slot])
                 self.engine.finished(
-                    work,
-                    row,
-                    int(s["stage"][slot]),
-                    tokens[j],
-                    found,
-                    float(losses[j]),
-                    int(s["settled"][slot]),
-                    seconds,
+                    Finished(work, row, stage, tokens[j], found, float(losses[j]), steps, seconds)
                 )
         left, holes, movers = removal_plan(count, slots)
         self.batch.remove(left, holes, movers)

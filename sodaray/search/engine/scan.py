@@ -1,14 +1,12 @@
 """The position scan: after a search ends unfound, every single-token change of its final input,
 one position at a time (the first position first), each decided by the exact match check.
 
-Why: a failed search is often one token off, and at the first position (the one whose signal
-reaches the output only through the later ones): on stories260K 5 of 11 length-2 failures, on
-SmolLM2-135M 6 of 15. Neither the rank of the true token in Z nor the loss gradient points at
-it (benchmarks/RESULTS.md, issue 27), so the scan tries all V tokens there. It costs
-`length x V` candidate forwards at most: on a vocabulary of 512 a few hundred sample-steps'
-work, which at the same budget turned 24-25 of 48 held-out stories260K inputs into 34-35
-(issue 38); on 49,152 (SmolLM2) about 3.3 budgets of 2,000 steps per position on a CPU, so it is
-off by default (`SodaConfig.scan_positions`).
+Why: a failed search is often one token off, at the first position (the one whose signal
+reaches the output only through the later ones), where neither the rank of the true token in Z
+nor the loss gradient points at it, so the scan tries all V tokens there. It costs
+`length x V` candidate forwards at most: a few hundred sample-steps' work on a vocabulary of
+512, several step budgets per position on a large one, so it is off by default
+(`SodaConfig.scan_positions`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import BatchTargets, screen_slack
 from sodaray.objective.scoring import hard_match
 from sodaray.objective.targets import TargetSet

@@ -14,20 +14,15 @@ Policies (`POLICIES`):
   pass (`plan_passes`, dynamic programming over the distinct lengths).
 - "static" (opt in): every pass runs at one of a few shapes, its batch rounded up to a
   power of two (from `MIN_BATCH`) and its input width to a power of two up to `WIDTH_STEP`, then
-  a multiple of it (`static_width`), so that a
-  step's kernels are the same from step to step and can be built once per shape and replayed.
+  a multiple of it (`static_width`), so that a step's kernels are the same from step to step
+  and can be built once per shape and replayed.
   The padding slots and positions are zeros whose results are dropped. Wherever the exact path
   is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
   results are bit for bit those of "exact".
 
 Static shapes pay for themselves only where a step is captured once per shape and replayed
 (`sodaray.search.engine.executor`: the "graph" executor on CUDA brings this policy with it).
-Elsewhere
-they are padding. When static widths were multiples of 16, the engine's Qwen2.5-0.5B-shape step
-on an H100 at n=3, B=1000 (width 3 -> 16, batch 1000 -> 1024) took 731.8 ms in float32: 2.5x the
-288 ms issue 41 measured there before static shapes existed; on a CPU, 2.0-3.0x the exact step.
-With today's widths (3 -> 4) the CPU step still took 1.10-1.34x (benchmarks/RESULTS.md, issue 41
-on an H100). So "exact" is the default wherever nothing is captured.
+Elsewhere they are padding, so "exact" is the default wherever nothing is captured.
 """
 
 from __future__ import annotations
@@ -110,8 +105,8 @@ def static_rows(count: int) -> int:
 def static_width(longest: int) -> int:
     """The static input width of a pass whose longest input is `longest`: a power of two up to
     WIDTH_STEP, then a multiple of it. Short inputs are the common case (lengths 1-3 in the
-    paper's tables) and widths of 16 alone cost 2-3x at n=3 (RESULTS.md); a power of two at
-    most doubles a pass's width, and the attention pads to its block either way."""
+    paper's tables) and widths of 16 would multiply their cost; a power of two at most doubles
+    a pass's width, and the attention pads to its block either way."""
     if longest <= WIDTH_STEP:
         return 1 << max(longest - 1, 0).bit_length()
     return -(-longest // WIDTH_STEP) * WIDTH_STEP

@@ -49,7 +49,7 @@ class Buffers:
     spare capacity: appending writes the new rows (the buffer doubles when full), removing moves
     the last rows into the holes. `self["z"]` is the live view; in-place ops on it are kept.
     `guard` rows always follow the live ones (zeros at first, then whatever rows left): an op
-    over `guarded(name)` keeps its scalar tail off the live rows (see `models.pad_rows`)."""
+    over `guarded(name)` keeps its scalar tail off the live rows (see `padding.pad_rows`)."""
 
     def __init__(self, guard: int = 0) -> None:
         self.count, self.guard = 0, guard
@@ -118,7 +118,3 @@ class Buffers:
                 dst = torch.as_tensor(holes, device=buf.device)
                 buf[dst] = buf[src]
         self.count = left
-
-    def nbytes(self) -> int:
-        """Bytes held, spare capacity included."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())

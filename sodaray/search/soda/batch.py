@@ -11,12 +11,12 @@ Per target, auxiliary inputs Z (n x V) start at zero. Each step:
 One batch holds searches of any input length, any SODA config and any objective that observes
 the same shape (`Objective.shape`): the state is packed as rows, Z (T, V) with T the sum of the
 slots' lengths, so no row is padding; every hyperparameter, schedule and step counter is the
-slot's own (`soda_state.SodaState`); the loss is grouped by objective. A search's trajectory
+slot's own (`state.SodaState`); the loss is grouped by objective. A search's trajectory
 depends on its own config, target and (seed, sample id), not on what shares its batch or its
 pass: bit for bit on one CPU thread (width-invariant attention, `sodaray.model.attention`;
-row-invariant matmuls, `models.pad_rows`).
+row-invariant matmuls, `padding.pad_rows`).
 
-The step itself is one function of the batch's device buffers (`soda_step.soda_step`), captured
+The step itself is one function of the batch's device buffers (`step.soda_step`), captured
 per shape on CUDA (`sodaray.search.engine.executor`). It reads nothing back: it ends in a status
 (tokens, loss) that travels to the host while the next step runs. The host then screens the
 slots whose tokens that step changed (`sodaray.search.soda.screen`) and reads the verdicts while the
@@ -37,8 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
-from sodaray.objective.objectives import Objective
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import confirm
 from sodaray.objective.targets import TargetSet
@@ -46,22 +45,20 @@ from sodaray.search.engine.base import BatchSearch, SearchConfig, SlotEntry, Ste
 from sodaray.search.engine.executor import Executor
 from sodaray.search.engine.passes import pass_overhead
 from sodaray.search.engine.scheduler import Scheduler
-from sodaray.search.engine.slots import Buffers, locate
-from sodaray.search.soda.config import SodaConfig, keyed_normal  # noqa: F401
+from sodaray.search.engine.slots import locate
 from sodaray.search.soda.fused_step import FusedWorkspace, fused_soda_step, invalidate, resolve
 from sodaray.search.soda.relaxed import (
     Workspace,
     workspace_pad,
 )
 from sodaray.search.soda.screen import Screened, Screener, changed_slots
-from sodaray.search.soda.state import SodaState, observed_of
+from sodaray.search.soda.state import SodaState, keyed_normal, observed_of
 from sodaray.search.soda.step import (
     Status,
     StepInputs,
     bucket,
     padding_rows_from_row0,
     plan_inputs,
-    relaxed_gradient,
     schedules,
     soda_step,
     update,
@@ -170,7 +167,7 @@ class SodaBatch(BatchSearch):
         self.model, self.precision = model, precision
         # The fused vocabulary kernels (`soda_fused`), where `fused` and the device allow.
         self.fused = resolve(fused, model.device)
-        # Steps at bucketed shapes (`soda_step.bucket`, one pass) where the executor captures
+        # Steps at bucketed shapes (`step.bucket`, one pass) where the executor captures
         # them (None), or as asked: True takes a capture's shapes on any device (on a CPU,
         # eagerly: tests check them there), False the slots' own shapes.
         self.bucketed = bucketed
@@ -198,7 +195,6 @@ class SodaBatch(BatchSearch):
     def create(
         cls, model: LoadedModel, config: SearchConfig, length: int, engine: Any
     ) -> SodaBatch:
-        assert isinstance(config, SodaConfig)
         return cls(
             model, config.precision, engine.mix_lengths, engine.policy, engine.executor,
             fused=config.fused,
@@ -207,7 +203,6 @@ class SodaBatch(BatchSearch):
     @classmethod
     def family(cls, config: SearchConfig, targets: TargetSet) -> list[Any]:
         """One precision and objective shape (any config, loss and length), one step kind."""
-        assert isinstance(config, SodaConfig)
         family: list[Any] = [config.precision, targets.objective.shape()]
         return family + ([config.fused] if config.fused != "off" else [])
 
@@ -237,19 +232,7 @@ class SodaBatch(BatchSearch):
         assert self._read is not None
         return [self._read.tokens_of(int(self._index[s])).tolist() for s in slots]
 
-    # ---- the state, and a step's parts (what tests check against their formulas) ---------------
-    @property
-    def rows(self) -> Buffers:
-        return self.state.rows
-
-    @property
-    def host(self) -> dict[str, np.ndarray]:
-        return self.state.host
-
-    @property
-    def groups(self) -> list[tuple[Objective, float, float]]:
-        return self.state.groups
-
+    # ---- a step's parts (what tests check against their formulas) -----------------------------
     @property
     def observed(self) -> BatchTargets:
         """The observed rows of the live slots."""
@@ -260,19 +243,11 @@ class SodaBatch(BatchSearch):
         """The transformer passes the last planned step runs."""
         return self.inputs.passes if self.inputs is not None else []
 
-    @property
-    def slot_rows(self) -> list[np.ndarray]:
-        return self.state.slot_rows()
-
     def set_steps(self, counts: np.ndarray) -> None:
         """Each slot's step count (its rows' counters on the device)."""
         per_row = np.asarray(counts, dtype=np.int64)[self.state.row_slot]
         column = self.state.column("hi", "step", len(per_row))
         column.copy_(torch.as_tensor(per_row[:, None], device=column.device))
-
-    def gradient(self) -> tuple[Tensor, Tensor]:
-        """The step's gradient (its rows, and the guard row after them) and each slot's loss."""
-        return relaxed_gradient(self.state, self.refresh(), self.precision, self.workspace)
 
     def update(self, grad: Tensor) -> None:
         """Adam and decay from `grad` (consumed; the live rows, or with the guard row after

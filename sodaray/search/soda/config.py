@@ -6,10 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-from torch import Tensor
-
-from sodaray.search.engine.base import BatchSearch, SearchConfig, keyed_generator
+from sodaray.search.engine.base import BatchSearch, SearchConfig
 
 
 @dataclass
@@ -46,20 +43,17 @@ class SodaConfig(SearchConfig):
     # over the samples in the batch, so each gradient is 1/B of its own. Adam is blind to the
     # scale of a gradient except through eps, so "mean" acts as eps * B: with B in the hundreds
     # the many low-probability coordinates fall under eps and move in proportion to their
-    # gradient instead of by about `learning_rate` each (see RESULTS.md, issue 14). B counts
-    # the batch's searches of the config as a step runs, and a search stays for the one step
-    # its outcome takes to reach the host (`search/soda.py`): under "mean" a trajectory depends
-    # on its batch, and on that step, by design.
+    # gradient instead of by about `learning_rate` each. B counts the batch's searches of the
+    # config as a step runs, and a search stays for the one step its outcome takes to reach the
+    # host (`soda/batch.py`): under "mean" a trajectory depends on its batch, and on that step,
+    # by design.
     loss_reduction: str = "sum"
     # Not in the paper: when a search ends its budget unfound, check every single-token change
     # of its final input, position by position (`sodaray.search.engine.scan`): up to length x V
-    # exact
-    # checks after the budget, so give it a smaller `max_steps` to compare at equal cost. Won at
-    # equal budget on stories260K (V 512); costs several budgets per position at V 49,152 on a
-    # CPU (benchmarks/RESULTS.md, issue 38). Off: out of the job hash.
+    # exact checks after the budget, so give it a smaller `max_steps` to compare at equal cost.
+    # Off: out of the job hash.
     scan_positions: bool = False
-    # The CUDA step's full-vocabulary passes as fused Triton kernels
-    # (`sodaray.search.soda.kernels`):
+    # The CUDA step's full-vocabulary passes as fused Triton kernels (`soda.kernels`):
     # "off" (the eager step everywhere), "auto" (fused on CUDA where triton imports), "on"
     # (fused, or an error where it cannot run). Fused steps follow the eager formulas, not
     # their bits; a CPU batch stays eager under "auto". Off: out of the job hash.
@@ -81,7 +75,7 @@ class SodaConfig(SearchConfig):
     }
 
     def batch_type(self) -> type[BatchSearch]:
-        from sodaray.search.soda.batch import SodaBatch  # the batch imports this module
+        from sodaray.search.soda.batch import SodaBatch  # loaded when a search runs
 
         return SodaBatch
 
@@ -139,11 +133,3 @@ class SodaConfig(SearchConfig):
         params = dict(get_preset(name).soda)
         params.update(overrides)
         return cls(**params)
-
-
-def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -> Tensor:
-    """Standard normal draws that depend only on (seed, sample id, draw number).
-
-    Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
-    """
-    return torch.randn(shape, generator=keyed_generator(seed, sample_id, draw, "reinit"))

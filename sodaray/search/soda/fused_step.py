@@ -1,11 +1,11 @@
 """The SODA step with its full-vocabulary passes fused (`sodaray.search.soda.kernels`'s Triton
-kernels): the CUDA path's alternative to `soda_step.soda_step`, behind the `fused` setting.
+kernels): the CUDA path's alternative to `step.soda_step`, behind the `fused` setting.
 
 A step here: the last step's update kernel left each row's unnormalised probabilities Q at
 the GEMM's dtype and their sum (`SodaState`'s `q` and `fs` tables); the forward softmax kernel
 computes them only for rows whose Z or tau changed since (admitted, re-drawn, padding rows);
 X = (Q @ E) / sum is the leaf of the autograd pass (the model and the loss, as in
-`soda_step.step_loss`), so the backward stops at dX (rows, d); dP = dX @ E^T is one GEMM;
+`step.step_loss`), so the backward stops at dX (rows, d); dP = dX @ E^T is one GEMM;
 <dP, P> comes from the narrow side as <dX, X>; then one kernel does the softmax backward,
 1/tau, Adam, decay, the moment resets and the argmax, and writes the next step's Q and its
 statistics at the next step's temperature (the annealing schedule runs before it).
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from sodaray.model.attention import invariant
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import Layout, objective_loss, observed_hidden
@@ -147,7 +147,7 @@ def fused_loss(
 def fused_soda_step(
     state: SodaState, x: StepInputs, precision: str, ws: FusedWorkspace, resetting: bool
 ) -> Status:
-    """`soda_step.soda_step` with the fused kernels (see the module docstring): one step of
+    """`step.soda_step` with the fused kernels (see the module docstring): one step of
     every slot, in place, and its status. The fluency penalty (which needs P's gradient) is
     the eager step's alone: the caller does not send it here."""
     if x.flags[4]:
@@ -200,7 +200,7 @@ def fused_soda_step(
 
 
 def _annealed(state: SodaState, rows: int, step: Tensor) -> Tensor:
-    """The next step's temperature per row, (rows, 1) float32: `soda_step.schedules`'s."""
+    """The next step's temperature per row, (rows, 1) float32: `step.schedules`'s."""
     start = state.column("h64", "temperature", rows)
     end = state.column("h64", "temperature_end", rows)
     budget = state.column("hi", "budget", rows)

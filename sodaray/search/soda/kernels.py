@@ -86,138 +86,149 @@ class counting:
         VocabTraffic.local.log = None
 
 
-@functools.cache
-def _kernels() -> Any:
-    import triton
-    import triton.language as tl
+# The kernels' Triton sources: plain functions here, jitted by `_kernels` on first use (so that
+# `TRITON_INTERPRET` may be set after import), reading `tl`, which `_kernels` binds.
+tl: Any = None
 
-    @triton.jit
-    def forward_kernel(z_ptr, tau_ptr, tau_stride, st_ptr, out_ptr, V, B: tl.constexpr):
-        r = tl.program_id(0).to(tl.int64)
-        if tl.load(st_ptr + r * 4 + 2) != 1.0:  # stale: statistics online, then Q
-            tau = tl.load(tau_ptr + r * tau_stride)
-            mx = -float("inf")
-            s = 0.0
-            for start in range(0, V, B):
-                c = start + tl.arange(0, B)
-                x = tl.load(z_ptr + r * V + c, mask=c < V, other=-float("inf")) / tau
-                new = tl.maximum(mx, tl.max(x, 0))
-                s = s * tl.exp(mx - new) + tl.sum(tl.exp(x - new), 0)
-                mx = new
-            for start in range(0, V, B):
-                c = start + tl.arange(0, B)
-                z = tl.load(z_ptr + r * V + c, mask=c < V, other=0.0)
-                q = tl.exp(z / tau - mx)
-                tl.store(out_ptr + r * V + c, q.to(out_ptr.dtype.element_ty), mask=c < V)
-            tl.store(st_ptr + r * 4, mx)
-            tl.store(st_ptr + r * 4 + 1, s)
-            tl.store(st_ptr + r * 4 + 2, 1.0)
-            tl.store(st_ptr + r * 4 + 3, mx)
 
-    @triton.jit
-    def update_kernel(
-        z_ptr, m_ptr, v_ptr, dp_ptr, st_ptr, rd_ptr, tok_ptr, q_ptr,
-        col_ptr, col_stride,  # h32 columns: lr, 1 - beta1, 1 - beta2, eps, tau, decay
-        tn_ptr, tn_stride, c1_ptr, c2_ptr, zero_ptr, V, drift,
-        HAS_CORR: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_RESET: tl.constexpr,
-        B: tl.constexpr,
-    ):  # fmt: skip
-        r = tl.program_id(0).to(tl.int64)
-        row = col_ptr + r * col_stride
-        lr = tl.load(row)
-        w1 = tl.load(row + 1)
-        w2 = tl.load(row + 2)
-        eps = tl.load(row + 3)
-        tau = tl.load(row + 4)
-        decay = tl.load(row + 5)
-        tn = tl.load(tn_ptr + r * tn_stride)
-        mx = tl.load(st_ptr + r * 4)  # the shift of this step's Q
-        s = tl.load(st_ptr + r * 4 + 1)
-        shift = tl.load(st_ptr + r * 4 + 3) * (tau / tn)  # this Z's max, at the next tau
-        rd = tl.load(rd_ptr + r)
-        stp = lr
-        root2 = 1.0
+def _forward_kernel(z_ptr, tau_ptr, tau_stride, st_ptr, out_ptr, V, B: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    if tl.load(st_ptr + r * 4 + 2) != 1.0:  # stale: statistics online, then Q
+        tau = tl.load(tau_ptr + r * tau_stride)
+        mx = -float("inf")
+        s = 0.0
+        for start in range(0, V, B):
+            c = start + tl.arange(0, B)
+            x = tl.load(z_ptr + r * V + c, mask=c < V, other=-float("inf")) / tau
+            new = tl.maximum(mx, tl.max(x, 0))
+            s = s * tl.exp(mx - new) + tl.sum(tl.exp(x - new), 0)
+            mx = new
+        for start in range(0, V, B):
+            c = start + tl.arange(0, B)
+            z = tl.load(z_ptr + r * V + c, mask=c < V, other=0.0)
+            q = tl.exp(z / tau - mx)
+            tl.store(out_ptr + r * V + c, q.to(out_ptr.dtype.element_ty), mask=c < V)
+        tl.store(st_ptr + r * 4, mx)
+        tl.store(st_ptr + r * 4 + 1, s)
+        tl.store(st_ptr + r * 4 + 2, 1.0)
+        tl.store(st_ptr + r * 4 + 3, mx)
+
+
+def _update_kernel(
+    z_ptr, m_ptr, v_ptr, dp_ptr, st_ptr, rd_ptr, tok_ptr, q_ptr,
+    col_ptr, col_stride,  # h32 columns: lr, 1 - beta1, 1 - beta2, eps, tau, decay
+    tn_ptr, tn_stride, c1_ptr, c2_ptr, zero_ptr, V, drift,
+    HAS_CORR: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_RESET: tl.constexpr,
+    B: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64)
+    row = col_ptr + r * col_stride
+    lr = tl.load(row)
+    w1 = tl.load(row + 1)
+    w2 = tl.load(row + 2)
+    eps = tl.load(row + 3)
+    tau = tl.load(row + 4)
+    decay = tl.load(row + 5)
+    tn = tl.load(tn_ptr + r * tn_stride)
+    mx = tl.load(st_ptr + r * 4)  # the shift of this step's Q
+    s = tl.load(st_ptr + r * 4 + 1)
+    shift = tl.load(st_ptr + r * 4 + 3) * (tau / tn)  # this Z's max, at the next tau
+    rd = tl.load(rd_ptr + r)
+    stp = lr
+    root2 = 1.0
+    if HAS_CORR:
+        stp = lr / tl.load(c1_ptr + r)
+        root2 = tl.sqrt(tl.load(c2_ptr + r))
+    zero = 0
+    if HAS_RESET:
+        zero = tl.load(zero_ptr + r)
+    best = -float("inf")
+    idx = 0
+    nmx = -float("inf")
+    ns = 0.0
+    for start in range(0, V, B):
+        c = start + tl.arange(0, B)
+        inside = c < V
+        at = r * V + c
+        z = tl.load(z_ptr + at, mask=inside, other=0.0)
+        m = tl.load(m_ptr + at, mask=inside, other=0.0)
+        v = tl.load(v_ptr + at, mask=inside, other=0.0)
+        dp = tl.load(dp_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        p = tl.exp(z / tau - mx) / s
+        g = p * (dp - rd) / tau
+        # torch's lerp, both its branches (exact at either end of the weight)
+        m = tl.where(w1 < 0.5, m + w1 * (g - m), g - (g - m) * (1 - w1))
+        g2 = g * g
+        v = tl.where(w2 < 0.5, v + w2 * (g2 - v), g2 - (g2 - v) * (1 - w2))
+        denom = tl.sqrt(v)
         if HAS_CORR:
-            stp = lr / tl.load(c1_ptr + r)
-            root2 = tl.sqrt(tl.load(c2_ptr + r))
-        zero = 0
+            denom = denom / root2
+        denom = denom + eps
+        z = z + -(m / denom) * stp
+        if HAS_DECAY:
+            z = z * decay
         if HAS_RESET:
-            zero = tl.load(zero_ptr + r)
-        best = -float("inf")
-        idx = 0
-        nmx = -float("inf")
-        ns = 0.0
-        for start in range(0, V, B):
-            c = start + tl.arange(0, B)
-            inside = c < V
-            at = r * V + c
-            z = tl.load(z_ptr + at, mask=inside, other=0.0)
-            m = tl.load(m_ptr + at, mask=inside, other=0.0)
-            v = tl.load(v_ptr + at, mask=inside, other=0.0)
-            dp = tl.load(dp_ptr + at, mask=inside, other=0.0).to(tl.float32)
-            p = tl.exp(z / tau - mx) / s
-            g = p * (dp - rd) / tau
-            # torch's lerp, both its branches (exact at either end of the weight)
-            m = tl.where(w1 < 0.5, m + w1 * (g - m), g - (g - m) * (1 - w1))
-            g2 = g * g
-            v = tl.where(w2 < 0.5, v + w2 * (g2 - v), g2 - (g2 - v) * (1 - w2))
-            denom = tl.sqrt(v)
-            if HAS_CORR:
-                denom = denom / root2
-            denom = denom + eps
-            z = z + -(m / denom) * stp
-            if HAS_DECAY:
-                z = z * decay
-            if HAS_RESET:
-                m = tl.where(zero != 0, 0.0, m)
-                v = tl.where(zero != 0, 0.0, v)
-            tl.store(z_ptr + at, z, mask=inside)
-            tl.store(m_ptr + at, m, mask=inside)
-            tl.store(v_ptr + at, v, mask=inside)
-            zz = tl.where(inside, z, -float("inf"))
-            top = tl.max(zz, 0)
-            where = tl.argmax(zz, 0)  # the first largest, as `Tensor.argmax` takes it
-            idx = tl.where(top > best, where + start, idx)
-            best = tl.maximum(best, top)
-            x = zz / tn
-            nmx = tl.maximum(nmx, tl.max(x, 0))
-            q = tl.exp(x - shift)
-            tl.store(q_ptr + at, q.to(q_ptr.dtype.element_ty), mask=inside)
-            ns += tl.sum(q, 0)
-        tl.store(tok_ptr + r, idx.to(tl.int64))
-        tl.store(st_ptr + r * 4, shift)
-        tl.store(st_ptr + r * 4 + 1, ns)
-        tl.store(st_ptr + r * 4 + 2, tl.where(tl.abs(nmx - shift) < drift, 1.0, 0.0))
-        tl.store(st_ptr + r * 4 + 3, nmx)
-
-    @triton.jit
-    def loss_kernel(
-        pred_ptr, obs_ptr, loss_ptr, delta, scale, V, HUBER: tl.constexpr, B: tl.constexpr
-    ):
-        r = tl.program_id(0).to(tl.int64)
-        acc = 0.0
-        for start in range(0, V, B):
-            c = start + tl.arange(0, B)
-            inside = c < V
-            pred = tl.load(pred_ptr + r * V + c, mask=inside, other=0.0).to(tl.float32)
-            obs = tl.load(obs_ptr + r * V + c, mask=inside, other=0.0)
-            d = pred - obs
-            if HUBER:
-                a = tl.abs(d)
-                each = tl.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta))
-                g = tl.minimum(tl.maximum(d, -delta), delta)
-            else:
-                each = d * d
-                g = 2.0 * d
-            acc += tl.sum(tl.where(inside, each, 0.0), 0)
-            tl.store(pred_ptr + r * V + c, (g * scale).to(pred_ptr.dtype.element_ty), mask=inside)
-        tl.store(loss_ptr + r, acc)
-
-    return forward_kernel, update_kernel, loss_kernel
+            m = tl.where(zero != 0, 0.0, m)
+            v = tl.where(zero != 0, 0.0, v)
+        tl.store(z_ptr + at, z, mask=inside)
+        tl.store(m_ptr + at, m, mask=inside)
+        tl.store(v_ptr + at, v, mask=inside)
+        zz = tl.where(inside, z, -float("inf"))
+        top = tl.max(zz, 0)
+        where = tl.argmax(zz, 0)  # the first largest, as `Tensor.argmax` takes it
+        idx = tl.where(top > best, where + start, idx)
+        best = tl.maximum(best, top)
+        x = zz / tn
+        nmx = tl.maximum(nmx, tl.max(x, 0))
+        q = tl.exp(x - shift)
+        tl.store(q_ptr + at, q.to(q_ptr.dtype.element_ty), mask=inside)
+        ns += tl.sum(q, 0)
+    tl.store(tok_ptr + r, idx.to(tl.int64))
+    tl.store(st_ptr + r * 4, shift)
+    tl.store(st_ptr + r * 4 + 1, ns)
+    tl.store(st_ptr + r * 4 + 2, tl.where(tl.abs(nmx - shift) < drift, 1.0, 0.0))
+    tl.store(st_ptr + r * 4 + 3, nmx)
 
 
-def _block(t: Tensor) -> int:
-    return BLOCK if t.is_cuda else CPU_BLOCK
+def _loss_kernel(
+    pred_ptr, obs_ptr, loss_ptr, delta, scale, V, HUBER: tl.constexpr, B: tl.constexpr
+):
+    r = tl.program_id(0).to(tl.int64)
+    acc = 0.0
+    for start in range(0, V, B):
+        c = start + tl.arange(0, B)
+        inside = c < V
+        pred = tl.load(pred_ptr + r * V + c, mask=inside, other=0.0).to(tl.float32)
+        obs = tl.load(obs_ptr + r * V + c, mask=inside, other=0.0)
+        d = pred - obs
+        if HUBER:
+            a = tl.abs(d)
+            each = tl.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta))
+            g = tl.minimum(tl.maximum(d, -delta), delta)
+        else:
+            each = d * d
+            g = 2.0 * d
+        acc += tl.sum(tl.where(inside, each, 0.0), 0)
+        tl.store(pred_ptr + r * V + c, (g * scale).to(pred_ptr.dtype.element_ty), mask=inside)
+    tl.store(loss_ptr + r, acc)
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any, Any]:
+    """The three kernels (forward, update, loss), jitted under the interpreter setting of now."""
+    global tl
+    import triton
+    import triton.language
+
+    tl = triton.language
+    return tuple(triton.jit(f) for f in (_forward_kernel, _update_kernel, _loss_kernel))
+
+
+def _launch(kernel: Any, rows: int, *args: Any, **constants: Any) -> None:
+    """One program per row (none where there are no rows), at the device's block width."""
+    if rows:
+        with launching():
+            kernel[(rows,)](*args, **constants, B=BLOCK if args[0].is_cuda else CPU_BLOCK)
 
 
 def _rows_ok(*tensors: Tensor) -> None:
@@ -241,9 +252,7 @@ def softmax_forward(z: Tensor, tau: Tensor, stats: Tensor, out: Tensor) -> Tenso
         if stale:
             VocabTraffic.add("softmax_forward, stale rows (Z read twice)", z[:stale], z[:stale])
             VocabTraffic.add("softmax_forward, stale rows (Q write)", out[:stale])
-    if rows:
-        with launching():
-            forward[(rows,)](z, tau, tau.stride(0), stats, out, vocab, B=_block(z))
+    _launch(forward, rows, z, tau, tau.stride(0), stats, out, vocab)
     return out
 
 
@@ -257,24 +266,14 @@ def softmax_forward_reference(z: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
 
 # ---- the backward, Adam, decay, resets, argmax -------------------------------------------------
 def update(
-    z: Tensor,
-    m: Tensor,
-    v: Tensor,
-    dp: Tensor,
-    stats: Tensor,
-    rowdot: Tensor,
-    h32: Tensor,
-    tau_next: Tensor,
-    tokens: Tensor,
-    q: Tensor,
-    *,
-    correction: tuple[Tensor, Tensor] | None = None,
-    decay: bool = False,
+    z: Tensor, m: Tensor, v: Tensor, dp: Tensor, stats: Tensor, rowdot: Tensor, h32: Tensor,
+    tau_next: Tensor, tokens: Tensor, q: Tensor, *,
+    correction: tuple[Tensor, Tensor] | None = None, decay: bool = False,
     zero: Tensor | None = None,
-) -> None:
+) -> None:  # fmt: skip
     """In place: Z, m, v one SODA update from dP = dL/dP (rows, V) (float32 or bfloat16),
     `rowdot` (rows,) = <dP, P>; `h32` the state's (rows, 6) float32 table (learning rate,
-    1 - beta1, 1 - beta2, eps, tau, decay: `soda_state.H32`); `stats` the rows' (shift, sum,
+    1 - beta1, 1 - beta2, eps, tau, decay: `state.H32`); `stats` the rows' (shift, sum,
     fresh, max) at tau (`softmax_forward`'s), replaced by the new Z's at `tau_next` (rows, 1),
     whose Q goes to `q` (rows, V); `tokens` (rows,) int64 gets each row's argmax.
     `correction`: (1 - beta1^t, 1 - beta2^t) float32 per row; `decay`: multiply by the decay
@@ -285,36 +284,24 @@ def update(
     rows, vocab = z.shape
     _, kernel, _ = _kernels()
     c1, c2 = correction if correction is not None else (rowdot, rowdot)
-    if rows:
-        rowdot, c1, c2 = rowdot.contiguous(), c1.contiguous(), c2.contiguous()
-        with launching():
-            kernel[(rows,)](
-                z, m, v, dp, stats, rowdot, tokens, q, h32, h32.stride(0),
-                tau_next, tau_next.stride(0), c1, c2, rowdot if zero is None else zero, vocab,
-                DRIFT,
-                HAS_CORR=correction is not None, HAS_DECAY=decay, HAS_RESET=zero is not None,
-                B=_block(z),
-            )  # fmt: skip
+    rowdot, c1, c2 = rowdot.contiguous(), c1.contiguous(), c2.contiguous()
+    _launch(
+        kernel, rows, z, m, v, dp, stats, rowdot, tokens, q, h32, h32.stride(0),
+        tau_next, tau_next.stride(0), c1, c2, rowdot if zero is None else zero, vocab, DRIFT,
+        HAS_CORR=correction is not None, HAS_DECAY=decay, HAS_RESET=zero is not None,
+    )  # fmt: skip
     VocabTraffic.add("update (Z, m, v, dP read)", z, m, v, dp)
     VocabTraffic.add("update (Z, m, v, next Q write)", z, m, v, q)
 
 
 def update_reference(
-    z: Tensor,
-    m: Tensor,
-    v: Tensor,
-    dp: Tensor,
-    probs: Tensor,
-    rowdot: Tensor,
-    h32: Tensor,
-    *,
-    correction: tuple[Tensor, Tensor] | None = None,
-    decay: bool = False,
+    z: Tensor, m: Tensor, v: Tensor, dp: Tensor, probs: Tensor, rowdot: Tensor, h32: Tensor, *,
+    correction: tuple[Tensor, Tensor] | None = None, decay: bool = False,
     zero: Tensor | None = None,
-) -> Tensor:
+) -> Tensor:  # fmt: skip
     """The eager step's formulas on the same operands (in place; returns the argmax): the
     public softmax backward (`RelaxedEmbedding.backward`'s), the division by tau, `adam_step`,
-    the decay and the moment resets (`soda_step.update`, `soda_step.schedules`)."""
+    the decay and the moment resets (`step.update`, `step.schedules`)."""
     col = lambda i: h32[:, i : i + 1]  # noqa: E731
     grad = dp.float().sub(rowdot[:, None]).mul_(probs).div_(col(4))
     adam_step(
@@ -347,10 +334,7 @@ def logits_loss(
     rows, vocab = pred.shape
     out = torch.empty(rows, dtype=torch.float32, device=pred.device)
     _, _, kernel = _kernels()
-    if rows:
-        with launching():
-            block = _block(pred)
-            kernel[(rows,)](pred, observed, out, float(delta), 1.0 / entries, vocab, huber, B=block)
+    _launch(kernel, rows, pred, observed, out, float(delta), 1.0 / entries, vocab, huber)
     VocabTraffic.add("logits_loss (logits, observed read)", pred, observed)
     VocabTraffic.add("logits_loss (gradient write)", pred)
     return out

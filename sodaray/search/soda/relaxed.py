@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sodaray.model.load import pad_rows, padding_items, rows_invariant
+from sodaray.model.padding import pad_rows, padding_items, rows_invariant
 from sodaray.search.adam import Hyper
 
 
@@ -31,9 +31,8 @@ class Workspace:
     """Two (T, V) buffers reused every step, the probabilities and the gradient.
 
     A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
-    the softmax itself; reusing them made the softmax 3.7x and its backward 1.8x faster. They
-    keep spare rows, so a batch whose row count changes as searches come and go reallocates
-    only when it outgrows them.
+    the softmax itself. They keep spare rows, so a batch whose row count changes as searches
+    come and go reallocates only when it outgrows them.
 
     `padded` is `probs` with `pad` zero rows after it, the rows `pad_rows` would append for the
     product with the embedding: kept zero in the buffer (the softmax writes only `probs`), so a

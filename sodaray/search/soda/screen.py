@@ -1,14 +1,12 @@
 """The match check's screen, run a step behind the step, on the searches whose tokens it changed.
 
-The step (`soda_step.soda_step`) ends in each row's token. When the host has read a step's
+The step (`step.soda_step`) ends in each row's token. When the host has read a step's
 tokens (while the next step runs), it compares them with the step before's, slot by slot, and
 only the slots whose tokens changed go through the model: a slot whose tokens did not change
 was screened at the step that made them, and whether they match depends on them and the slot's
 target alone (the screen never turns a match down; the confirm decides, in one shape). So a
-search is screened at every step it reaches a new candidate, as before, and every find is found
-at the step that made it, while a step screens only the slots it moved: after the first ten
-steps, a quarter to a third of the slots change their tokens a step on stories260K, but 57-94%
-on Qwen2.5-0.5B in its first 200 steps (RESULTS.md, issue 52).
+search is screened at every step it reaches a new candidate, and every find is found at the
+step that made it, while a step screens only the slots it moved.
 
 The screen is one function of a packed host-built input (`Screener.launch`: each candidate's
 sequence, its observed positions, its slot's row in the observed buffers), captured on CUDA once
@@ -29,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import padding_items
+from sodaray.model.padding import padding_items
 from sodaray.objective.observations import observation, screen_slack
 from sodaray.objective.scoring import observed_positions
 from sodaray.search.engine.executor import Executor

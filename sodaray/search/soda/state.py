@@ -1,12 +1,12 @@
 """SODA's persistent batch: every value a step reads, in device buffers that admission and removal
-write slot by slot (issue 52), and the host's mirror of what it needs to plan.
+write slot by slot, and the host's mirror of what it needs to plan.
 
 Per row (a slot of length n has n rows, packed; `Buffers` with one guard row after them): Z and
 Adam's moments (T, V), and three small tables of the slot's numbers, one column each:
 - `h32` (float32): learning rate, 1 - beta1, 1 - beta2, eps, the temperature of the next step,
-  decay: the step's arithmetic reads them as (T, 1) columns, as it always has;
+  decay: the step's arithmetic reads them as (T, 1) columns;
 - `h64` (float64): the temperature's start and end, beta1, beta2: the schedules' inputs, computed
-  on the device in float64 and rounded to float32 once, as the host computed them before;
+  on the device in float64 and rounded to float32 once;
 - `hi` (int64): steps taken, step budget, reset period, re-draw period (`OFF`: none), and 1
   where the slot bias-corrects Adam.
 Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host: the same numbers per slot
@@ -14,7 +14,7 @@ Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host: the same 
 
 Nothing here is rebuilt per step: a step only reads these buffers (and writes Z, the moments,
 the step counts and the temperature). A composition change (`add`, `remove`) writes the rows and
-slots that changed and marks the batch dirty for the step's planner (`soda_step.plan_inputs`).
+slots that changed and marks the batch dirty for the step's planner (`step.plan_inputs`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import BatchTargets, screen_slack
-from sodaray.search.engine.base import SlotEntry, observed_rows
+from sodaray.search.engine.base import SlotEntry, keyed_generator, observed_rows
 from sodaray.search.engine.slots import Buffers, apply_plan, removal_plan
-from sodaray.search.soda.config import SodaConfig
 
 # Columns of the per-row tables (their order is the tables' layout).
 H32 = ("learning_rate", "one_minus_beta1", "one_minus_beta2", "eps", "tau", "decay")
@@ -57,7 +56,7 @@ HOST_ARRAYS = {
 }
 
 
-def _row_values(c: SodaConfig) -> tuple[list[float], list[float], list[int]]:
+def _row_values(c: Any) -> tuple[list[float], list[float], list[int]]:
     """A config's per-row numbers, in the tables' column order. 1 - beta is rounded to float32
     from float64 once (`adam_step`'s rule)."""
     end = c.temperature if c.temperature_end is None else c.temperature_end
@@ -114,7 +113,7 @@ class SodaState:
         h32, h64, hi = [], [], []
         for e in entries:
             c = e.config
-            if not isinstance(c, SodaConfig) or c.precision != precision:
+            if c.algorithm != "soda" or c.precision != precision:
                 raise ValueError("a SODA batch holds SODA configs of one precision")
             key = repr(sorted(c.to_dict().items()))
             group = (e.targets.objective, e.targets.atol, e.targets.rtol)
@@ -254,3 +253,11 @@ def observed_of(state: SodaState, slots: int) -> BatchTargets:
     return BatchTargets(
         *(s.view(name, slots) if name in s else None for name in BatchTargets.FIELDS)
     )
+
+
+def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -> Tensor:
+    """Standard normal draws that depend only on (seed, sample id, draw number).
+
+    Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
+    """
+    return torch.randn(shape, generator=keyed_generator(seed, sample_id, draw, "reinit"))

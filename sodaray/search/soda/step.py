@@ -1,4 +1,4 @@
-"""The SODA step as one function of the persistent batch's buffers (issue 52): the relaxation,
+"""The SODA step as one function of the persistent batch's buffers: the relaxation,
 the transformer passes at their planned shapes, the loss, the backward to Z, Adam and decay
 (bias correction on the device), argmax, and the schedules of the next step (annealing and
 moment resets), ending in a small status (tokens, loss). The match check's screen runs a step
@@ -6,8 +6,7 @@ later on the slots whose tokens changed (`sodaray.search.soda.screen`).
 
 No operation here reads a value back to the host or takes a shape from data (but the fluency
 penalty's, which is never captured), so on CUDA the whole step can be captured once per shape
-and replayed (`sodaray.search.engine.executor`); on a CPU it runs
-eagerly and computes, kernel for kernel, what the engine always computed (`bits_digest.py`).
+and replayed (`sodaray.search.engine.executor`); on a CPU it runs eagerly.
 
 What a step reads besides the buffers (`StepInputs`: index tensors, the backward's seed) is
 planned on the host when the batch's composition changes (`plan_inputs`): at the slots' own
@@ -26,7 +25,7 @@ import torch
 from torch import Tensor
 
 from sodaray.model.attention import invariant
-from sodaray.model.load import LoadedModel
+from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import Layout, objective_loss, observed_positions, sequence_embeds
 from sodaray.search.adam import adam_step

@@ -1,0 +1,264 @@
+"""Planning a sweep's jobs in its results folder: each job's samples, job file, lock, and the
+shards still to run (`runner.layout` says which files are trusted)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.owner import describe_owner
+from sodaray.experiment.spec import places as job_places
+from sodaray.io.files import read_json, what_is
+from sodaray.io.paths import inside
+from sodaray.io.writes import REGULAR, check_places, make_folder, remove_file, write_file
+from sodaray.results import JOB_FILE, META_DIR, write_table_atomic
+from sodaray.runner.layout import (
+    error_path,
+    id_ranges,
+    kept_path,
+    meta_folder,
+    pending_kept,
+    read_shard,
+    set_aside,
+    shard_path,
+)
+from sodaray.runner.locks import acquire_lock, release_lock
+from sodaray.runner.spec import Job
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobPlan:
+    job: Job
+    folder: Path  # the shard files, and nothing else
+    meta: Path  # job.json, the lock, errors and set-aside shards
+    rows: dict[str, list[Any]]  # the selected samples' columns
+    shards: int
+    pending: list[int]
+    locked_by: dict[str, Any] | None = None
+    corrupt: list[str] = field(default_factory=list)
+    identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
+    kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
+    base: Path = Path()  # the output folder: nothing below it is written through a link
+    # Rows of shards whose kept rows were whole: written as the shard file at planning.
+    kept_whole: int = 0
+
+
+def plan_jobs(
+    jobs: list[Job],
+    root: Path,
+    *,
+    lock: bool = False,
+    overrides: list[str] | None = None,
+    base: Path | None = None,
+) -> list[JobPlan]:
+    """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
+    job another live driver holds comes back with no pending shards and `locked_by` set.
+    `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`. `root`: the
+    sweep's folder in `base`, the output folder the user gave (default: `root`'s parent),
+    below which nothing is written through a link (`writes`)."""
+    base = Path(root).parent if base is None else Path(base)
+    plans: list[JobPlan] = []
+    held: list[Path] = []
+    earlier = EarlierJobs(Path(root))
+    try:
+        planned: set[str] = set()
+        for job in jobs:
+            plan = _plan_job(job, root, base, lock, overrides, held, earlier, planned)
+            if plan is not None:
+                plans.append(plan)
+    except BaseException:
+        # A job that cannot be planned (a link where its job.json goes) ends the run: the
+        # locks taken so far are given back, not left for the next run to break.
+        for meta in held:
+            release_lock(meta, base)
+        raise
+    return plans
+
+
+def _plan_job(
+    job: Job,
+    root: Path,
+    base: Path,
+    lock: bool,
+    overrides: list[str] | None,
+    held: list[Path],
+    earlier: EarlierJobs,
+    planned: set[str],
+) -> JobPlan | None:
+    """One job's plan (`plan_jobs`), or None for a job `planned` holds already; the meta
+    folder of a lock it takes is added to `held`. A job new to `root` that an earlier run
+    wrote with its paths spelled otherwise (`EarlierJobs`) takes that run's name and hash."""
+    table = dataset_table(job.model, job.dataset, root, base)
+    identity = dataset_identity(table)
+    if job.dataset.path is not None:  # its rows decide the results, not its path
+        job = dataclasses.replace(job, dataset_hash=identity.hash or "")
+    places = job_places(job.model, job.dataset)
+    if not os.path.lexists(meta_folder(root, job.name)):
+        job = earlier.match(job, places)
+    if job.name in planned:  # two entries naming one model by two paths: one job
+        return None
+    planned.add(job.name)
+    folder = inside(root, job.name)
+    meta = meta_folder(root, job.name)
+    rows = select_rows(table, job.samples_per_length, job.limit)
+    shards = (len(rows["sample_id"]) + job.shard_size - 1) // job.shard_size
+    make_folder(base, folder)
+    make_folder(base, meta)
+    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, base=base)
+    info = _job_file(plan, overrides, places)
+    if lock:
+        owner = acquire_lock(meta, base)
+        if owner is not None:
+            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
+            plan.locked_by = owner
+            return plan
+        held.append(meta)
+    write_file(base, meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
+    for i in range(shards):
+        _plan_shard(plan, i, lock)
+    # A pending shard's error file is written when it fails: a link there is refused now.
+    check_places(base, [error_path(meta, i) for i in plan.pending])
+    return plan
+
+
+def _job_file(plan: JobPlan, overrides: list[str] | None, places: dict[str, str]) -> dict:
+    """What a job's `job.json` holds."""
+    job = plan.job
+    return {
+        "sweep": job.sweep,
+        "job": job.name,
+        "config_hash": job.config_hash,
+        "samples": len(plan.rows["sample_id"]),
+        "shards": plan.shards,
+        "shard_size": job.shard_size,
+        # What `sweep status` checks shards and kept rows against, as a run does.
+        "sample_ids": id_ranges(plan.rows["sample_id"]),
+        "dataset_hash": plan.identity.hash,
+        "config": job.config(),
+        "overrides": list(overrides or []),
+        # Where the model and a build's source lie, links resolved: a later run that names
+        # them by another path finds this job by them (`EarlierJobs`). Not hashed.
+        "places": places,
+        # The family defaults a model entry without a preset got, and why (not hashed).
+        "defaults": None if job.defaults is None else job.defaults.to_dict(),
+    }
+
+
+def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
+    """Shard `i`: done when its file is trusted; else its untrusted files set aside, and it is
+    pending with its trusted kept rows, or (with `lock`) written now from kept rows that are
+    whole."""
+    job, meta, base = plan.job, plan.meta, plan.base
+    path = shard_path(plan.folder, i)
+    lo, hi = shard_bounds(plan, i)
+    ids = plan.rows["sample_id"][lo:hi]
+    kept = kept_path(meta, i)
+    if path.exists() or path.is_symlink():
+        _, why = read_shard(path, ids, None, job.config_hash, plan.identity.hash)
+        if why is None:  # kept rows left by a driver that stopped between the two
+            if kept.is_symlink() or what_is(kept) == REGULAR:
+                remove_file(base, kept)  # a link is removed itself
+            elif kept.exists():
+                set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, base)
+            return
+        plan.corrupt.append(set_aside(path, why, meta, base).name)
+    table, why = pending_kept(meta, i, ids, job.config_hash, plan.identity.hash)
+    if why is not None:
+        plan.corrupt.append(set_aside(kept, why, meta, base).name)
+    elif table is not None and len(table) == len(ids) and lock:
+        # It stopped before writing the shard: written now, from the kept rows.
+        write_table_atomic(shard_table(plan, i, [table]), path, base)
+        remove_file(base, kept)
+        remove_file(base, error_path(meta, i))
+        plan.kept_whole += len(table)
+        return
+    elif table is not None:
+        plan.kept[i] = table
+    plan.pending.append(i)
+
+
+class EarlierJobs:
+    """The jobs an earlier run planned in a sweep's folder, read (once, when a job new to the
+    folder asks) from their `job.json`: a job that one of them is, but for how its model or
+    build source path was spelled (`/m` against `../m` or a link to `/m`: the same `places`),
+    is that job. Job files that record no `places` are not matched."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.index: dict[str, dict[str, Any]] | None = None
+
+    def match(self, job: Job, places: dict[str, str]) -> Job:
+        if not places:
+            return job
+        if self.index is None:
+            self.index = self._read()
+        info = self.index.get(_place_key(job.config(), places))
+        if info is None:
+            return job
+        config = info["config"]
+        spelled = {"name": info["job"], "model": config["model"]["id"]}
+        if "source" in places:
+            spelled["source"] = config["dataset"]["build"]["source"]
+        found = dataclasses.replace(job, spelled=spelled)
+        if found.config_hash != info["config_hash"]:  # not the same job after all
+            return job
+        how = "its model or source named by another path"
+        log.info("%s: the job %s an earlier run wrote, %s", job.name, found.name, how)
+        return found
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        index: dict[str, dict[str, Any]] = {}
+        jobs = self.root / META_DIR / "jobs"
+        if what_is(jobs) != "a directory":
+            return index
+        for path in sorted(jobs.glob(f"*/{JOB_FILE}")):
+            try:  # a regular file, size-limited: anything may lie in a results folder
+                info = read_json(path, "job file")
+                places, config = info["places"], info["config"]
+                key = _place_key(config, places)
+                # Its name is the folder it lies in (a file edited to name another is not
+                # followed: the name becomes the folder this run writes in).
+                name = path.parent.name
+                if info["job"] == name and not name.startswith((".", "_")):
+                    index.setdefault(key, info)
+            except (OSError, ValueError, TypeError, KeyError, AttributeError):
+                continue  # not ours, or without `places`: never matched
+        return index
+
+
+def _place_key(config: dict[str, Any], places: dict[str, str]) -> str:
+    """A job's settings as its job file holds them (JSON, `default=str`), its path spellings
+    replaced by the places they name."""
+    config = json.loads(json.dumps(config, default=str))  # a copy, changed below
+    if "model" in places:
+        config["model"]["id"] = None
+    if "source" in places:
+        config["dataset"]["build"]["source"] = None
+    return json.dumps([config, places], sort_keys=True)
+
+
+def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
+    """The shard's rows, [lo, hi), in the job's selected samples."""
+    size = plan.job.shard_size
+    return index * size, min((index + 1) * size, len(plan.rows["sample_id"]))
+
+
+def shard_table(plan: JobPlan, index: int, tables: list[pa.Table]) -> pa.Table:
+    """A shard's rows from `tables` (kept rows, a run's rows), one per sample in the shard's
+    order, as a run of the whole shard writes them (a sample in two: its first row)."""
+    lo, hi = shard_bounds(plan, index)
+    table = pa.concat_tables(tables)
+    first: dict[int, int] = {}
+    for row, sample in enumerate(table["sample_id"].to_pylist()):
+        first.setdefault(sample, row)
+    return table.take([first[s] for s in plan.rows["sample_id"][lo:hi]])
