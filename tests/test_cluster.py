@@ -216,7 +216,7 @@ def result_rows(folder: Path) -> list[tuple]:
     return sorted(tuple(str(r[c]) for c in columns) for r in rows)
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark  # 118 s: run with `-m benchmark`
 @pytest.mark.skipif(RAY is None, reason="no `ray` command")
 @pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 def test_two_nodes_from_other_folders_give_the_local_results(tmp_path):

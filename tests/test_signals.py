@@ -289,6 +289,7 @@ def test_one_handler_for_the_three_signals_and_ray_shutdown_is_not_cut_short():
     assert {sig: signal.getsignal(sig) for sig in stops.stop_signals()} == before
 
 
+@pytest.mark.benchmark  # 161 s: run with `-m benchmark`
 def test_sigterm_to_the_whole_process_group_ends_in_bounded_time(tmp_path):
     """Slurm and `timeout` signal every process of the job: Ray's raylet ends with the driver,
     and ending the replicas then waited in Ray's core for ever, where no handler runs (a

@@ -190,7 +190,7 @@ def wait_for_running(journal: Path, proc: subprocess.Popen, seconds: float) -> N
     raise AssertionError("the first run had no RUNNING trial in time")
 
 
-@pytest.mark.slow
+@pytest.mark.benchmark  # 81 s: run with `-m benchmark`
 def test_a_second_tune_on_a_live_study_joins_it_and_touches_none_of_its_trials(tmp_path):
     """The issue's case: the second run used to fail the first's live trials and run their
     points again, and the first then ended in exit 2. Now the first ends 0 with none of its
