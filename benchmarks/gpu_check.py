@@ -348,7 +348,10 @@ def stage_rows(args, models) -> None:
         targets = sodaray.make_targets(model, tokens)
         say(f"{name}: {count} targets of lengths 1-10 recorded in {time.perf_counter() - t0:.1f} s")
         cfg = sodaray.SodaConfig.from_preset(
-            "tinystories-33m", max_steps=20 if args.quick else 200, max_batch_size=count
+            "tinystories-33m",
+            max_steps=20 if args.quick else 200,
+            max_batch_size=count,
+            fused=args.fused,
         )
         runs = []
         for _ in range(2):
@@ -362,8 +365,9 @@ def stage_rows(args, models) -> None:
             missed = sum(bool(r.exact) and not r.found for r in results)
             false = sum(r.found and not r.exact for r in results)
             say(
-                f"{name} {count} rows: {found} found, {exact} exact, {missed} exact-not-found, "
-                f"{false} found-not-exact, {time.perf_counter() - t0:.1f} s"
+                f"{name} {count} rows (fused={args.fused}): {found} found, {exact} exact, "
+                f"{missed} exact-not-found, {false} found-not-exact, "
+                f"{time.perf_counter() - t0:.1f} s"
             )
         same = [a.tokens for a in runs[0]] == [b.tokens for b in runs[1]]
         say(f"{name}: a second run's tokens equal the first's: {same}")
@@ -395,6 +399,7 @@ def main() -> None:
     p.add_argument("--authors-cmd", help="as bench_invert.py's: {n} {B} {steps}")
     p.add_argument("--quick", action="store_true", help="tiny batches (a CPU dry run)")
     p.add_argument("--stages", default="012345")
+    p.add_argument("--fused", default="off", help="stage 4's SODA `fused` setting: off, auto, on")
     args = p.parse_args()
     if not args.device.startswith("cuda"):  # the fused kernels on a CPU: Triton's interpreter
         import os

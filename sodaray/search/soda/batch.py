@@ -162,7 +162,7 @@ class SodaBatch(BatchSearch):
         policy: str = "exact",
         executor: Executor | None = None,
         bucketed: bool | None = None,
-        fused: str = "off",
+        fused: str = "auto",
     ) -> None:
         self.model, self.precision = model, precision
         # The fused vocabulary kernels (`soda_fused`), where `fused` and the device allow.
@@ -203,8 +203,7 @@ class SodaBatch(BatchSearch):
     @classmethod
     def family(cls, config: SearchConfig, targets: TargetSet) -> list[Any]:
         """One precision and objective shape (any config, loss and length), one step kind."""
-        family: list[Any] = [config.precision, targets.objective.shape()]
-        return family + ([config.fused] if config.fused != "off" else [])
+        return [config.precision, targets.objective.shape(), config.fused]
 
     def __len__(self) -> int:
         return len(self.state)

@@ -56,15 +56,16 @@ class SodaConfig(SearchConfig):
     # The CUDA step's full-vocabulary passes as fused Triton kernels (`soda.kernels`):
     # "off" (the eager step everywhere), "auto" (fused on CUDA where triton imports), "on"
     # (fused, or an error where it cannot run). Fused steps follow the eager formulas, not
-    # their bits; a CPU batch stays eager under "auto". Off: out of the job hash.
-    fused: str = "off"
+    # their bits; a CPU batch stays eager under "auto", bit for bit. "auto" by measurement on a
+    # GPU (benchmarks/RESULTS.md): out of the job hash, so jobs written before keep theirs.
+    fused: str = "auto"
 
     algorithm = "soda"
     display_name = "SODA"
     NEUTRAL: ClassVar[dict[str, Any]] = {
         "temperature_end": None,
         "scan_positions": False,
-        "fused": "off",
+        "fused": "auto",
     }
     # The ablation switches: SODA's value and the label of a row that changes it.
     SWITCHES: ClassVar[dict[str, tuple[bool, str]]] = {
