@@ -437,7 +437,8 @@ def gpu_suite(args, device: str) -> None:
 
     cuda = device.startswith("cuda")
     executor = resolve_executor(args.executor)
-    policy = policy_for(executor, args.policy)  # the executor's where none was asked for
+    # The executor's on this device where none was asked for, as `invert` would take it.
+    policy = policy_for(executor, args.policy, device)
     cases = args.case or (SUITES["gpu"] if cuda else GPU_SUITE_ON_CPU)
     default = CUDA_PRECISIONS if cuda else PRECISIONS
     precisions = [args.precision] if args.precision else list(default)
@@ -588,9 +589,9 @@ def main() -> None:
     parser.add_argument(
         "--policy",
         choices=("exact", "static"),
-        help="--suite gpu: the scheduler's policy (default: the executor's: static where steps "
-        "are captured, else exact); static pads each pass to a power-of-two batch and width "
-        "(16s above 16)",
+        help="--suite gpu: the scheduler's policy in place of the executor's (static where "
+        "steps are captured, else exact); static pads each pass to the bucketed batch and width "
+        "of sodaray.search.engine.scheduler.CAPTURE_SHAPES",
     )
     parser.add_argument(
         "--executor",

@@ -88,8 +88,9 @@ def invert(
     searches whose step it read (the batch occupancy is `active / config.max_batch_size`; a
     SODA step's outcome is read while the next step runs). `executor`: how a SODA step runs
     (`sodaray.search.engine.executor.EXECUTORS`; None: "graph", captured once per shape on CUDA and
-    eager elsewhere). `policy`: the scheduler's (`sodaray.search.engine.scheduler.POLICIES`; None:
-    the executor's: "static" where steps are captured, else "exact").
+    eager elsewhere); it brings the scheduler's policy with it ("static" shapes where steps are
+    captured, else "exact": `sodaray.search.engine.executor.policy_for`). `policy`: one of
+    `sodaray.search.engine.scheduler.POLICIES` in its place (None: the executor's).
     """
     config = config or SodaConfig()
     policy_for(executor, policy)  # both checked before any work, and for every algorithm
@@ -115,4 +116,3 @@ def invert(
     engine.submit(work)
     engine.run()
     return work.ordered()
-

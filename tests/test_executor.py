@@ -107,6 +107,7 @@ def test_executor_names_and_defaults():
     assert policy_for(None, None, "cpu") == "exact" and policy_for(None, None, "cuda") == "static"
     assert policy_for("eager", None, "cuda") == "exact"
     assert policy_for("graph", "exact", "cuda") == "exact"
+    assert policy_for("graph") == "exact"  # no device: a CPU's
     with pytest.raises(ValueError, match=r"^unknown executor 'compiled'; choose one of eager, gr"):
         resolve_executor("compiled")
     with pytest.raises(ValueError, match="unknown executor 'jit'"):
@@ -114,6 +115,8 @@ def test_executor_names_and_defaults():
     gpu = SimpleNamespace(device=torch.device("cuda"))
     assert Engine(gpu).executor.name == "graph" and Engine(gpu).policy == "static"
     model = tiny_model("qwen2")
+    assert SodaBatch(model).scheduler.policy == "exact"  # its eager executor's
+    assert SodaBatch(model, policy="static").scheduler.policy == "static"
     targets = sodaray.make_targets(model, [[3, 5]])
     with pytest.raises(ValueError, match="unknown executor 'jit'"):
         sodaray.invert(model, targets, sodaray.SodaConfig(max_steps=2), executor="jit")

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import STORIES
 
+from sodaray.experiment.cluster import Cluster
 from sodaray.experiment.group import ActorGroup, Failure, ReplicasLost, next_event
 from sodaray.experiment.replica import ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
@@ -144,7 +145,7 @@ def test_shards_failed_for_good_leave_error_files_that_the_next_run_clears(tmp_p
     counted by `sweep status`); the next run computes exactly those and clears the files."""
     sweep = load_sweep(write_sweep(tmp_path, max_steps=300))
     killed, kill_once = killer()
-    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, max_attempts=1)
+    run = run_sweep(sweep, tmp_path / "out", on_shard=kill_once, cluster=Cluster(max_attempts=1))
     failed = sorted(f.shard for f in run.failed)
     assert killed and failed and all(f.attempts == 1 for f in run.failed)
     assert sorted([d.shard for d in run.done] + failed) == list(range(SHARDS))
@@ -183,7 +184,7 @@ def test_a_bad_job_fails_alone_once_with_its_reason(tmp_path, local_ray, monkeyp
         {"name": "good", "path": str(write_dataset(good, tmp_path / "good.pq"))},
     ]
     sweep = load_sweep(write_sweep(tmp_path, max_steps=5, datasets=datasets))
-    run = run_sweep(sweep, tmp_path / "out", max_attempts=3)
+    run = run_sweep(sweep, tmp_path / "out", cluster=Cluster(max_attempts=3))
     assert sorted((f.job.split("_")[1], f.shard) for f in run.failed) == [("bad", 0), ("bad", 1)]
     assert all(f.attempts == 1 and "token id" in f.error for f in run.failed)
     assert sorted((d.job.split("_")[1], d.shard) for d in run.done) == [("good", 0), ("good", 1)]

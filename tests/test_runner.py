@@ -183,3 +183,23 @@ def test_a_model_entry_runs_only_on_the_datasets_it_names(tmp_path, monkeypatch)
     models[1] = {"id": "$SODARAY_UNSET_VARIABLE/stories260K"}
     with pytest.raises(ValueError, match="environment variable SODARAY_UNSET_VARIABLE is not set"):
         load_sweep(write_sweep(tmp_path, models=models, datasets=datasets))
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"max_attempts": 0}, "--max-attempts must be at least 1, not 0"),
+        ({"wait_for_nodes": -1.0}, "--wait-for-nodes must be a number of seconds, 0 or more"),
+        ({"wait_for_nodes": float("nan")}, "--wait-for-nodes must be a number of seconds"),
+        ({"wait_for_nodes": float("inf")}, "--wait-for-nodes must be a number of seconds"),
+    ],
+)
+def test_a_cluster_record_that_breaks_its_rules_is_never_made(options, message):
+    """`run_sweep` and `run_tuning` take the Ray options as one `Cluster`: a record with no try
+    or a wait that is negative or not finite is refused as it is made, in one line."""
+    from sodaray.experiment.cluster import Cluster
+
+    with pytest.raises(ValueError, match=message) as caught:
+        Cluster(**options)
+    assert "\n" not in str(caught.value)
+    assert Cluster() == Cluster(None, 3, 0.0)  # the defaults: a fresh local Ray, 3 tries, no wait

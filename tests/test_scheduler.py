@@ -13,16 +13,19 @@ from conftest import tiny_model
 
 import sodaray
 from sodaray.search.engine.scheduler import (
-    DEFAULT_POLICY,
-    MIN_BATCH,
-    WIDTH_STEP,
+    CAPTURE_SHAPES,
+    CaptureShapes,
     Scheduler,
     admit,
     capacity,
     pick_replica,
     plan_passes,
+    static_batch,
+    static_rows,
     static_width,
 )
+
+MIN_BATCH = CAPTURE_SHAPES.min_batch
 
 
 def test_plan_passes_picks_the_cheapest_split():
@@ -55,8 +58,8 @@ def test_exact_passes_run_at_their_own_shape():
 def test_static_passes_come_in_few_shapes_that_hold_their_slots():
     """Over 2,000 random batches (1-1,000 slots of lengths 1-40), the static policy runs every
     pass at a batch that is a power of two from MIN_BATCH and a width that is a power of two up
-    to WIDTH_STEP or a multiple of it, at least the pass's own: few shapes in all, each built
-    once and replayed. A short input's width at most doubles."""
+    to the table's width step or a multiple of it, at least the pass's own: few shapes in all,
+    each built once and replayed. A short input's width at most doubles."""
     rng = np.random.default_rng(0)
     shapes = set()
     dear = Scheduler("static", overhead=1e6)  # a GPU's pass: one for everything
@@ -71,11 +74,35 @@ def test_static_passes_come_in_few_shapes_that_hold_their_slots():
     assert len(shapes) <= 8 * 7  # batches 8..1024; widths 1, 2, 4, 8, 16, 32, 48
     widths = {longest: static_width(longest) for longest in range(1, 50)}
     assert {widths[n] for n in range(1, 17)} == {1, 2, 4, 8, 16}
-    assert all(n <= w < 2 * n for n, w in widths.items() if n <= WIDTH_STEP)
+    assert all(n <= w < 2 * n for n, w in widths.items() if n <= CAPTURE_SHAPES.width_step)
     assert [widths[n] for n in (17, 32, 33, 48, 49)] == [32, 32, 48, 48, 64]
     # A model whose attention is not width-invariant keeps each pass at its own width.
     plans = Scheduler("static", overhead=1e6, mix=False).passes(np.array([2, 5, 5]), fixed=1)
     assert [(p.batch, p.width) for p in plans] == [(8, 2), (8, 5)]
+
+
+def test_the_capture_shapes_table_keeps_its_buckets():
+    """`CAPTURE_SHAPES`, and the functions that answer from it, round every count to the buckets
+    a captured step has run at (written out here): a change to either is a change of shapes."""
+    assert CAPTURE_SHAPES == CaptureShapes(
+        min_batch=8, min_rows=8, rows_per_doubling=8, width_step=16
+    )
+    batches = [8, 16, 32, 64, 128, 256, 512, 1024]
+    rows = [8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30, 32]
+    rows += [36, 40, 44, 48, 52, 56, 60, 64, 72, 80, 88, 96, 104, 112, 120, 128]
+    widths = [1, 2, 4, 8, 16, 32, 48, 64, 80, 96]
+    for function, buckets in ((static_batch, batches), (static_rows, rows), (static_width, widths)):
+        for n in range(1, buckets[-1] + 1):  # the smallest bucket that holds n
+            assert function(n) == min(b for b in buckets if b >= n), (function.__name__, n)
+    assert (static_batch(0), static_rows(0), static_width(0)) == (8, 8, 1)
+    big = {1025: 2048, 4097: 8192}
+    assert {n: static_batch(n) for n in big} == big
+    big = {129: 144, 257: 288, 1000: 1024, 1025: 1152, 4097: 4608}
+    assert {n: static_rows(n) for n in big} == big
+    big = {100: 112, 1000: 1008, 1009: 1024}
+    assert {n: static_width(n) for n in big} == big
+    with pytest.raises(ValueError, match="rows_per_doubling must be a power of two, not 6"):
+        CaptureShapes(rows_per_doubling=6)
 
 
 def test_admission_follows_arrival_across_pools():
@@ -133,15 +160,16 @@ def test_static_shapes_change_no_result(kind, one_thread):
     assert shapes["static"] != shapes["exact"]
 
 
-def test_the_default_policy_is_exact_and_invert_takes_another(one_thread, monkeypatch):
+def test_the_policy_follows_the_executor_and_invert_takes_another(one_thread, monkeypatch):
     """Static shapes are padding until a step is captured and replayed (an H100 step took 2.5x
-    at Qwen n=3, B=1000), so the engine runs each pass at its own shape unless asked, or unless
-    its steps are captured (the "graph" executor on CUDA); `invert(policy=...)` reaches the
-    engine, and a policy it does not know is a one-line error."""
+    at Qwen n=3, B=1000), so the engine runs each pass at its own shape unless its steps are
+    captured (the "graph" executor on CUDA) or another policy is asked for; `invert(policy=...)`
+    reaches the engine, and a policy it does not know is a one-line error."""
     from sodaray.search.engine.loop import Engine
 
     model = tiny_model("qwen2")
-    assert DEFAULT_POLICY == "exact" and Engine(model).policy == "exact"
+    assert Engine(model).policy == "exact"
+    assert Engine(model, executor="eager").policy == "exact"
     # A model on a GPU, as the engine's constructor sees it (it reads nothing else there):
     # captured there by default, so a few static shapes; eager, each pass at its own.
     gpu = SimpleNamespace(device=torch.device("cuda"))

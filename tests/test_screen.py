@@ -12,8 +12,12 @@ from conftest import tiny_model
 import sodaray
 import sodaray.search.soda.batch as soda
 from sodaray.search.engine.loop import Engine
+from sodaray.search.engine.scheduler import CAPTURE_SHAPES
+from sodaray.search.engine.scheduler import static_screen as screen_rows
 from sodaray.search.engine.work import Work
-from sodaray.search.soda.screen import MIN_ROWS, Screener, changed_slots, screen_rows
+from sodaray.search.soda.screen import Screener, changed_slots
+
+MIN_ROWS = CAPTURE_SHAPES.min_screen
 
 
 def test_changed_slots_line_up_rows_by_position_or_by_slot_id():

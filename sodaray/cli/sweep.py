@@ -146,10 +146,11 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.cli.progress import SweepProgress
     from sodaray.config.validation import check_output_dir
     from sodaray.costs.devices import load_costs
+    from sodaray.experiment.cluster import Cluster
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
-    if args.max_attempts < 1:
-        raise ValueError(f"--max-attempts must be at least 1, not {args.max_attempts}")
+    # A bad --max-attempts or --wait-for-nodes is one line before the sweep file loads.
+    cluster = Cluster(args.address, args.max_attempts, args.wait_for_nodes)
     if not 0 <= args.keep_every <= 86_400:  # NaN too
         raise ValueError(f"--keep-every must be 0 to 86400 seconds, not {args.keep_every}")
     sweep = load_sweep(
@@ -172,12 +173,10 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         run = run_sweep(
             sweep,
             args.out,
-            address=args.address,
+            cluster=cluster,
             limit=args.limit,
             model=args.model,
-            max_attempts=args.max_attempts,
             keep_every=args.keep_every,
-            wait_for_nodes=args.wait_for_nodes,
             on_start=on_start,
             on_shard=progress.shard,
             on_progress=progress.job,

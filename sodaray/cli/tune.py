@@ -79,6 +79,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.config.validation import check_output_dir
     from sodaray.costs.devices import load_costs
     from sodaray.costs.flops import check_rate
+    from sodaray.experiment.cluster import Cluster
     from sodaray.tuner import load_tuning, run_tuning
     from sodaray.tuner.storage import check_storage
 
@@ -111,8 +112,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             workers=args.workers,
             storage=args.storage,
             model=args.model,
-            address=args.address,
-            wait_for_nodes=args.wait_for_nodes,
+            # Made (and checked) as the run starts: --dry-run never reads these options.
+            cluster=Cluster(args.address, wait_for_nodes=args.wait_for_nodes),
             on_trial=progress.trial,
             callbacks=[] if tracker is None else [tracker.trial],
             on_progress=progress.progress,
@@ -211,6 +212,7 @@ def check_modes(args: argparse.Namespace) -> None:
 
 def cmd_evaluate(spec, args: argparse.Namespace) -> int:
     """`tune --evaluate`: the verdict's lines, or with --json its object."""
+    from sodaray.experiment.cluster import Cluster
     from sodaray.tuner.verdict import evaluate
 
     verdict = evaluate(
@@ -219,8 +221,7 @@ def cmd_evaluate(spec, args: argparse.Namespace) -> int:
         storage=args.storage,
         model=args.model,
         workers=args.workers,
-        address=args.address,
-        wait_for_nodes=args.wait_for_nodes,
+        cluster=Cluster(args.address, wait_for_nodes=args.wait_for_nodes),
     )
     if args.json:
         print(jsontext.dumps(verdict.to_dict(), default=str))

@@ -264,6 +264,28 @@ def connect_hint(exc: BaseException, otherwise: str = ADDRESS_HINT) -> str:
 
 
 @dataclass(frozen=True)
+class Cluster:
+    """The Ray a run uses and how it treats failures and room there, as `sweep run` and `tune`
+    take them. `address`: the cluster to attach to (`cluster_address`: else RAY_ADDRESS, else a
+    fresh local Ray of the run's own). `max_attempts`: the tries a unit of work gets before it
+    fails for good (one whose input is at fault fails at its first; `experiment.group`).
+    `wait_for_nodes`: seconds a run on a cluster waits while none of a model's replicas can be
+    placed (`Placement`). A record that breaks these is never made: max_attempts below 1, or
+    wait_for_nodes negative or not finite, is a one-line ValueError naming the option."""
+
+    address: str | None = None
+    max_attempts: int = 3
+    wait_for_nodes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"--max-attempts must be at least 1, not {self.max_attempts}")
+        wait = self.wait_for_nodes
+        if not (math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"--wait-for-nodes must be a number of seconds, 0 or more, not {wait}")
+
+
+@dataclass(frozen=True)
 class Placement:
     """How a run's replicas meet the Ray they run on. `local`: a Ray this run started, where no
     node joins and nothing else takes resources, so replicas beyond what it holds are not made;
@@ -282,25 +304,23 @@ class Placement:
 
 
 @contextmanager
-def ray_session(
-    requests: list[tuple[str, float, float]], address: str | None, wait_for_nodes: float = 0.0
-) -> Iterator[Placement]:
+def ray_session(requests: list[tuple[str, float, float]], cluster: Cluster) -> Iterator[Placement]:
     """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: a fresh
-    local instance started here unless `address`/RAY_ADDRESS names a cluster or Ray already
-    runs in this process, and then shut down after it. Yields how replicas are placed there.
-    Requests are checked before a local Ray starts (it would wait forever for what the machine
-    lacks); on a cluster each actor group counts what the nodes hold (`replicas_to_make`)."""
+    local instance started here unless `cluster.address`/RAY_ADDRESS names a cluster or Ray
+    already runs in this process, and then shut down after it. Yields how replicas are placed
+    there. Requests are checked before a local Ray starts (it would wait forever for what the
+    machine lacks); on a cluster each actor group counts what the nodes hold
+    (`replicas_to_make`)."""
     import ray
 
-    check_wait(wait_for_nodes)
     own = not ray.is_initialized()
-    local = own and cluster_address(address) is None
+    local = own and cluster_address(cluster.address) is None
     if local:
         check_resources(requests)
-    placement = Placement(local=local, wait_for_nodes=wait_for_nodes)
+    placement = Placement(local=local, wait_for_nodes=cluster.wait_for_nodes)
     try:
         if own:  # in the block: a stop signal while Ray starts still shuts it down
-            init_ray(address)
+            init_ray(cluster.address)
         if not local:  # what no node holds, in one line before any work is handed out
             for label, cpus, gpus in requests:
                 room_for(label, cpus, gpus, placement)
@@ -340,13 +360,6 @@ def actor_options(model: ModelSpec, concurrency: int, reserved: Any) -> dict[str
         "max_concurrency": concurrency,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(reserved),
     }
-
-
-def check_wait(wait_for_nodes: float) -> None:
-    if not (math.isfinite(wait_for_nodes) and wait_for_nodes >= 0):
-        raise ValueError(
-            f"--wait-for-nodes must be a number of seconds, 0 or more, not {wait_for_nodes}"
-        )
 
 
 def check_resources(requests: list[tuple[str, float, float]]) -> None:

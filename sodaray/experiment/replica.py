@@ -246,7 +246,7 @@ class ReplicaWorker:
         finally:  # also when the driver stops listening: the engine drops the unit
             self.works.pop(unit.key, None)
             self.reporter.done(unit.key)
-            if not work._finished:
+            if not work.done:
                 self.engine.cancel(work)
         if work.error is not None:  # only a dying engine hands a work its error
             # Its thread records the error right after: the health check that this unit's

@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 
 from sodaray.costs.flops import most_sample_steps
 from sodaray.experiment.cluster import (
+    Cluster,
     Placement,
     check_address,
     check_resources,
-    check_wait,
     cluster_address,
     end_groups,
     ray_session,
@@ -194,11 +194,9 @@ def run_sweep(
     sweep: Sweep,
     out: str | Path,
     *,
-    address: str | None = None,
+    cluster: Cluster = Cluster(),
     limit: int | None = None,
     model: str | None = None,
-    max_attempts: int = 3,
-    wait_for_nodes: float = 0.0,
     on_start: Callable[[SweepRun, int], None] | None = None,
     on_shard: Callable[[ShardDone], None] | None = None,
     on_progress: Callable[[JobProgress], None] | None = None,
@@ -207,14 +205,13 @@ def run_sweep(
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
     called once the work is planned; `on_shard` after each finished shard, `on_progress` with a
     job's counts each time they change (at least once a second while its shards run).
-    `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
-    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`);
+    `cluster`: the Ray to run on, each shard's tries, and how long to wait for room there
+    (`experiment.cluster.Cluster`);
     `keep_every`: seconds between writes of a running shard's ended searches (None: none)."""
     import ray
 
     started = time.perf_counter()
-    check_wait(wait_for_nodes)
-    check_address(address)  # before planning (dataset builds): fail fast
+    check_address(cluster.address)  # before planning (dataset builds): fail fast
     root = inside(out, sweep.name)
     jobs = sweep.jobs(limit=limit, model=model)
     check_jobs_fit(jobs, sweep.path)  # on the driver, before a lock, a build or an actor
@@ -237,22 +234,20 @@ def run_sweep(
         most = most_sample_steps(samples, job.search, job.length, job.max_length)
         run.progress[job.name] = JobProgress(job.name, samples, most)
     requests = [p.job.model.request() for p in pending]
-    attach = cluster_address(address) is not None
+    attach = cluster_address(cluster.address) is not None
     try:
         with contextlib.ExitStack() as stack:
             placement = None
             if pending and attach:  # a cluster that refuses us: its one line, before the plan's
-                placement = stack.enter_context(ray_session(requests, address, wait_for_nodes))
+                placement = stack.enter_context(ray_session(requests, cluster))
             elif pending and not ray.is_initialized():
                 check_resources(requests)  # before Ray starts (it would wait forever) and bars
             if on_start is not None:
                 on_start(run, sum(p.samples for p in run.progress.values()))
             if pending:
                 if placement is None:
-                    placement = stack.enter_context(
-                        ray_session(requests, address, wait_for_nodes)
-                    )
-                shards = _Shards(pending, run, max_attempts, placement, keep_every)
+                    placement = stack.enter_context(ray_session(requests, cluster))
+                shards = _Shards(pending, run, cluster, placement, keep_every)
                 shards.drain(on_shard, on_progress, held, Path(out))
     except KeyboardInterrupt as exc:
         run.interrupted = True
@@ -272,7 +267,7 @@ class _Shards:
         self,
         plans: list[JobPlan],
         run: SweepRun,
-        max_attempts: int,
+        cluster: Cluster,
         placement: Placement,
         keep_every: float | None = None,
     ) -> None:
@@ -290,7 +285,7 @@ class _Shards:
                 shards = [(p, i) for p in same for i in p.pending]
                 group = ActorGroup(
                     spec,
-                    max_attempts=max_attempts,
+                    max_attempts=cluster.max_attempts,
                     replicas=min(spec.replicas, len(shards)),
                     placement=placement,
                 )

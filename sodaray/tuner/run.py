@@ -20,7 +20,7 @@ from typing import Any
 
 from sodaray.errors import first_line
 from sodaray.experiment import stops
-from sodaray.experiment.cluster import check_address, check_wait, end_groups, ray_session
+from sodaray.experiment.cluster import Cluster, check_address, end_groups, ray_session
 from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.owner import describe_owner
@@ -95,9 +95,7 @@ def run_tuning(
     workers: int = 1,
     storage: str | None = None,
     model: str | None = None,
-    address: str | None = None,
-    max_attempts: int = 3,
-    wait_for_nodes: float = 0.0,
+    cluster: Cluster = Cluster(),
     on_launch: Callable[[int, list[int]], None] | None = None,
     on_trial: Callable[[TrialOutcome], None] | None = None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
@@ -108,19 +106,46 @@ def run_tuning(
     ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
     (as `study.optimize` takes), called after each trial is told; `on_progress(number, counts)`
     with a running trial's counts, about once a second (`experiment.work.UnitProgress`).
-    `address`: the Ray cluster to attach to (else RAY_ADDRESS, else a fresh local Ray);
-    `wait_for_nodes`: seconds to wait for room on a cluster (`experiment.cluster.Placement`)."""
-    import optuna
-
+    `cluster`: the Ray to run on, each trial's tries, and how long to wait for room there
+    (`experiment.cluster.Cluster`)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
-    check_wait(wait_for_nodes)
-    check_address(address)  # fails fast, before the study and the validation data
+    check_address(cluster.address)  # fails fast, before the study and the validation data
     n_trials = spec.trials if trials is None else trials
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
     base = Path(out)  # the folder the user gave: nothing below it is written through a link
+    study, owner, run = _open_study(spec, base, storage, n_trials)
+    loop: _Trials | None = None
+    try:
+        if spec.sampler == "grid":
+            run.grid = grid_left(spec, study)
+            n_trials = min(n_trials, run.grid[1])
+        check_places(base, study_files(run.out, len(study.get_trials(deepcopy=False)), n_trials))
+        rows, identity = validation_rows(spec, study, run.out, base)
+        check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
+        if n_trials:  # a covered grid runs none: no Ray, no actor
+            with study_replicas(spec, workers, cluster) as group:
+                loop = _Trials(
+                    spec, study, run, rows, identity, group, on_launch, on_progress, owner
+                )
+                loop.drain(n_trials, on_trial, callbacks)
+    except BaseException as exc:
+        _end_stopped(exc, loop, spec, study, owner, run)
+        if isinstance(exc, KeyboardInterrupt):
+            raise TuneInterrupted(run) from exc
+        raise
+    owner.end(study)
+    _save_outcome(spec, study, run, base)
+    return run
+
+
+def _open_study(
+    spec: TuningSpec, base: Path, storage: str | None, n_trials: int
+) -> tuple[Any, RunOwner, TuneRun]:
+    """The study in its folder under `base` (made here) and its storage, opened by this run as
+    a new owner, and this run's record of it, asked for `n_trials` trials."""
     out = study_folder(base, spec)
     url = storage_url(spec, out, storage)
     make_folder(base, out)
@@ -131,63 +156,60 @@ def run_tuning(
     study, stale = open_study(spec, url, study_name, open_storage(url, journal_base), owner)
     run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
     run.joined = [describe_owner(r) for r in owner.others.values()]
-    loop: _Trials | None = None
-    try:
-        if spec.sampler == "grid":
-            run.grid = grid_left(spec, study)
-            n_trials = min(n_trials, run.grid[1])
-        check_places(base, study_files(out, len(study.get_trials(deepcopy=False)), n_trials))
-        rows, identity = validation_rows(spec, study, out, base)
-        check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
-        if n_trials:  # a covered grid runs none: no Ray, no actor
-            with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
-                loop = _Trials(
-                    spec, study, run, rows, identity, group, on_launch, on_progress, owner
-                )
-                loop.drain(n_trials, on_trial, callbacks)
-    except BaseException as exc:
-        # Its running trials are this run's to end: failed, and enqueued to run again (a
-        # second signal meanwhile waits, so that none is left RUNNING).
-        with stops.deferred():
-            if loop is not None and loop.live:
-                why = (
-                    f"stopped by {stops.signal_name()}"
-                    if isinstance(exc, KeyboardInterrupt)
-                    else f"the run stopped: {first_line(exc)}"
-                )
-                live = [trial for trial, _ in loop.live.values()]
-                names = {p.name for p in spec.space}
-                with contextlib.suppress(Exception):  # the storage may be what failed
-                    run.abandoned = abandon_trials(study, live, names, why)
-            with contextlib.suppress(Exception):
-                owner.end(study)
-        if isinstance(exc, KeyboardInterrupt):
-            raise TuneInterrupted(run) from exc
-        raise
-    owner.end(study)
+    return study, owner, run
+
+
+def _end_stopped(
+    exc: BaseException,
+    loop: _Trials | None,
+    spec: TuningSpec,
+    study: Any,
+    owner: RunOwner,
+    run: TuneRun,
+) -> None:
+    """A run stopped by `exc`: its running trials are this run's to end, failed and enqueued
+    to run again (`run.abandoned`), and its ownership of the study ended; a second signal
+    meanwhile waits, so that none is left RUNNING."""
+    with stops.deferred():
+        if loop is not None and loop.live:
+            why = (
+                f"stopped by {stops.signal_name()}"
+                if isinstance(exc, KeyboardInterrupt)
+                else f"the run stopped: {first_line(exc)}"
+            )
+            live = [trial for trial, _ in loop.live.values()]
+            names = {p.name for p in spec.space}
+            with contextlib.suppress(Exception):  # the storage may be what failed
+                run.abandoned = abandon_trials(study, live, names, why)
+        with contextlib.suppress(Exception):
+            owner.end(study)
+
+
+def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun, base: Path) -> None:
+    """The study's best trial as a preset and its plots, in the study's folder (`base`: the
+    folder the user gave), recorded in `run`."""
+    import optuna
+
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, out / PRESET_FILE, base)
+        run.preset_path = write_preset(spec, best, run.out / PRESET_FILE, base)
     run.plots, skipped = save_plots(
-        study, out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
+        study, run.out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
     )
     run.plots_skipped = {s.name: s.reason for s in skipped}
-    return run
 
 
 @contextlib.contextmanager
-def study_replicas(
-    spec: TuningSpec, workers: int, address: str | None, wait_for_nodes: float, max_attempts: int
-) -> Iterator[ActorGroup]:
-    """`workers` replicas of the study's model on Ray (a fresh local one, or `address`), each
-    taking a batch's worth of trials (or arms) and the next one waiting; killed on the way
-    out."""
-    with ray_session([spec.model.request()], address, wait_for_nodes) as placement:
+def study_replicas(spec: TuningSpec, workers: int, cluster: Cluster) -> Iterator[ActorGroup]:
+    """`workers` replicas of the study's model on Ray (`cluster`: a fresh local one, or the
+    cluster it names), each taking a batch's worth of trials (or arms) and the next one
+    waiting; killed on the way out."""
+    with ray_session([spec.model.request()], cluster) as placement:
         group = ActorGroup(
             spec.model,
-            max_attempts=max_attempts,
+            max_attempts=cluster.max_attempts,
             fill=1.0,
             min_units=1,
             replicas=workers,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sodaray.experiment.cluster import check_address, check_wait
+from sodaray.experiment.cluster import Cluster, check_address
 from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import Failure, next_event
 from sodaray.experiment.spec import TuningError
@@ -137,16 +137,13 @@ def evaluate(
     storage: str | None = None,
     model: str | None = None,
     workers: int = 1,
-    address: str | None = None,
-    wait_for_nodes: float = 0.0,
-    max_attempts: int = 3,
+    cluster: Cluster = Cluster(),
 ) -> Verdict:
     """The held-out verdict on `spec`'s study in `out` (see the module docstring); each arm's
     rows are written to OUT/<name>/verdict/<arm>.parquet."""
     import optuna
 
-    check_wait(wait_for_nodes)
-    check_address(address)
+    check_address(cluster.address)
     spec = spec.on_model(model)
     data = held_out_data(spec)  # before the study: a file's data is refused at once
     base = Path(out)
@@ -173,7 +170,7 @@ def evaluate(
         study_unit(spec, a.params, rows, identity, job=a.name, sweep=sweep, data=data.name)
         for a in arms
     ]
-    tables = _run(spec, units, workers, address, wait_for_nodes, max_attempts)
+    tables = _run(spec, units, workers, cluster)
     for arm in arms:
         result = tables[arm.name]
         arm.rows = folder / VERDICT_FOLDER / f"{arm.name}.parquet"
@@ -205,13 +202,11 @@ def _run(
     spec: TuningSpec,
     units: list[Unit],
     workers: int,
-    address: str | None,
-    wait_for_nodes: float,
-    max_attempts: int,
+    cluster: Cluster,
 ) -> dict[str, Any]:
     """The units' result tables, run on `workers` replicas of the study's model."""
     tables: dict[str, Any] = {}
-    with study_replicas(spec, workers, address, wait_for_nodes, max_attempts) as group:
+    with study_replicas(spec, workers, cluster) as group:
         for unit in units:
             group.submit(unit)
         while len(tables) < len(units):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from sodaray.objective.observations import SCREEN_SLACK, BatchTargets, screen_sl
 from sodaray.objective.scoring import Layout, check_candidates
 from sodaray.objective.targets import TargetSet
 from sodaray.search.engine.slots import Buffers
+
+if TYPE_CHECKING:
+    from sodaray.search.engine.executor import Executor
 
 # Step counters are int64 tensors and schedules multiply them; a billion steps is days per target.
 MAX_STEPS = 10**9
@@ -164,6 +167,15 @@ class StepOutcome:
     settled: np.ndarray | None = None
 
 
+class EngineSettings(Protocol):
+    """What a batch may read of the engine that makes it (`BatchSearch.create`): whether inputs
+    of different lengths may share a pass, the scheduler's policy and the step's executor."""
+
+    mix_lengths: bool
+    policy: str
+    executor: Executor
+
+
 class BatchSearch:
     """A batch of searches in slots 0..B-1, driven by the engine: searches enter at the end
     (`add`), every slot advances one step at a time, and finished ones leave by a removal plan
@@ -184,7 +196,7 @@ class BatchSearch:
 
     @classmethod
     def create(
-        cls, model: LoadedModel, config: SearchConfig, length: int, engine: Any
+        cls, model: LoadedModel, config: SearchConfig, length: int, engine: EngineSettings
     ) -> BatchSearch:
         """A new batch for `config`'s searches at `length` on the engine's executor."""
         generator = torch.Generator(device=model.device).manual_seed(config.seed)

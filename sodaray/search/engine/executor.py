@@ -16,8 +16,9 @@ may round otherwise than its eager twin, so a replayed search keeps a trajectory
 there, repeated exactly from run to run; the match check's confirm never runs in a graph, so a
 reported match is exact either way.
 
-Captured shapes come from the scheduler's "static" policy (a few bucketed shapes); "exact"
-remains the default wherever nothing is captured (`default_policy`, `policy_for`).
+The executor is the one setting: the scheduler's policy follows from it and the device
+(`policy_for`): "static" (the bucketed shapes of `scheduler.CAPTURE_SHAPES`) where steps are
+captured, "exact" (each pass at its own shape) wherever nothing is.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sodaray.search.engine.scheduler import resolve_policy
+from sodaray.search.engine.scheduler import check_policy
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,19 +58,13 @@ def captures(executor: str | None, device: torch.device | str | None) -> bool:
     return resolve_executor(executor) == "graph" and kind == "cuda"
 
 
-def default_policy(executor: str | None, device: torch.device | str | None = None) -> str:
-    """The scheduler policy a run takes when none is asked for: "static" (a few bucketed
-    shapes) where steps are captured, else "exact"."""
-    return "static" if captures(executor, device) else "exact"
-
-
 def policy_for(
-    executor: str | None, policy: str | None, device: torch.device | str | None = None
+    executor: str | None, policy: str | None = None, device: torch.device | str | None = None
 ) -> str:
-    """The scheduler policy a run takes: the one asked for, else `executor`'s on `device`
-    (both checked)."""
-    default = default_policy(executor, device)  # checks the executor whatever the policy
-    return resolve_policy(default if policy is None else policy)
+    """The scheduler policy a run of `executor` on `device` takes: "static" where it captures
+    steps, else "exact"; `policy` instead where one is given. Both checked."""
+    derived = "static" if captures(executor, device) else "exact"  # checks the executor
+    return check_policy(derived if policy is None else policy)
 
 
 class Executor:

@@ -45,7 +45,7 @@ from sodaray.search.engine.base import BatchSearch, InversionResult, SearchConfi
 from sodaray.search.engine.executor import Executor, policy_for
 from sodaray.search.engine.pool import Finished, Pool
 from sodaray.search.engine.scheduler import admit, capacity
-from sodaray.search.engine.work import Occupancy, Work
+from sodaray.search.engine.work import Ledger, Occupancy, Work
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class Engine:
         self.pools: dict[str, Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
         self.works: list[Work] = []
+        self.ledgers: dict[Work, Ledger] = {}  # each work in flight's own count
         self._arrivals = itertools.count()
         self.occupancy = Occupancy()
         self._lock = threading.Lock()  # guards the inbox and the occupancy counters
@@ -135,11 +136,11 @@ class Engine:
         the stepping thread (from a callback such as `on_batch`), where nothing moves."""
         taken = {
             work: sum(r.steps for r in work.results.values())
-            + sum(steps for steps, _, _ in work._partial.values())  # earlier lengths
+            + self.ledgers[work].partial_steps()  # earlier lengths
             for work in self.works
         }
         for pool in self.pools.values():
-            # A slot's `steps` count its current length only: earlier ones are in `_partial`.
+            # A slot's `steps` count its current length only: earlier ones are in `partial`.
             for work, steps in zip(pool.works, pool.slot["settled"].tolist(), strict=True):
                 taken[work] = taken.get(work, 0) + steps
         return taken
@@ -228,6 +229,7 @@ class Engine:
                 self._cancel(work)
                 continue
             self.works.append(work)
+            self.ledgers[work] = Ledger()
             for row in range(len(work.plans)):
                 self._enqueue(work, row, 0)
             self.settle(work)  # a work with no targets is done at once
@@ -241,7 +243,7 @@ class Engine:
         asked = (self.capacity.get(family, 0), work.config.max_batch_size)
         self.capacity[family] = capacity(asked)
         pool.queue.append((next(self._arrivals), work, row, stage))
-        work._queued += 1
+        self.ledgers[work].queued += 1
 
     def _new_batch(self, work: Work, length: int) -> BatchSearch:
         batch = work.config.batch_type()
@@ -254,7 +256,7 @@ class Engine:
         work.cancelled = True
         for pool in self.pools.values():
             kept = deque(item for item in pool.queue if item[1] is not work)
-            work._queued -= len(pool.queue) - len(kept)
+            self.ledgers[work].queued -= len(pool.queue) - len(kept)
             pool.queue = kept
         self.settle(work)
 
@@ -262,11 +264,12 @@ class Engine:
         """A target's search at one length ended: its result, or its next length."""
         work, row, stage, tokens, found = done.work, done.row, done.stage, done.tokens, done.found
         loss, steps, seconds = done.loss, done.steps, done.seconds
-        prior_steps, prior_seconds, tried = work._partial.pop(row, (0, 0.0, []))
+        partial = self.ledgers[work].partial
+        prior_steps, prior_seconds, tried = partial.pop(row, (0, 0.0, []))
         length = work.plans[row][stage]
         steps, seconds, tried = steps + prior_steps, seconds + prior_seconds, [*tried, length]
         if not found and stage + 1 < len(work.plans[row]):
-            work._partial[row] = (steps, seconds, tried)
+            partial[row] = (steps, seconds, tried)
             self._enqueue(work, row, stage + 1)
             return
         targets, config = work.targets, work.config
@@ -293,23 +296,32 @@ class Engine:
 
     def settle(self, work: Work) -> None:
         """Finish `work` once nothing of it waits or runs."""
-        if work._queued == 0 and work._active == 0 and not work._finished:
+        ledger = self.ledgers.get(work)
+        if ledger is not None and ledger.queued == 0 and ledger.active == 0:
             if work.cancelled or len(work.results) == len(work.plans):
                 self._done(work)
 
     def _done(self, work: Work) -> None:
-        if work._finished:
+        if work.done:
             return
         if not work.cancelled and work.error is None:
             self._report(work, float("inf"))
-        work._finished = True
+        work.done = True
+        # Steps of targets a cancel or an error left between two lengths: the work's own count.
+        ledger = self.ledgers.pop(work, None)
+        if ledger is not None:
+            work.dropped_steps += ledger.partial_steps()
         if work in self.works:
             self.works.remove(work)
         if work.on_done is not None:
             work.on_done()
 
     def _checkpoints(self) -> None:
-        pending = [w for w in self.works if w.reported < len(w.checkpoints) and not w.cancelled]
+        pending = [
+            w
+            for w in self.works
+            if self.ledgers[w].reported < len(w.checkpoints) and not w.cancelled
+        ]
         if not pending:
             return
         least: dict[int, int] = {}
@@ -317,14 +329,18 @@ class Engine:
             for key, steps in pool.progress().items():
                 least[key] = min(least.get(key, steps), steps)
         for work in pending:
-            if work._queued:
+            if self.ledgers[work].queued:
                 continue  # a target not started yet has taken no steps
             self._report(work, least.get(id(work), float("inf")))
 
     def _report(self, work: Work, progress: float) -> None:
-        while work.reported < len(work.checkpoints) and work.checkpoints[work.reported] <= progress:
-            index = work.reported
-            work.reported += 1
+        ledger = self.ledgers[work]
+        while (
+            ledger.reported < len(work.checkpoints)
+            and work.checkpoints[ledger.reported] <= progress
+        ):
+            index = ledger.reported
+            ledger.reported += 1
             if work.on_checkpoint is not None:
                 work.on_checkpoint(index, work.checkpoints[index])
 

@@ -18,8 +18,8 @@ from torch import Tensor
 from sodaray.model.loaded import LoadedModel
 from sodaray.search.engine.base import BatchSearch, SlotEntry
 from sodaray.search.engine.scan import position_scan
-from sodaray.search.engine.slots import apply_plan, removal_plan
-from sodaray.search.engine.work import Work
+from sodaray.search.engine.slots import SlotTable, removal_plan
+from sodaray.search.engine.work import Ledger, Work
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Owner(Protocol):
     """What a pool asks of the engine that owns it (`sodaray.search.engine.loop.Engine`)."""
 
     model: LoadedModel
+    ledgers: dict[Work, Ledger]
 
     def settled(self, slot_steps: int) -> None: ...
 
@@ -50,36 +51,40 @@ class Owner(Protocol):
 
 
 class Pool:
-    """One batch and its queue. Per-slot host arrays follow the batch's removal plans."""
+    """One batch and its queue. Its slot table follows the batch's removal plans."""
 
     def __init__(self, engine: Owner, family: str, batch: BatchSearch) -> None:
         self.engine, self.family, self.batch = engine, family, batch
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
-        self.works: list[Work] = []  # per slot
         # When the last `lag` steps were launched (the oldest first): an outcome's time.
         self.clocks: deque[float] = deque([time.perf_counter()])
-        self.slot = {
-            name: np.zeros(0, dtype=kind)
-            for name, kind in (
-                ("row", np.int64),
-                ("stage", np.int64),
-                ("steps", np.int64),  # steps run
-                ("settled", np.int64),  # steps whose outcome was read (a `lag` behind)
-                ("base", np.int64),  # steps taken at earlier lengths
-                ("max_steps", np.int64),
-                ("started", np.float64),
-                ("deadline", np.float64),
-                ("mark", np.int64),  # its work's next checkpoint step (`Work.marks`)
-            )
-        }
+        self.slot = SlotTable(
+            {
+                "work": object,
+                "row": np.int64,
+                "stage": np.int64,
+                "steps": np.int64,  # steps run
+                "settled": np.int64,  # steps whose outcome was read (a `lag` behind)
+                "base": np.int64,  # steps taken at earlier lengths
+                "max_steps": np.int64,
+                "started": np.float64,
+                "deadline": np.float64,
+                "mark": np.int64,  # its work's next checkpoint step (`Work.marks`)
+            }
+        )
 
     def __len__(self) -> int:
-        return len(self.works)
+        return len(self.slot)
+
+    @property
+    def works(self) -> np.ndarray:
+        """Each slot's work, in slot order."""
+        return self.slot["work"]
 
     def head(self) -> int | None:
         """The arrival number of the next target to enter (None: nothing waits)."""
         while self.queue and self.queue[0][1].cancelled:
-            self.queue.popleft()[1]._queued -= 1
+            self.engine.ledgers[self.queue.popleft()[1]].queued -= 1
         return self.queue[0][0] if self.queue else None
 
     def admit(self, count: int) -> None:
@@ -87,7 +92,7 @@ class Pool:
         joined = []
         while len(joined) < count and self.head() is not None:
             _, work, row, stage = self.queue.popleft()
-            work._queued -= 1
+            self.engine.ledgers[work].queued -= 1
             joined.append((work, row, stage))
         if not joined:
             return
@@ -97,11 +102,12 @@ class Pool:
         now = time.perf_counter()
         add: dict[str, list[Any]] = {name: [] for name in self.slot}
         for work, row, stage in joined:
-            work._active += 1
-            self.works.append(work)
+            ledger = self.engine.ledgers[work]
+            ledger.active += 1
             limit = work.config.max_seconds
-            base = work._partial.get(row, (0, 0.0, []))[0]
+            base = ledger.partial.get(row, (0, 0.0, []))[0]
             for name, value in (
+                ("work", work),
                 ("row", row),
                 ("stage", stage),
                 ("steps", 0),
@@ -113,17 +119,15 @@ class Pool:
                 ("mark", _next_mark(work, base)),
             ):
                 add[name].append(value)
-        for name, values in add.items():
-            column = np.asarray(values, self.slot[name].dtype)
-            self.slot[name] = np.concatenate([self.slot[name], column])
+        self.slot.append(add)
 
     def step(self) -> tuple[int, int] | None:
         """One step of every slot; finished searches leave. Returns the positions the forward
         pass computed and those the searches' own sequences hold (None: no slot)."""
-        count = len(self.works)
+        s = self.slot
+        count = len(s)
         if not count:
             return None
-        s = self.slot
         out = self.batch.step(s["steps"] + 1)
         s["steps"] += 1
         # The outcome's step: this one, or `lag` before where the batch reports late (a search
@@ -137,7 +141,7 @@ class Pool:
         self.clocks.append(time.perf_counter())
         while len(self.clocks) > max(lag, 1):
             self.clocks.popleft()
-        cancelled = np.fromiter((w.cancelled for w in self.works), bool, count)
+        cancelled = np.fromiter((w.cancelled for w in s["work"]), bool, count)
         marked = np.flatnonzero(settled & (s["base"] + s["settled"] == s["mark"]) & ~cancelled)
         if len(marked):
             self.mark(marked, out)
@@ -152,22 +156,22 @@ class Pool:
         s = self.slot
         tokens = self.batch.candidates(slots)
         for slot, loss, candidate in zip(slots, _losses(out, slots), tokens, strict=True):
-            work, total = self.works[slot], int(s["base"][slot] + s["settled"][slot])
+            work, total = s["work"][slot], int(s["base"][slot] + s["settled"][slot])
             index = work.checkpoints.index(total)
             work.marks.setdefault(index, {})[int(s["row"][slot])] = (float(loss), candidate)
             s["mark"][slot] = _next_mark(work, total)
 
     def finish(self, slots: np.ndarray, cancelled: np.ndarray, out: Any, now: float) -> None:
         """Deliver what `slots` found (cancelled ones aside) and remove them."""
-        s, count = self.slot, len(self.works)
+        s = self.slot
         for slot in slots[cancelled[slots]]:  # the steps a cancel stopped, for its work's count
-            self.works[slot].dropped_steps += int(s["settled"][slot])
+            s["work"][slot].dropped_steps += int(s["settled"][slot])
         live = slots[~cancelled[slots]]
         if len(live):
             tokens = self.batch.candidates(live)
             losses = _losses(out, live)
             for j, slot in enumerate(live):
-                work, row, found = self.works[slot], int(s["row"][slot]), bool(out.found[slot])
+                work, row, found = s["work"][slot], int(s["row"][slot]), bool(out.found[slot])
                 seconds = now - float(s["started"][slot])
                 spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
                 if not found and spent and work.config.scans_positions():
@@ -179,23 +183,19 @@ class Pool:
                 self.engine.finished(
                     Finished(work, row, stage, tokens[j], found, float(losses[j]), steps, seconds)
                 )
-        left, holes, movers = removal_plan(count, slots)
+        left, holes, movers = removal_plan(len(s), slots)
         self.batch.remove(left, holes, movers)
-        gone = [self.works[i] for i in slots]
-        for name in s:
-            s[name] = apply_plan(s[name], left, holes, movers)
-        for i, j in zip(holes, movers, strict=True):
-            self.works[i] = self.works[j]
-        del self.works[left:]
+        gone = list(s["work"][slots])
+        s.remove(left, holes, movers)
         for work in gone:
-            work._active -= 1
+            self.engine.ledgers[work].active -= 1
             self.engine.settle(work)
 
     def progress(self) -> dict[int, int]:
         """Each work's least steps over its running targets (earlier lengths included)."""
         out: dict[int, int] = {}
         total = self.slot["base"] + self.slot["settled"]
-        for work, steps in zip(self.works, total, strict=True):
+        for work, steps in zip(self.slot["work"], total, strict=True):
             key = id(work)
             out[key] = min(out.get(key, int(steps)), int(steps))
         return out

@@ -8,21 +8,25 @@ a test can call (`tests/test_scheduler.py`). Placing replicas on machines is Ray
 replica that takes the next unit is `pick_replica`.
 
 Policies (`POLICIES`):
-- "exact" (the default, on every device): each pass runs at its own shape. A pass pads its
-  sequences to its longest and costs a fixed overhead besides (dispatch, kernel launches,
-  reading the weights), so the slots are split where the padding would cost more than another
-  pass (`plan_passes`, dynamic programming over the distinct lengths).
-- "static" (opt in): every pass runs at one of a few shapes, its batch rounded up to a
-  power of two (from `MIN_BATCH`) and its input width to a power of two up to `WIDTH_STEP`, then
-  a multiple of it (`static_width`), so that a step's kernels are the same from step to step
-  and can be built once per shape and replayed.
+- "exact": each pass runs at its own shape. A pass pads its sequences to its longest and costs
+  a fixed overhead besides (dispatch, kernel launches, reading the weights), so the slots are
+  split where the padding would cost more than another pass (`plan_passes`, dynamic
+  programming over the distinct lengths).
+- "static": every pass runs at one of a few shapes, its batch and input width rounded up to
+  the buckets of `CAPTURE_SHAPES` (`static_batch`, `static_width`), so that a step's kernels
+  are the same from step to step and can be built once per shape and replayed.
   The padding slots and positions are zeros whose results are dropped. Wherever the exact path
   is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
   results are bit for bit those of "exact".
 
-Static shapes pay for themselves only where a step is captured once per shape and replayed
-(`sodaray.search.engine.executor`: the "graph" executor on CUDA brings this policy with it).
-Elsewhere they are padding, so "exact" is the default wherever nothing is captured.
+Static shapes pay for themselves only where a step is captured once per shape and replayed,
+and are padding elsewhere, so a run's policy follows from its executor and device
+(`sodaray.search.engine.executor.policy_for`: "static" where steps are captured, else "exact").
+
+`CAPTURE_SHAPES` is the one table of the bucketed shapes a captured step runs at (its batch,
+its state rows, its input width, its screen's candidates); `static_batch`, `static_rows`,
+`static_width` and `static_screen` answer from it, for the scheduler, the step
+(`sodaray.search.soda.step.bucket`) and the screen alike.
 """
 
 from __future__ import annotations
@@ -33,9 +37,35 @@ from dataclasses import dataclass
 import numpy as np
 
 POLICIES = ("exact", "static")
-DEFAULT_POLICY = "exact"  # under the eager executor; see the module docstring
-MIN_BATCH = 8  # the smallest static batch: smaller ones would each be a shape of their own
-WIDTH_STEP = 16  # static widths above it: its multiples (the attention's block, see attention)
+
+
+@dataclass(frozen=True)
+class CaptureShapes:
+    """The buckets a captured step's shapes are rounded up to:
+    - batch (slots): `min_batch` at least (smaller batches would each be a shape of their
+      own), else the next power of two;
+    - rows (the (rows, V) state's): `min_rows` at least, else a multiple of a power of two,
+      `rows_per_doubling` sizes (a power of two) from one power of two to the next;
+    - width (a pass's input positions): the next power of two up to `width_step`, then the
+      next multiple of `width_step`;
+    - screen (the candidates a captured match-check screen runs): `min_screen` at least, else
+      `screen_per_doubling` sizes per power of two, as the rows."""
+
+    min_batch: int = 8
+    min_rows: int = 8
+    rows_per_doubling: int = 8
+    width_step: int = 16  # the attention's block (`sodaray.model.attention`)
+    min_screen: int = 8
+    screen_per_doubling: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("rows_per_doubling", "screen_per_doubling"):
+            per = getattr(self, name)
+            if per < 1 or per & (per - 1):
+                raise ValueError(f"{name} must be a power of two, not {per}")
+
+
+CAPTURE_SHAPES = CaptureShapes()
 
 
 @dataclass(frozen=True)
@@ -54,12 +84,12 @@ class Scheduler:
     positions, in positions (measured per model, `passes.pass_overhead`); `mix`, whether inputs
     of different lengths may share a pass (the model's relaxed pass is width-invariant)."""
 
-    policy: str = "exact"
+    policy: str
     overhead: float = 0.0
     mix: bool = True
 
     def __post_init__(self) -> None:
-        resolve_policy(self.policy)
+        check_policy(self.policy)
 
     def passes(self, lengths: np.ndarray, fixed: int) -> list[PassPlan]:
         """The passes of one step: slot b has `lengths[b]` input tokens and `fixed` other
@@ -77,39 +107,52 @@ class Scheduler:
         return plans
 
 
-def resolve_policy(policy: str | None) -> str:
-    """The policy a caller asked for (None: `DEFAULT_POLICY`), or a one-line error naming the
-    known ones."""
-    policy = policy or DEFAULT_POLICY
+def check_policy(policy: str) -> str:
+    """`policy` if it is one of `POLICIES`, else a one-line error naming them."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
     return policy
 
 
 def static_batch(count: int) -> int:
-    """The static batch a pass of `count` slots runs at: the next power of two from MIN_BATCH."""
-    return max(MIN_BATCH, 1 << max(count - 1, 0).bit_length())
+    """The static batch a pass of `count` slots runs at: the next power of two, from
+    `CAPTURE_SHAPES.min_batch`."""
+    return max(CAPTURE_SHAPES.min_batch, 1 << max(count - 1, 0).bit_length())
 
 
 def static_rows(count: int) -> int:
     """The rows a captured step runs over for `count` live rows (a slot of length n has n):
-    rounded up to one of eight sizes per power of two, so a bucket wastes at most an eighth of
-    the (rows, V) state's arithmetic while a batch's rows come and go, and a handful of buckets
-    (a capture each) covers a run."""
-    if count <= MIN_BATCH:
-        return MIN_BATCH
-    step = 1 << max(count.bit_length() - 4, 0)
+    `CAPTURE_SHAPES.rows_per_doubling` sizes per power of two, from `CAPTURE_SHAPES.min_rows`,
+    so a bucket wastes at most 1/rows_per_doubling of the (rows, V) state's arithmetic while a
+    batch's rows come and go, and a handful of buckets (a capture each) covers a run."""
+    return _per_doubling(count, CAPTURE_SHAPES.min_rows, CAPTURE_SHAPES.rows_per_doubling)
+
+
+def static_screen(count: int) -> int:
+    """The candidates a captured screen runs for `count`: `CAPTURE_SHAPES.screen_per_doubling`
+    sizes per power of two from `CAPTURE_SHAPES.min_screen` (at four, a shape wastes at most a
+    quarter of its rows and a batch of B slots needs about 4 log2(B / 8) captures)."""
+    return _per_doubling(count, CAPTURE_SHAPES.min_screen, CAPTURE_SHAPES.screen_per_doubling)
+
+
+def _per_doubling(count: int, least: int, per: int) -> int:
+    """`count` rounded up to `least`, or to one of `per` (a power of two) sizes between two
+    powers of two."""
+    if count <= least:
+        return least
+    step = 1 << max(count.bit_length() - per.bit_length(), 0)
     return -(-count // step) * step
 
 
 def static_width(longest: int) -> int:
     """The static input width of a pass whose longest input is `longest`: a power of two up to
-    WIDTH_STEP, then a multiple of it. Short inputs are the common case (lengths 1-3 in the
-    paper's tables) and widths of 16 would multiply their cost; a power of two at most doubles
-    a pass's width, and the attention pads to its block either way."""
-    if longest <= WIDTH_STEP:
+    `CAPTURE_SHAPES.width_step`, then a multiple of it. Short inputs are the common case
+    (lengths 1-3 in the paper's tables) and widths of 16 would multiply their cost; a power of
+    two at most doubles a pass's width, and the attention pads to its block either way."""
+    step = CAPTURE_SHAPES.width_step
+    if longest <= step:
         return 1 << max(longest - 1, 0).bit_length()
-    return -(-longest // WIDTH_STEP) * WIDTH_STEP
+    return -(-longest // step) * step
 
 
 def plan_passes(

@@ -1,14 +1,17 @@
-"""Slot bookkeeping shared by the engine and every batch: tensors with spare capacity, and the
-one rule for removing slots.
+"""Slot bookkeeping shared by the engine and every batch: host columns per slot (`SlotTable`),
+tensors with spare capacity (`Buffers`), and the one rule for removing slots.
 
 Searches enter a batch at its end and leave it from anywhere. Removing is "the last live rows
-move into the holes": every array indexed by slot (the engine's host arrays, a batch's tensors)
-applies the same `(holes, movers)` plan, so a change copies only the rows that move, and the
-big per-row state (SODA's Z and moments, tens of MB per slot on a large vocabulary) is never
-copied whole.
+move into the holes": every array indexed by slot (a pool's and a batch's host tables, a
+batch's tensors) applies the same `(holes, movers)` plan, so a change copies only the rows that
+move, and the big per-row state (SODA's Z and moments, tens of MB per slot on a large
+vocabulary) is never copied whole.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,10 +41,62 @@ def locate(keys: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.where(present, order[at], 0), present
 
 
-def apply_plan(array: np.ndarray, left: int, holes: np.ndarray, movers: np.ndarray) -> np.ndarray:
-    """A host array after a removal plan."""
-    array[holes] = array[movers]
-    return array[:left]
+class SlotTable:
+    """Host columns indexed by slot, one owner of a batch's per-slot numbers on the host: every
+    column has `len(self)` entries in slot order. `append` adds slots at the end; `remove`
+    applies a removal plan (`removal_plan`) to every column at once. A column may hold objects
+    (dtype `object`) or rows of a fixed width (a 2-D column; its width is taken from its first
+    append).
+
+    Removing makes new arrays and leaves the old ones as they were: a step launched before the
+    removal may still read the columns it was given (a lagging batch's status). Writes in place
+    (`table["steps"] += 1`, `table["mark"][i] = ...`) go to the live column."""
+
+    def __init__(self, columns: dict[str, Any]) -> None:
+        self._columns = {name: np.zeros(0, dtype=kind) for name, kind in columns.items()}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._columns[name]
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        column = self._columns[name]
+        if len(values) != self._count:
+            raise ValueError(f"column {name!r} takes {self._count} entries, not {len(values)}")
+        self._columns[name] = np.asarray(values, dtype=column.dtype)
+
+    def append(self, values: dict[str, Sequence[Any]]) -> None:
+        """Add slots at the end: every column gets the same number of entries."""
+        if set(values) != set(self._columns):
+            raise ValueError(f"append: the columns are {sorted(self._columns)}")
+        added = {len(v) for v in values.values()}
+        if len(added) != 1:
+            raise ValueError("append: every column takes the same number of entries")
+        for name, new in values.items():
+            column = self._columns[name]
+            if column.dtype == object:  # element by element: a sequence stays one entry
+                rows = np.empty(len(new), dtype=object)
+                rows[:] = list(new)
+            else:
+                rows = np.asarray(new, dtype=column.dtype)
+            if not self._count and column.shape[1:] != rows.shape[1:]:
+                column = column.reshape(0, *rows.shape[1:])  # a 2-D column's width
+            self._columns[name] = np.concatenate([column, rows])
+        self._count += added.pop()
+
+    def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
+        """Apply a removal plan to every column (new arrays: see the class docstring)."""
+        for name, column in self._columns.items():
+            moved = column.copy()
+            moved[holes] = column[movers]
+            self._columns[name] = moved[:left]
+        self._count = left
 
 
 class Buffers:

@@ -1,5 +1,6 @@
-"""What callers hand the engine (`Work`: targets, a config, the lengths to try, callbacks) and
-what it counts of its batches' fill (`Occupancy`)."""
+"""What callers hand the engine (`Work`: targets, a config, the lengths to try, callbacks; and
+what they get back), what the engine keeps of each work in flight (`Ledger`), and what it counts
+of its batches' fill (`Occupancy`)."""
 
 from __future__ import annotations
 
@@ -28,31 +29,38 @@ class Work:
     checkpoints: tuple[int, ...] = ()
     on_checkpoint: Callable[[int, int], None] | None = None
     on_done: Callable[[], None] | None = None
-    # Kept by the engine:
+    # What the caller gets back, written by the engine:
     results: dict[int, InversionResult] = field(default_factory=dict)
     cancelled: bool = False
     error: BaseException | None = None
-    reported: int = 0  # checkpoints reported so far
     # checkpoint index -> row -> (loss, candidate tokens) at that step, for targets running then
     marks: dict[int, dict[int, tuple[float, list[int]]]] = field(default_factory=dict)
-    dropped_steps: int = 0  # steps of targets cancelled mid-search
-    _partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
-    _queued: int = 0
-    _active: int = 0
-    _finished: bool = False
+    dropped_steps: int = 0  # steps of targets a cancel (or an error) stopped mid-search
+    done: bool = False  # the engine is done with it: nothing of it waits or runs
 
     def sample_steps(self) -> int:
-        """The steps its targets have taken so far: finished ones', those between two lengths,
-        and those a cancel stopped (running slots' steps aside: read this once it is done)."""
-        return (
-            sum(r.steps for r in self.results.values())
-            + sum(steps for steps, _, _ in self._partial.values())
-            + self.dropped_steps
-        )
+        """The steps its targets took: finished ones' and those a cancel stopped (read this
+        once it is done; `Engine.steps_taken` counts a work in flight)."""
+        return sum(r.steps for r in self.results.values()) + self.dropped_steps
 
     def ordered(self) -> list[InversionResult]:
         """The results in target order (all targets must have finished)."""
         return [self.results[i] for i in range(len(self.plans))]
+
+
+@dataclass
+class Ledger:
+    """The engine's own count of one work in flight: its targets waiting in queues (`queued`)
+    and running in slots (`active`), the checkpoints reported so far, and, for a target between
+    two lengths, the steps, seconds and lengths it took at the earlier ones (`partial`)."""
+
+    queued: int = 0
+    active: int = 0
+    reported: int = 0
+    partial: dict[int, tuple[int, float, list[int]]] = field(default_factory=dict)
+
+    def partial_steps(self) -> int:
+        return sum(steps for steps, _, _ in self.partial.values())
 
 
 @dataclass

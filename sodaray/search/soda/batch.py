@@ -41,8 +41,14 @@ from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import confirm
 from sodaray.objective.targets import TargetSet
-from sodaray.search.engine.base import BatchSearch, SearchConfig, SlotEntry, StepOutcome
-from sodaray.search.engine.executor import Executor
+from sodaray.search.engine.base import (
+    BatchSearch,
+    EngineSettings,
+    SearchConfig,
+    SlotEntry,
+    StepOutcome,
+)
+from sodaray.search.engine.executor import Executor, policy_for
 from sodaray.search.engine.passes import pass_overhead
 from sodaray.search.engine.scheduler import Scheduler
 from sodaray.search.engine.slots import locate
@@ -147,7 +153,8 @@ class _HostStatus:
 class SodaBatch(BatchSearch):
     """SODA searches of any lengths and configs in one batch (see the module docstring).
     `precision` (the gradient pass's arithmetic) is the one setting the whole batch shares;
-    `mix_lengths` False keeps each pass to one length."""
+    `mix_lengths` False keeps each pass to one length; `policy` is the scheduler's (None: the
+    one `executor` brings on the model's device: `sodaray.search.engine.executor.policy_for`)."""
 
     mixes_lengths: ClassVar[bool] = True
     # A step's outcome reaches the engine two steps later: its tokens are screened while the
@@ -159,7 +166,7 @@ class SodaBatch(BatchSearch):
         model: LoadedModel,
         precision: str = "float32",
         mix_lengths: bool = True,
-        policy: str = "exact",
+        policy: str | None = None,
         executor: Executor | None = None,
         bucketed: bool | None = None,
         fused: str = "auto",
@@ -174,6 +181,7 @@ class SodaBatch(BatchSearch):
         self.executor = executor if executor is not None else Executor("eager")
         # Lengths share a pass only where that changes no result (`sodaray.model.attention`).
         mix = mix_lengths and model.for_precision(precision).invariant
+        policy = policy_for(self.executor.name, policy, model.device)
         self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
         self.state = SodaState(model)
         self.state.fused = self.fused
@@ -193,10 +201,14 @@ class SodaBatch(BatchSearch):
 
     @classmethod
     def create(
-        cls, model: LoadedModel, config: SearchConfig, length: int, engine: Any
+        cls, model: LoadedModel, config: SearchConfig, length: int, engine: EngineSettings
     ) -> SodaBatch:
         return cls(
-            model, config.precision, engine.mix_lengths, engine.policy, engine.executor,
+            model,
+            config.precision,
+            engine.mix_lengths,
+            engine.policy,
+            engine.executor,
             fused=config.fused,
         )
 

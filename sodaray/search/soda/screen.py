@@ -10,10 +10,10 @@ step that made it, while a step screens only the slots it moved.
 
 The screen is one function of a packed host-built input (`Screener.launch`: each candidate's
 sequence, its observed positions, its slot's row in the observed buffers), captured on CUDA once
-per shape (`screen_rows` bucketed candidate counts) with its own executor and memory pool, and
-run eagerly elsewhere; on CUDA after the next step on its stream, or beside it on a stream of
-its own (`SIDE_STREAM`). Its verdicts travel to the host while the next step runs; the host
-reads them a step later still (`SodaBatch.lag` is 2) and confirms what passed
+per shape (`scheduler.static_screen`'s bucketed candidate counts) with its own executor and
+memory pool, and run eagerly elsewhere; on CUDA after the next step on its stream, or beside
+it on a stream of its own (`SIDE_STREAM`). Its verdicts travel to the host while the next step
+runs; the host reads them a step later still (`SodaBatch.lag` is 2) and confirms what passed
 (`SodaBatch._confirm`).
 """
 
@@ -31,25 +31,14 @@ from sodaray.model.padding import padding_items
 from sodaray.objective.observations import observation, screen_slack
 from sodaray.objective.scoring import observed_positions
 from sodaray.search.engine.executor import Executor
-from sodaray.search.engine.scheduler import static_width
+from sodaray.search.engine.scheduler import static_screen, static_width
 from sodaray.search.engine.slots import locate
 from sodaray.search.soda.state import SodaState, observed_of
 
-MIN_ROWS = 8  # the smallest captured screen: smaller ones would each be a shape of their own
 # On CUDA, whether screens run on a stream of their own, beside the next step (which at small
 # batches leaves most of the GPU idle), rather than after it on the step's. Off until a GPU
 # measures it faster (`benchmarks/gpu_check.py` times both).
 SIDE_STREAM = False
-
-
-def screen_rows(count: int) -> int:
-    """The candidates a captured screen runs for `count`: four sizes per power of two from
-    MIN_ROWS, so a shape wastes at most a quarter of its rows and a batch of B slots needs at
-    most about 4 log2(B / 8) captures."""
-    if count <= MIN_ROWS:
-        return MIN_ROWS
-    step = 1 << max(count.bit_length() - 3, 0)
-    return -(-count // step) * step
 
 
 def changed_slots(
@@ -159,7 +148,7 @@ class Screener:
         cuda = dev.type == "cuda"
         width = static_width(int(state.host["length"].max())) if cuda else int(lengths.max())
         length = p + width + m - 1
-        k = screen_rows(count) if cuda else count
+        k = static_screen(count) if cuda else count
         rows = k + padding_items(k, dev, length)
         # One flat buffer, two contiguous blocks: the sequences (rows, length), then per
         # candidate its observed positions, its slot and its row (k, m + 2).
@@ -277,4 +266,4 @@ def screen(
     return passed[0] if len(passed) == 1 else torch.cat(passed)
 
 
-__all__ = ["MIN_ROWS", "Screened", "Screener", "changed_slots", "screen", "screen_rows"]
+__all__ = ["Screened", "Screener", "changed_slots", "screen"]

@@ -9,8 +9,9 @@ Adam's moments (T, V), and three small tables of the slot's numbers, one column 
   on the device in float64 and rounded to float32 once;
 - `hi` (int64): steps taken, step budget, reset period, re-draw period (`OFF`: none), and 1
   where the slot bias-corrects Adam.
-Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host: the same numbers per slot
-(`HOST_ARRAYS`), each row's slot and offset, each slot's continuation, the confirm's misses.
+Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host, two `SlotTable`s: per slot
+(`host`, `HOST_ARRAYS`) the same numbers, its continuation and the confirm's misses; per row
+(`row_map`) its slot and offset.
 
 Nothing here is rebuilt per step: a step only reads these buffers (and writes Z, the moments,
 the step counts and the temperature). A composition change (`add`, `remove`) writes the rows and
@@ -30,7 +31,7 @@ from sodaray.model.loaded import LoadedModel
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import BatchTargets, screen_slack
 from sodaray.search.engine.base import SlotEntry, keyed_generator, observed_rows
-from sodaray.search.engine.slots import Buffers, apply_plan, removal_plan
+from sodaray.search.engine.slots import Buffers, SlotTable, removal_plan
 
 # Columns of the per-row tables (their order is the tables' layout).
 H32 = ("learning_rate", "one_minus_beta1", "one_minus_beta2", "eps", "tau", "decay")
@@ -38,7 +39,7 @@ H64 = ("temperature", "temperature_end", "beta1", "beta2")
 HI = ("step", "budget", "reset", "reinit", "bias")
 OFF = 1 << 62  # a period no search reaches: a schedule that is off never fires
 
-# Per-slot host arrays, kept in slot order beside the buffers.
+# Per-slot host columns (`SodaState.host`), kept in slot order beside the buffers.
 HOST_ARRAYS = {
     "length": np.int64,
     "reinit": np.int64,  # 0: no re-draws
@@ -53,6 +54,10 @@ HOST_ARRAYS = {
     "seed": np.int64,
     "sample_id": np.int64,
     "id": np.int64,  # unique per slot ever admitted: follows a slot through removals
+    # The slot's observed continuation but its last token (the screen's context), and the
+    # sequences the confirm turned down for it (`scoring.MISS_MEMORY`).
+    "context": np.int64,
+    "misses": object,
 }
 
 
@@ -75,13 +80,8 @@ class SodaState:
         self.model = model
         self.rows = Buffers(guard=1)  # z, m, v, h32, h64, hi
         self.slots = Buffers()  # the observed rows
-        self.host = {name: np.zeros(0, dtype=kind) for name, kind in HOST_ARRAYS.items()}
-        self.row_slot = np.zeros(0, dtype=np.int64)
-        self.row_offset = np.zeros(0, dtype=np.int64)
-        # Each slot's observed continuation but its last token (the screen's context), and the
-        # sequences the confirm turned down for it (`scoring.MISS_MEMORY`).
-        self.context = np.zeros((0, 0), dtype=np.int64)
-        self.misses = np.empty(0, dtype=object)
+        self.host = SlotTable(HOST_ARRAYS)
+        self.row_map = SlotTable({"slot": np.int64, "offset": np.int64})  # each row's slot
         self.configs: dict[str, int] = {}
         self.groups: list[tuple[Objective, float, float]] = []
         self._next_id = 0
@@ -96,6 +96,24 @@ class SodaState:
     @property
     def z(self) -> Tensor:
         return self.rows["z"]
+
+    @property
+    def row_slot(self) -> np.ndarray:
+        """Each row's slot (rows packed in slot order, a slot's in input order)."""
+        return self.row_map["slot"]
+
+    @property
+    def row_offset(self) -> np.ndarray:
+        """Each row's position in its slot's input."""
+        return self.row_map["offset"]
+
+    @property
+    def context(self) -> np.ndarray:
+        return self.host["context"]
+
+    @property
+    def misses(self) -> np.ndarray:
+        return self.host["misses"]
 
     def column(self, table: str, name: str, rows: int) -> Tensor:
         """Rows [0, rows) of one table's column, (rows, 1) (a view: writes go to the table)."""
@@ -134,6 +152,8 @@ class SodaState:
                 ("seed", c.seed),
                 ("sample_id", e.sample_id),
                 ("id", self._next_id),
+                ("context", e.targets.continuation[e.row, :-1].numpy()),
+                ("misses", set()),
             ):
                 values[name].append(value)
             self._next_id += 1
@@ -141,8 +161,7 @@ class SodaState:
             h32 += [r32] * e.length
             h64 += [r64] * e.length
             hi += [ri] * e.length
-        for name, kind in HOST_ARRAYS.items():
-            self.host[name] = np.concatenate([self.host[name], np.asarray(values[name], kind)])
+        self.host.append(values)
         lengths = np.asarray(values["length"], dtype=np.int64)
         total = int(lengths.sum())
         self.slots.append(observed_rows(entries, dev, screen_slack(self.model)).fields())
@@ -159,17 +178,11 @@ class SodaState:
             }
             | (self._fused_rows(total, precision) if self.fused else {})
         )
-        misses = np.empty(len(entries), dtype=object)
-        misses[:] = [set() for _ in entries]
-        self.misses = np.concatenate([self.misses, misses])
-        context = np.stack([e.targets.continuation[e.row, :-1].numpy() for e in entries])
-        before = self.context if len(self.context) else self.context.reshape(0, context.shape[1])
-        self.context = np.concatenate([before, context])
-        self.row_slot = np.concatenate(
-            [self.row_slot, np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths)]
-        )
-        self.row_offset = np.concatenate(
-            [self.row_offset, np.concatenate([np.arange(n) for n in lengths])]
+        self.row_map.append(
+            {
+                "slot": np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths),
+                "offset": np.concatenate([np.arange(n) for n in lengths]),
+            }
         )
         self.dirty = True
 
@@ -190,21 +203,17 @@ class SodaState:
         kept[holes] = False
         kept[movers] = True
         row_left, row_holes, row_movers = removal_plan(
-            len(self.row_slot), np.flatnonzero(~kept[self.row_slot])
+            len(self.row_map), np.flatnonzero(~kept[self.row_slot])
         )
         self.rows.remove(row_left, row_holes, row_movers)
         renumber = np.arange(count)
         renumber[movers] = holes
-        # New arrays, not the old ones moved in place: a launched step's status holds the old
-        # (`soda._Launch`), and reads its slots' rows from them steps later.
-        row_slot = apply_plan(self.row_slot.copy(), row_left, row_holes, row_movers)
-        self.row_slot = renumber[row_slot]
-        self.row_offset = apply_plan(self.row_offset.copy(), row_left, row_holes, row_movers)
-        self.context = apply_plan(self.context, left, holes, movers)
-        self.misses = apply_plan(self.misses, left, holes, movers)
+        # The tables make new arrays, the old left as they were: a launched step's status holds
+        # the old (`batch._Launch`), and reads its slots' rows from them steps later.
+        self.row_map.remove(row_left, row_holes, row_movers)
+        self.row_map["slot"] = renumber[self.row_slot]
         self.slots.remove(left, holes, movers)
-        for name in self.host:
-            self.host[name] = apply_plan(self.host[name].copy(), left, holes, movers)
+        self.host.remove(left, holes, movers)
         self.dirty = True
 
     def due(self, name: str, steps_after: np.ndarray) -> np.ndarray:
