@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from soda_ops import passes
 
 import sodaray
 from sodaray.search.engine.scheduler import (
@@ -127,7 +128,7 @@ def note_shapes(engine) -> set:
 
     def note(_active: int) -> None:
         for pool in engine.pools.values():
-            seen.update((p.batch, p.width) for p in pool.batch.passes)
+            seen.update((p.batch, p.width) for p in passes(pool.batch))
 
     engine.on_batch = note
     return seen

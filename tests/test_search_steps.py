@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from conftest import tiny_model
+from soda_ops import observed
 
 import sodaray
 from sodaray.objective.scoring import Layout, context_embeds, objective_loss
@@ -65,7 +66,7 @@ def test_soda_fluency_gradient_uses_the_temperature(tiny_llama):
     z = batch.z.clone()[None].requires_grad_(True)
     probs = torch.softmax(z / 0.7, -1)
     embeds = probs @ tiny_llama.embedding_matrix
-    loss = relaxed_loss(tiny_llama, batch.observed, objective, 0, embeds, 3, probs)
+    loss = relaxed_loss(tiny_llama, observed(batch), objective, 0, embeds, 3, probs)
     (expected,) = torch.autograd.grad(loss, z)
     expected = expected[0]
     torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
@@ -146,7 +147,7 @@ def test_soda_steps_follow_the_algorithm_written_out(tiny_llama):
         for row in range(3):
             zr = z[row : row + 1].clone().requires_grad_(True)
             probs = torch.softmax(zr / cfg.temperature, -1)
-            loss = relaxed_loss(tiny_llama, batch.observed, targets.objective, row, probs @ emb, 2)
+            loss = relaxed_loss(tiny_llama, observed(batch), targets.objective, row, probs @ emb, 2)
             grads.append(torch.autograd.grad(loss, zr)[0])
         g = torch.cat(grads)
         m = cfg.beta1 * m + (1 - cfg.beta1) * g

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import STORIES, tiny_model
+from soda_ops import apply_schedules
 
 import sodaray
 from sodaray.runner import load_sweep
@@ -27,7 +28,7 @@ def test_the_schedule_is_geometric_from_start_to_end():
     batch.add([SlotEntry(targets, 0, 1, cfg)])
     at = []
     for t in (0, 50, 100, 150):
-        batch.apply_schedules(np.array([t]))
+        apply_schedules(batch, np.array([t]))
         at.append(batch.state.column("h32", "tau", 1).item())
     assert at[0] == pytest.approx(0.2) and at[2] == pytest.approx(0.02)
     assert at[1] == pytest.approx((0.2 * 0.02) ** 0.5)  # halfway: the geometric mean

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from soda_ops import adam_update, apply_schedules, observed, set_steps
 
 import sodaray
 from sodaray.objective.scoring import Layout, context_embeds, objective_loss
@@ -55,8 +56,10 @@ def test_adam_update_matches_formula(tiny_llama, bias_correction, use_decay):
     g = torch.randn_like(z0)
     view(batch, "z").copy_(z0), view(batch, "m").copy_(m0), view(batch, "v").copy_(v0)
     age = np.array([1, 2, 7])
-    batch.set_steps(age - 1)  # the update advances each count: these are the moments' ages
-    batch.update(g.clone().view(-1, g.shape[-1]))  # update() consumes (overwrites) its gradient
+    set_steps(batch, age - 1)  # the update advances each count: these are the moments' ages
+    adam_update(
+        batch, g.clone().view(-1, g.shape[-1])
+    )  # update() consumes (overwrites) its gradient
     m = 0.9 * m0 + 0.1 * g
     v = 0.995 * v0 + 0.005 * g * g
     if bias_correction:
@@ -85,8 +88,8 @@ def test_each_slot_steps_by_its_own_config(tiny_llama):
     z0 = torch.randn_like(view(batch, "z"))
     m0, v0, g = torch.randn_like(z0), torch.rand_like(z0), torch.randn_like(z0)
     view(batch, "z").copy_(z0), view(batch, "m").copy_(m0), view(batch, "v").copy_(v0)
-    batch.set_steps([2, 2, 2])  # age 3 at the update
-    batch.update(g.clone().view(-1, g.shape[-1]))
+    set_steps(batch, [2, 2, 2])  # age 3 at the update
+    adam_update(batch, g.clone().view(-1, g.shape[-1]))
     for i, c in enumerate(cfgs):
         m = c.beta1 * m0[i] + (1 - c.beta1) * g[i]
         v = c.beta2 * v0[i] + (1 - c.beta2) * g[i] * g[i]
@@ -109,7 +112,7 @@ def test_gradient_is_that_of_the_relaxed_loss(tiny_llama):
     for i in range(3):
         z = view(batch, "z")[i : i + 1].clone().requires_grad_(True)
         emb = torch.softmax(z / 0.7, -1) @ tiny_llama.embedding_matrix
-        sub = batch.observed.select(torch.tensor([i]))
+        sub = observed(batch).select(torch.tensor([i]))
         hidden = tiny_llama.hidden(context_embeds(tiny_llama, emb, sub))
         li = objective_loss(tiny_llama, objective, hidden, Layout.uniform(1, 2, z.device), sub)
         (gi,) = torch.autograd.grad(li.sum(), z)
@@ -123,7 +126,7 @@ def test_resets_and_reinit_follow_each_samples_own_steps(tiny_llama):
     z, m, v = view(batch, "z"), view(batch, "m"), view(batch, "v")
     z0 = torch.full_like(z, 3.0)
     z.copy_(z0), m.fill_(1.0), v.fill_(1.0)
-    batch.apply_schedules(np.array([5, 7, 30]))  # slot 0: reset; 1: nothing; 2: reset + reinit
+    apply_schedules(batch, np.array([5, 7, 30]))  # slot 0: reset; 1: nothing; 2: reset + reinit
     assert m[0].abs().sum() == 0 and v[0].abs().sum() == 0
     assert torch.all(m[1] == 1) and torch.all(v[1] == 1)
     assert m[2].abs().sum() == 0
@@ -144,7 +147,7 @@ def test_schedules_follow_each_slots_own_periods(tiny_llama):
     batch = make_batch(tiny_llama, None, configs=cfgs)
     z, m = view(batch, "z"), view(batch, "m")
     z.fill_(3.0), m.fill_(1.0)
-    batch.apply_schedules(np.array([6, 6, 6]))  # 0: nothing; 1: re-draw; 2: reset only
+    apply_schedules(batch, np.array([6, 6, 6]))  # 0: nothing; 1: re-draw; 2: reset only
     assert torch.all(m[0] == 1) and torch.all(z[0] == 3)
     assert m[1].abs().sum() == 0 and abs(z[1].std().item() - 0.5) < 0.1
     assert m[2].abs().sum() == 0 and torch.all(z[2] == 3)
@@ -154,7 +157,7 @@ def test_switches_turn_schedules_off(tiny_llama):
     cfg = sodaray.SodaConfig(reset_period=5, reinit_period=5, use_resets=False, use_reinit=False)
     batch = make_batch(tiny_llama, cfg)
     batch.z.fill_(3.0), batch.state.rows["m"].fill_(1.0)
-    batch.apply_schedules(np.array([5, 10, 15]))
+    apply_schedules(batch, np.array([5, 10, 15]))
     assert torch.all(batch.state.rows["m"] == 1) and torch.all(batch.z == 3)
 
 
@@ -163,7 +166,7 @@ def test_reinit_without_resets_still_zeroes_moments(tiny_llama):
     batch = make_batch(tiny_llama, cfg)
     m = view(batch, "m")
     m.fill_(1.0)
-    batch.apply_schedules(np.array([4, 7, 8]))
+    apply_schedules(batch, np.array([4, 7, 8]))
     assert m[0].abs().sum() == 0 and m[2].abs().sum() == 0
     assert torch.all(m[1] == 1)  # step 7 is a reset step, but resets are off
 
@@ -260,8 +263,8 @@ def test_mean_reduction_is_the_authors_batch_averaged_loss(tiny_llama):
         batch.z.copy_(torch.randn_like(batch.z))
         grad, _ = relaxed_gradient(batch.state, batch.refresh(), batch.precision, batch.workspace)
         steps[reduction] = grad[:6].clone()
-        batch.set_steps([0, 0, 0])
-        batch.update(grad)
+        set_steps(batch, [0, 0, 0])
+        adam_update(batch, grad)
         steps[reduction + "_z"] = batch.z.clone()
     torch.testing.assert_close(steps["mean"] * 3, steps["sum"], rtol=1e-4, atol=1e-7)
     torch.testing.assert_close(steps["mean_z"], steps["sum_z"], rtol=1e-4, atol=1e-6)

@@ -38,7 +38,6 @@ import torch
 from torch import Tensor
 
 from sodaray.model.loaded import LoadedModel
-from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import confirm
 from sodaray.objective.targets import TargetSet
 from sodaray.search.engine.base import (
@@ -65,9 +64,7 @@ from sodaray.search.soda.step import (
     bucket,
     padding_rows_from_row0,
     plan_inputs,
-    schedules,
     soda_step,
-    update,
 )
 
 _OWNERS = itertools.count()
@@ -242,40 +239,6 @@ class SodaBatch(BatchSearch):
         """The tokens the last outcome's step ended on, for current slots `slots`."""
         assert self._read is not None
         return [self._read.tokens_of(int(self._index[s])).tolist() for s in slots]
-
-    # ---- a step's parts (what tests check against their formulas) -----------------------------
-    @property
-    def observed(self) -> BatchTargets:
-        """The observed rows of the live slots."""
-        return observed_of(self.state, len(self.state))
-
-    @property
-    def passes(self) -> list:
-        """The transformer passes the last planned step runs."""
-        return self.inputs.passes if self.inputs is not None else []
-
-    def set_steps(self, counts: np.ndarray) -> None:
-        """Each slot's step count (its rows' counters on the device)."""
-        per_row = np.asarray(counts, dtype=np.int64)[self.state.row_slot]
-        column = self.state.column("hi", "step", len(per_row))
-        column.copy_(torch.as_tensor(per_row[:, None], device=column.device))
-
-    def update(self, grad: Tensor) -> None:
-        """Adam and decay from `grad` (consumed; the live rows, or with the guard row after
-        them), the step counts advanced first."""
-        if len(grad) == len(self.state.row_slot):  # no guard row given: a zero one
-            grad = torch.cat([grad, grad.new_zeros((1, grad.shape[1]))])
-        update(self.state, self.refresh(), grad)
-        invalidate(self.state)
-
-    def apply_schedules(self, steps_after: np.ndarray) -> None:
-        """The schedules after a step that left each slot at `steps_after` steps."""
-        self.set_steps(steps_after)
-        x = self.refresh()
-        step = self.state.column("hi", "step", x.rows)
-        schedules(self.state, x, step, resetting=True)
-        invalidate(self.state)
-        self.redraw(steps_after)
 
     # ---- one step -------------------------------------------------------------------------------
     def refresh(self) -> StepInputs:
