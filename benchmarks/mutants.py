@@ -8,7 +8,10 @@ Each mutant is one textual edit to a file of `sodaray/` (the kind of slip a refa
 dropped term, a flipped comparison, a lost reset). The committed tree is copied beside this
 checkout (tests find `../shared` by path), the edit applied, and the fast tests below run with
 `-x`; "killed" names the first failing test, "SURVIVED" means no fast test noticed. The tree is
-never edited in place, so a run cannot leave a mutant behind.
+never edited in place, so a run cannot leave a mutant behind. Before any test runs, every
+mutant of the set is looked up in HEAD: one whose target text is not there exactly once (the
+code it meant has moved or changed), or a test file that is gone, stops the script with one
+line and exit status 2.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ FAST_TESTS = [
 # The tests that drive the runner's and the tuner's loops on a real local Ray.
 LOOP_TESTS = [
     "tests/test_runner.py",
-    "tests/test_stream.py",
+    "tests/test_replicas.py",
     "tests/test_resume.py",
     "tests/test_tuner.py",
     "tests/test_study_resume.py",
@@ -58,92 +61,93 @@ MUTANTS = [
     Mutant(
         "adam: no first-moment decay",
         "sodaray/search/adam.py",
-        "m.mul_(beta1).add_(grad, alpha=1 - beta1)",
-        "m.mul_(beta1).add_(grad)",
+        "m.lerp_(grad, weight1)",
+        "m.mul_(1 - weight1).add_(grad)",
     ),
     Mutant(
         "adam: eps dropped",
         "sodaray/search/adam.py",
-        "denom = torch.sqrt(v, out=grad).add_(eps)",
-        "denom = torch.sqrt(v, out=grad).add_(1e-30)",
+        "denom.add_(eps)",
+        "denom.add_(1e-30)",
     ),
     Mutant(
         "adam: bias correction on beta1 only",
         "sodaray/search/adam.py",
-        "denom = torch.div(v, (1 - beta2**step).view(per_slot), out=grad)",
-        "denom = torch.div(v, (1 - 0 * beta2**step).view(per_slot), out=grad)",
+        "denom.div_(second.sqrt())",
+        "denom.div_(1.0)",
     ),
     Mutant(
         "soda: decay never applied",
-        "sodaray/search/soda/batch.py",
-        "if c.use_decay and c.decay != 1.0:",
-        "if c.use_decay and c.decay == 1.0:",
+        "sodaray/search/soda/step.py",
+        "    if decays:  # x * 1.0 is x",
+        "    if not decays:  # x * 1.0 is x",
     ),
     Mutant(
         "soda: moments never reset",
-        "sodaray/search/soda/batch.py",
-        "(steps_after % c.reset_period == 0)\n            if c.use_resets",
-        "(steps_after % c.reset_period == -1)\n            if c.use_resets",
+        "sodaray/search/soda/step.py",
+        'zero = torch.remainder(step, state.column("hi", "reset", rows)) == 0',
+        'zero = torch.remainder(step, state.column("hi", "reset", rows)) == -1',
     ),
     Mutant(
         "soda: re-init off by one step",
         "sodaray/search/soda/batch.py",
-        "reinit = (steps_after % c.reinit_period == 0)",
-        "reinit = ((steps_after + 1) % c.reinit_period == 0)",
+        'due = np.flatnonzero(self.state.due("reinit", steps_after))',
+        'due = np.flatnonzero(self.state.due("reinit", steps_after + 1))',
     ),
     Mutant(
         "soda: temperature ignored in the gradient",
-        "sodaray/search/soda/batch.py",
+        "sodaray/search/soda/relaxed.py",
         "return grad.div_(ctx.temperature), None, None, None",
         "return grad, None, None, None",
     ),
     Mutant(
         "pool: every result reported as found",
         "sodaray/search/engine/pool.py",
-        "found = out.found.cpu().numpy()",
-        "found = out.found.cpu().numpy() | True",
+        'int(s["row"][slot]), bool(out.found[slot])',
+        'int(s["row"][slot]), True',
     ),
     Mutant(
         "pool: max_seconds ignored",
         "sodaray/search/engine/pool.py",
-        "done |= (time.perf_counter() - started) >= max_seconds",
-        "done |= (time.perf_counter() - started) < 0",
+        '| (now >= s["deadline"])',
+        "| (now < 0)",
     ),
     Mutant(
-        "pool: refilled slot keeps the old step count",
+        "pool: admitted search starts at the running slots' step count",
         "sodaray/search/engine/pool.py",
-        "steps[refill] = 0",
-        "steps[refill] = steps[refill]",
+        '("steps", 0),\n                ("settled", 0),',
+        '("steps", self.slot["steps"].max(initial=0)),\n'
+        '                ("settled", self.slot["settled"].max(initial=0)),',
     ),
     Mutant(
         "invert: steps of earlier auto lengths dropped",
-        "sodaray/api.py",
-        "steps=int(steps[j]) + (prev.steps if prev else 0)",
-        "steps=int(steps[j])",
+        "sodaray/search/engine/loop.py",
+        "steps, seconds, tried = steps + prior_steps, seconds + prior_seconds,",
+        "steps, seconds, tried = steps, seconds + prior_seconds,",
     ),
     Mutant(
         "invert: exact compares only the first token",
-        "sodaray/api.py",
-        "exact=None if true is None else toks == list(true)",
-        "exact=None if true is None else toks[:1] == list(true)[:1]",
+        "sodaray/search/engine/loop.py",
+        "exact=None if true is None else tokens == true,",
+        "exact=None if true is None else tokens[:1] == true[:1],",
     ),
     Mutant(
         "logits: match ignores rtol",
         "sodaray/objective/observations.py",
-        "close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)",
-        "close = torch.isclose(full, values, atol=atol, rtol=1.0).flatten(1).all(1)",
+        "return torch.isclose(pred, observed, atol=atol, rtol=rtol).flatten(1)",
+        "return torch.isclose(pred, observed, atol=atol, rtol=1.0).flatten(1)",
     ),
     Mutant(
         "logits: match checks one position only",
         "sodaray/objective/observations.py",
-        "close = torch.isclose(full, values, atol=atol, rtol=rtol).flatten(1).all(1)",
-        "close = torch.isclose(full, values, atol=atol, rtol=rtol)[:, 0].all(-1)",
+        "return _close(logits, values, atol, rtol, slack).all(1)",
+        "return _close(logits[:, :1], values[:, :1], atol, rtol, slack).all(1)",
     ),
     Mutant(
         "logits: top-k set not checked",
         "sodaray/objective/observations.py",
-        "close &= (own == indices.sort(-1).values).flatten(1).all(1)",
-        "close &= (own == own).flatten(1).all(1)",
+        "return close & (own == indices.sort(-1).values).flatten(1).all(1)",
+        "return close & (own == own).flatten(1).all(1)",
     ),
     Mutant(
         "logits: huber delta ignored",
@@ -154,8 +158,8 @@ MUTANTS = [
     Mutant(
         "text: match checks the first output token only",
         "sodaray/objective/observations.py",
-        "return (model.unembed(hidden).argmax(-1) == batch.continuation[rows]).all(1)",
-        "return (model.unembed(hidden).argmax(-1) == batch.continuation[rows])[:, 0]",
+        "return (logits.argmax(-1) == observed).all(1)",
+        "return (logits.argmax(-1) == observed)[:, 0]",
     ),
     Mutant(
         "text: loss on the max, not the gap",
@@ -165,81 +169,84 @@ MUTANTS = [
     ),
     Mutant(
         "objective: observed positions shifted by one",
-        "sodaray/objective/objectives.py",
-        "start = len(model.prefix_ids) + n - 1",
-        "start = len(model.prefix_ids) + n - 2",
+        "sodaray/objective/scoring.py",
+        "return rows[:, None], prefix + lengths[:, None] - 1 + steps",
+        "return rows[:, None], prefix + lengths[:, None] - 2 + steps",
     ),
     Mutant(
         "objective: continuation context dropped",
-        "sodaray/objective/objectives.py",
-        "if batch.continuation.shape[1] > 1:",
-        "if batch.continuation.shape[1] > 10**9:",
+        "sodaray/objective/scoring.py",
+        "    if m > 1:\n        after = p + layout.lengths",
+        "    if m > 10**9:\n        after = p + layout.lengths",
     ),
 ]
 
 
-# Faults in the loops over Ray (`runner/execute.py`'s `_Dispatch`, `tuner/study.py`'s `_Trials`)
-# and what they share (`experiment/`): a lost retry, a miscounted try, a wrong state told.
+# Faults in the loops over Ray: the actor group every sweep and study runs on
+# (`experiment/group.py`) and the replica under it (`experiment/replica.py`), the sweep's shard
+# bookkeeping (`runner/run.py`'s `_Shards`), the study's trials (`tuner/run.py`, and
+# `tuner/owner.py`'s rescue of a dead run's trials): a lost retry, a miscounted try, a wrong
+# state told.
 LOOP_MUTANTS = [
     Mutant(
-        "runner: a failed call's shards never retried",
-        "sodaray/runner/execute.py",
-        "        if retry:\n            self.queues[call.key].append(retry)",
-        "        if False:\n            self.queues[call.key].append(retry)",
+        "runner: a failed unit never retried",
+        "sodaray/experiment/group.py",
+        "final = bad_input or tries >= self.max_attempts",
+        "final = True",
     ),
     Mutant(
-        "runner: tries not counted (a failing shard retried forever)",
-        "sodaray/runner/execute.py",
-        "tries = self.attempts[key] = self.attempts.get(key, 0) + 1",
-        "tries = self.attempts[key] = 1",
+        "runner: tries not counted (a failing unit retried forever)",
+        "sodaray/experiment/group.py",
+        "tries = self.attempts[unit.key] = self.attempts.get(unit.key, 0) + 1",
+        "tries = self.attempts[unit.key] = 1",
     ),
     Mutant(
-        "runner: a call ending with shards left is not a failure",
-        "sodaray/runner/execute.py",
-        "            if call.left:  # the generator ended",
-        "            if False:  # the generator ended",
+        "runner: a unit its dying engine left unfinished is not a failure",
+        "sodaray/experiment/replica.py",
+        "        if work.error is not None:  # only a dying engine",
+        "        if False:  # only a dying engine",
     ),
     Mutant(
         "runner: an earlier run's error file kept after success",
-        "sodaray/runner/execute.py",
-        "        error_path(plan.meta, index).unlink(missing_ok=True)\n        done",
-        "        done",
+        "sodaray/runner/run.py",
+        "        plan.out.remove(error_path(plan.meta, index))\n        head =",
+        "        head =",
     ),
     Mutant(
         "runner: a failed shard leaves no error file",
-        "sodaray/runner/execute.py",
-        "                error_path(plan.meta, index).write_text(",
-        "                (plan.meta / 'ignored.json').write_text(",
+        "sodaray/runner/run.py",
+        "plan.out.write(error_path(plan.meta, index), text)",
+        "plan.out.write(plan.meta / 'ignored.json', text)",
     ),
     Mutant(
         "runner: occupancy counts not passed on",
-        "sodaray/runner/execute.py",
-        "            output.slot_steps,\n            output.batch_steps,",
-        "            0,\n            output.batch_steps,",
+        "sodaray/runner/run.py",
+        "occupancy = (output.slot_steps, output.capacity_steps, output.batch_steps)",
+        "occupancy = (0, output.capacity_steps, output.batch_steps)",
     ),
     Mutant(
-        "tuner: a dead actor's trial not enqueued again",
-        "sodaray/tuner/study.py",
-        "                self.study.enqueue_trial(params, skip_if_exists=False)",
-        "                pass",
+        "tuner: a dead run's trial not enqueued again",
+        "sodaray/tuner/owner.py",
+        "            study.enqueue_trial(t.params, skip_if_exists=False)\n",
+        "            pass\n",
     ),
     Mutant(
-        "tuner: a retried trial counted as a new one",
-        "sodaray/tuner/study.py",
-        "                self.launched -= 1  # the retry replaces it",
-        "                pass",
+        "tuner: a retried trial counted as a failed one",
+        "sodaray/tuner/run.py",
+        "            if not output.final:\n                return None",
+        "            if False:\n                return None",
     ),
     Mutant(
         "tuner: a pruned trial told as complete",
-        "sodaray/tuner/study.py",
-        '        if result.state == "pruned":',
-        "        if False:",
+        "sodaray/tuner/run.py",
+        "        if unit.key in self.pruned:\n",
+        "        if False:\n",
     ),
     Mutant(
         "tuner: trial attributes not set",
-        "sodaray/tuner/study.py",
-        "        set_trial_attrs(self.study, number, result, trial_file)",
-        "        pass",
+        "sodaray/tuner/run.py",
+        "            trial.set_user_attr(name, attr)",
+        "            pass",
     ),
     Mutant(
         "replica rows: a trial's texts not matched to its results",
@@ -258,17 +265,31 @@ LOOP_MUTANTS = [
 SETS = {"engine": (MUTANTS, FAST_TESTS), "loops": (LOOP_MUTANTS, LOOP_TESTS)}
 
 
+def unapplicable(mutants: list[Mutant], tests: list[str], base: Path) -> str | None:
+    """Why the run cannot measure anything (None: it can): a test file missing from `base`, or
+    a mutant whose target text is not in its file exactly once (moved code would otherwise
+    count as a survivor, or a no-op as a kill)."""
+    for test in tests:
+        if not (base / test).is_file():
+            return f"{test}: no such test file in HEAD"
+    for mutant in mutants:
+        target = base / mutant.path
+        count = target.read_text().count(mutant.old) if target.is_file() else 0
+        if count != 1:
+            where = mutant.path if target.is_file() else f"{mutant.path} (no such file)"
+            return f"mutant {mutant.name!r}: its target text occurs {count} times in {where}"
+    return None
+
+
 def run(mutant: Mutant, base: Path, timeout: float, tests: list[str]) -> tuple[str, float]:
     tree = Path(tempfile.mkdtemp(prefix="mutant-", dir=ROOT.parent))
     try:
         shutil.copytree(base, tree, dirs_exist_ok=True)
         target = tree / mutant.path
-        text = target.read_text()
-        if text.count(mutant.old) != 1:
-            return f"NOT APPLIED (the text occurs {text.count(mutant.old)} times)", 0.0
-        target.write_text(text.replace(mutant.old, mutant.new))
+        target.write_text(target.read_text().replace(mutant.old, mutant.new))
         env = dict(os.environ, PYTHONPATH=str(tree))
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+        cmd += ["-p", "no:xdist", *tests]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(
@@ -292,6 +313,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     mutants, tests = SETS[args.set]
+    chosen = [m for m in mutants if args.only in m.name]
+    if not chosen:
+        print(f"mutants.py: no {args.set} mutant's name contains {args.only!r}", file=sys.stderr)
+        raise SystemExit(2)
     base = Path(tempfile.mkdtemp(prefix="mutant-base-", dir=ROOT.parent))
     try:
         # The committed tree only (no .venv, no results): git archive of HEAD.
@@ -299,6 +324,12 @@ def main() -> None:
             ["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        # Every mutant is checked against HEAD before any test runs: one that no longer
+        # applies is refused, not reported.
+        why = unapplicable(mutants, tests, base)
+        if why is not None:
+            print(f"mutants.py: {why}; retarget it to the code as it is now", file=sys.stderr)
+            raise SystemExit(2)
         # The unmutated tree first: a mutant can only count as killed if this passes.
         baseline = Mutant("baseline", "sodaray/api.py", "def invert(", "def invert(")
         outcome, wall = run(baseline, base, args.timeout, tests)
@@ -306,7 +337,6 @@ def main() -> None:
         if outcome != "SURVIVED":
             raise SystemExit("the fast tests fail on the unmutated tree; nothing to measure")
         survived = 0
-        chosen = [m for m in mutants if args.only in m.name]
         for mutant in chosen:
             outcome, wall = run(mutant, base, args.timeout, tests)
             survived += outcome == "SURVIVED"

@@ -4,11 +4,16 @@
         [--seed 1] [--steps 2000] [--preset qwen2.5-0.5b] [--threads 1]
 
 Random inputs (`--seed`) searched with a BOS and the preset, as `search_ideas.py` does. After
-every hard check the probe reads each search's Z and ranks each true token in its position's
-row (0 = the argmax, the token the check tries). Per length, for the searches that failed: how
-many ever had every true token within the top k at once (a check of all top-k combinations
-would have found those), and each failure's ranks at its last step. The probe wraps
-`SodaBatch.check` in this process only; the search itself is unchanged.
+every step of every search, up to its budget, the probe reads its Z and ranks each true token
+in its position's row (0 = the argmax, the token the screen tries). Per length, for the
+searches that failed: how many ever had every true token within the top k at once (a check of
+all top-k combinations would have found those), and each failure's ranks at its last step.
+
+The probe wraps `SodaBatch.redraw` in this process only; the search itself is unchanged.
+`SodaBatch.step` calls it once per step, after the update whose argmax the screen tries and
+before any re-draw of Z: the Z the step's candidates come from. The steps a batch runs past a
+search's end (its outcome is read `lag` steps late) are not counted: a failure's last step is
+its budget's.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,19 +43,21 @@ def main() -> None:
     truth = {s: torch.tensor(t) for s, t in zip(ids, tokens, strict=True)}
     best = dict.fromkeys(ids, 1 << 30)  # over steps: the worst position's rank, at its lowest
     last: dict[int, list[int]] = {}
-    check = soda.SodaBatch.check
+    redraw = soda.SodaBatch.redraw
 
-    def probed(self: soda.SodaBatch, current: torch.Tensor):  # noqa: ANN202
-        out = check(self, current)
-        for s, rows in enumerate(self.slot_rows):
-            sample = int(self.host["sample_id"][s])
-            z = self.z[torch.as_tensor(rows, device=self.z.device)].float().cpu()
+    def probed(self: soda.SodaBatch, steps_after: np.ndarray) -> None:
+        state = self.state
+        for s, rows in enumerate(state.slot_rows()):
+            if steps_after[s] > args.steps:  # a step past the search's end: dropped
+                continue
+            sample = int(state.host["sample_id"][s])
+            z = state.z[torch.as_tensor(rows, device=state.z.device)].float().cpu()
             ranks = (z > z.gather(1, truth[sample][:, None])).sum(1)
             last[sample] = ranks.tolist()
             best[sample] = min(best[sample], int(ranks.max()))
-        return out
+        redraw(self, steps_after)
 
-    soda.SodaBatch.check = probed
+    soda.SodaBatch.redraw = probed
     params = preset_params("soda", args.preset, None)
     results, seconds = timed_search(model, targets, params, args.steps)
     print(

@@ -69,7 +69,7 @@ import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
 from sodaray.io.files import what_is
-from sodaray.io.writes import write_file
+from sodaray.io.writes import OutputFolder
 from sodaray.search.engine.base import InversionResult
 
 log = logging.getLogger(__name__)
@@ -286,13 +286,15 @@ def result_rows(
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
-def write_table_atomic(table: pa.Table, path: str | Path, base: str | Path | None = None) -> Path:
+def write_table_atomic(table: pa.Table, path: str | Path, out: OutputFolder | None = None) -> Path:
     """Write Parquet by the rule for every file sodaray writes (`writes.write_file`: a
     temporary file in the same folder, then a rename; never through a link or over anything
-    but a regular file): a reader (or a resumed sweep) never sees a partial file. `base`: the
+    but a regular file): a reader (or a resumed sweep) never sees a partial file. `out`: the
     folder the user gave, below which nothing may be a link (default: the file's folder)."""
     path = Path(path)
-    write_file(path.parent if base is None else base, path, lambda f: pq.write_table(table, f))
+    (OutputFolder(path.parent) if out is None else out).write(
+        path, lambda f: pq.write_table(table, f)
+    )
     return path
 
 

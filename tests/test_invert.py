@@ -253,3 +253,55 @@ def test_bfloat16_gradient_pass_still_reports_only_exact_matches():
     assert all(r.exact for r in results if r.found)
     with pytest.raises(ValueError, match="precision"):
         sodaray.SodaConfig(precision="fp8")
+
+
+def test_a_result_is_exact_only_where_every_token_is_the_true_one(tiny_llama):
+    """`exact` compares the whole input: a candidate that shares the true input's first token
+    but not its second is not exact, whether or not the match check found it."""
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.pool import Finished
+    from sodaray.search.engine.work import Ledger, Work
+
+    targets = sodaray.make_targets(tiny_llama, [[5, 6], [5, 6]])
+    work = Work(targets, sodaray.SodaConfig(), [(2,), (2,)])
+    engine = Engine(tiny_llama)
+    engine.ledgers[work] = Ledger()  # as `submit` and the next step would make it
+    engine.finished(Finished(work, 0, 0, [5, 9], True, 0.0, 1, 0.0))
+    engine.finished(Finished(work, 1, 0, [5, 6], True, 0.0, 1, 0.0))
+    assert [work.results[r].exact for r in (0, 1)] == [False, True]
+    assert work.results[0].true_tokens == [5, 6]
+
+
+def test_a_search_that_joins_a_running_batch_counts_its_own_steps(tiny_llama):
+    """A search admitted while another has run 5 steps takes its own 20 (the engine counts
+    40 slot-steps) and ends as it does alone: its step count starts at 0, not at its
+    neighbour's."""
+    from sodaray.search.engine.loop import Engine
+    from sodaray.search.engine.work import Work
+
+    def unreachable(tokens):
+        targets = sodaray.make_targets(tiny_llama, tokens)
+        targets.observed_values[:, 0, 0] += 1.0  # no search ends early
+        return targets
+
+    config = sodaray.SodaConfig(max_steps=20, max_batch_size=2)
+    first = Work(unreachable([[5, 6]]), config, [(2,)])
+    late = Work(unreachable([[7, 8]]), config, [(2,)])
+    engine = Engine(tiny_llama)
+    steps = []
+
+    def on_batch(count: int) -> None:
+        steps.append(count)
+        if len(steps) == 5:
+            engine.submit(late)
+
+    engine.on_batch = on_batch
+    engine.submit(first)
+    engine.run()
+    assert engine.take_occupancy().slot_steps == 40
+    alone = Work(unreachable([[7, 8]]), config, [(2,)])
+    solo = Engine(tiny_llama)
+    solo.submit(alone)
+    solo.run()
+    (shared,), (own,) = late.ordered(), alone.ordered()
+    assert (shared.tokens, shared.final_loss, shared.steps) == (own.tokens, own.final_loss, 20)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sodaray
-from sodaray.objective.observations import BatchTargets
+from sodaray.objective.observations import BatchTargets, observation
 from sodaray.objective.scoring import Layout, context_embeds, hard_match, objective_loss
 
 OBJECTIVES = [
@@ -307,3 +307,17 @@ def test_huber_delta_is_the_loss_threshold(tiny_llama):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
         losses.append(float(got))
     assert losses[0] != pytest.approx(losses[1])  # the two thresholds give different losses
+
+
+
+def test_a_text_match_needs_every_observed_token():
+    """The exact text test (the confirm's): a candidate whose greedy tokens agree with the
+    observed ones at the first two positions but not the last is no match."""
+    objective = sodaray.Objective(kind="text", output_tokens=3)
+    observed = torch.tensor([[3, 1, 2], [3, 1, 2]])
+    logits = torch.zeros(2, 3, 5)
+    logits[0, [0, 1, 2], [3, 1, 2]] = 1.0  # every position's largest is the observed token
+    logits[1, [0, 1, 2], [3, 1, 4]] = 1.0  # the last position's is another
+    batch = BatchTargets(observed, None, None)
+    verdict = observation("text").compare(objective, logits, batch, slice(None), 0.0, 0.0)
+    assert verdict.tolist() == [True, False]

@@ -14,7 +14,7 @@ import pyarrow as pa
 from sodaray.errors import first_line, shown
 from sodaray.experiment.spec import DatasetSpec, ModelSpec
 from sodaray.io.paths import inside
-from sodaray.io.writes import move_file
+from sodaray.io.writes import OutputFolder
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,10 @@ CACHE_KEY = b"sodaray.dataset.cache_key"  # what build a cached dataset is, in i
 
 
 def dataset_table(
-    model: ModelSpec, spec: DatasetSpec, root: Path, base: Path | None = None
+    model: ModelSpec, spec: DatasetSpec, root: Path, out: OutputFolder | None = None
 ) -> pa.Table:
     """A dataset: its file, or built from the spec for `model`'s tokenizer once (cached
-    under `root/.sodaray/datasets/`; `base`: the output folder `root` lies in, default its
+    under `root/.sodaray/datasets/`; `out`: the output folder `root` lies in, default its
     parent, below which the cache is never written, moved or replaced through a link). A
     cache is trusted on its content, not its name: it must read as a dataset whose rows match
     their hash and whose metadata names this build (`CACHE_KEY`); another (a file another
@@ -118,13 +118,13 @@ def dataset_table(
     path = inside(
         root, *DATASET_CACHE.parts, f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
     )
-    base = Path(root).parent if base is None else base
+    out = OutputFolder(Path(root).parent) if out is None else out
     if path.exists() or path.is_symlink():
         table, why = _cached(path, key)
         if table is not None:
             return table
         aside = path.with_name(f"{path.name}.{os.getpid()}.foreign")
-        move_file(base, path, aside)  # the name itself, never through a link
+        out.move(path, aside)  # the name itself, never through a link
         log.warning("%s: %s; moved to %s, building it again", path, why, aside.name)
     from sodaray.data.build import build_dataset
     from sodaray.data.store import write_dataset
@@ -147,7 +147,7 @@ def dataset_table(
         records=build.get("records", "whole"),
     )
     meta = {**(table.schema.metadata or {}), CACHE_KEY: key.encode()}
-    write_dataset(table.replace_schema_metadata(meta), path, base)
+    write_dataset(table.replace_schema_metadata(meta), path, out.base)
     return read_dataset(path)
 
 

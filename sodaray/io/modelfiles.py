@@ -228,8 +228,6 @@ def weight_file_errors() -> tuple[type[BaseException], ...]:
         return ()
 
 
-
-
 # A tokenizer's JSON files, in the order a damaged one is looked for.
 TOKENIZER_JSON = (
     "tokenizer.json",

@@ -19,6 +19,9 @@ and `move_file`:
 - A path outside `base` (`..`, another absolute path) is refused (`PathEscape`).
 
 `UnsafeWrite` and `PathEscape` are ValueErrors: the CLI's one line and exit code 2.
+
+`OutputFolder` binds `base` once: a run holds one and writes through its methods, which are
+these functions with its `base`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import errno
 import os
 import secrets
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -168,6 +172,53 @@ def refusal(path: str | os.PathLike, kind: str, folder: bool = False) -> str:
     if folder:
         return f"{path} is {kind}, not a folder; sodaray writes only into folders"
     return f"{path} is {kind}; sodaray replaces only regular files"
+
+
+@dataclass(frozen=True)
+class OutputFolder:
+    """The folder the user gave (`base` above), bound once: each method is the module's
+    function of the same rule with this `base`, so a path is given relative to nothing but
+    built as `base / ...` (or any path that lies under it)."""
+
+    base: Path
+
+    def write(
+        self,
+        path: str | os.PathLike,
+        content: bytes | str | Callable[[BinaryIO], None],
+        *,
+        exclusive: bool = False,
+    ) -> bool:
+        """`write_file` under this folder."""
+        return write_file(self.base, path, content, exclusive=exclusive)
+
+    def make_folder(self, path: str | os.PathLike) -> Path:
+        """`make_folder` under this folder."""
+        return make_folder(self.base, path)
+
+    def remove(self, path: str | os.PathLike) -> bool:
+        """`remove_file` under this folder."""
+        return remove_file(self.base, path)
+
+    def move(self, src: str | os.PathLike, dst: str | os.PathLike) -> None:
+        """`move_file` under this folder."""
+        move_file(self.base, src, dst)
+
+    def touch(self, path: str | os.PathLike) -> None:
+        """`touch_file` under this folder."""
+        touch_file(self.base, path)
+
+    def what_is_at(self, path: str | os.PathLike) -> str | None:
+        """`what_is_at` under this folder."""
+        return what_is_at(self.base, path)
+
+    def prepare(self, path: str | os.PathLike) -> Path:
+        """`prepare_file` under this folder."""
+        return prepare_file(self.base, path)
+
+    def check(self, paths: Iterable[str | os.PathLike]) -> None:
+        """`check_places` under this folder."""
+        check_places(self.base, paths)
 
 
 # ---- the walk -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from sodaray.io.writes import write_file
+from sodaray.io.writes import OutputFolder
 
 
 @dataclass
@@ -54,15 +54,15 @@ def _clear_suptitle(fig) -> None:
         fig.tight_layout(rect=(0, 0, 1, bottom / fig.bbox.height))
 
 
-def save(fig, path: Path, base: Path | None = None, dpi: int = 120) -> Path:
+def save(fig, path: Path, out: OutputFolder | None = None, dpi: int = 120) -> Path:
     """The figure as PNG at `path`, closed, by the rule for every file sodaray writes
-    (`writes.write_file`: nothing through a link below `base`, by default `path`'s folder)."""
+    (`writes.write_file`: nothing through a link below `out`, by default `path`'s folder)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()  # the legends beside the axes are part of each axes' tight box
     _clear_suptitle(fig)
-    base = path.parent if base is None else base
-    write_file(base, path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
+    out = OutputFolder(path.parent) if out is None else out
+    out.write(path, lambda f: fig.savefig(f, dpi=dpi, format="png"))
     plt.close(fig)
     return path
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
+from sodaray.io.writes import OutputFolder
 from sodaray.report.drawing import integer_axis, pyplot, save
 from sodaray.report.tables import Skipped
 
@@ -117,15 +118,15 @@ def save_plots(
     folder: Path,
     value_label: str = "objective value",
     metric: str = "exact",
-    base: Path | None = None,
+    out: OutputFolder | None = None,
 ) -> tuple[list[Path], list[Skipped]]:
     """The study's history (`history_figure`; `value_label` names its y axis, the metric the
     trials maximise) and, with enough completed trials, Optuna's parameter importances and
     parallel coordinates, as PNG in `folder`. Returns the files and each plot not made with
-    the reason (also logged), so a caller can say why a plot it promised is missing. `base`:
+    the reason (also logged), so a caller can say why a plot it promised is missing. `out`:
     the output folder `folder` lies in (default: `folder`), below which nothing is written
     through a link (`writes.write_file`)."""
-    base = folder if base is None else base
+    out = OutputFolder(folder) if out is None else out
     import optuna
 
     fig = history_figure(study, value_label, metric)
@@ -133,7 +134,7 @@ def save_plots(
         reason = "no completed trial yet"
         log.info("plots skipped: %s", reason)
         return [], [Skipped(name, reason) for name in PLOTS]
-    made = [save(fig, folder / "history.png", base, dpi=110)]
+    made = [save(fig, folder / "history.png", out, dpi=110)]
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
         reason = (
@@ -157,7 +158,7 @@ def save_plots(
             fig.set_size_inches(10, 5.5)
             for label in fig.axes[0].get_xticklabels():
                 label.set_rotation(20)
-            made.append(save(fig, folder / f"{name}.png", base, dpi=110))
+            made.append(save(fig, folder / f"{name}.png", out, dpi=110))
         except (ValueError, RuntimeError, ImportError) as exc:  # e.g. too few distinct values
             log.info("plot %s skipped: %s", name, exc)
             skipped.append(Skipped(name, f"Optuna could not draw it: {first_line(exc)}"))

@@ -18,7 +18,7 @@ from sodaray.experiment.owner import describe_owner
 from sodaray.experiment.spec import places as job_places
 from sodaray.io.files import read_json, what_is
 from sodaray.io.paths import inside
-from sodaray.io.writes import REGULAR, check_places, make_folder, remove_file, write_file
+from sodaray.io.writes import REGULAR, OutputFolder
 from sodaray.results import JOB_FILE, META_DIR, write_table_atomic
 from sodaray.runner.layout import (
     error_path,
@@ -48,7 +48,7 @@ class JobPlan:
     corrupt: list[str] = field(default_factory=list)
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
     kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
-    base: Path = Path()  # the output folder: nothing below it is written through a link
+    out: OutputFolder = OutputFolder(Path())  # nothing below it is written through a link
     # Rows of shards whose kept rows were whole: written as the shard file at planning.
     kept_whole: int = 0
 
@@ -59,28 +59,28 @@ def plan_jobs(
     *,
     lock: bool = False,
     overrides: list[str] | None = None,
-    base: Path | None = None,
+    out: OutputFolder | None = None,
 ) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
     job another live driver holds comes back with no pending shards and `locked_by` set.
     `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`. `root`: the
-    sweep's folder in `base`, the output folder the user gave (default: `root`'s parent),
+    sweep's folder in `out`, the output folder the user gave (default: `root`'s parent),
     below which nothing is written through a link (`writes`)."""
-    base = Path(root).parent if base is None else Path(base)
+    out = OutputFolder(Path(root).parent) if out is None else out
     plans: list[JobPlan] = []
     held: list[Path] = []
     earlier = EarlierJobs(Path(root))
     try:
         planned: set[str] = set()
         for job in jobs:
-            plan = _plan_job(job, root, base, lock, overrides, held, earlier, planned)
+            plan = _plan_job(job, root, out, lock, overrides, held, earlier, planned)
             if plan is not None:
                 plans.append(plan)
     except BaseException:
         # A job that cannot be planned (a link where its job.json goes) ends the run: the
         # locks taken so far are given back, not left for the next run to break.
         for meta in held:
-            release_lock(meta, base)
+            release_lock(meta, out)
         raise
     return plans
 
@@ -88,7 +88,7 @@ def plan_jobs(
 def _plan_job(
     job: Job,
     root: Path,
-    base: Path,
+    out: OutputFolder,
     lock: bool,
     overrides: list[str] | None,
     held: list[Path],
@@ -98,7 +98,7 @@ def _plan_job(
     """One job's plan (`plan_jobs`), or None for a job `planned` holds already; the meta
     folder of a lock it takes is added to `held`. A job new to `root` that an earlier run
     wrote with its paths spelled otherwise (`EarlierJobs`) takes that run's name and hash."""
-    table = dataset_table(job.model, job.dataset, root, base)
+    table = dataset_table(job.model, job.dataset, root, out)
     identity = dataset_identity(table)
     if job.dataset.path is not None:  # its rows decide the results, not its path
         job = dataclasses.replace(job, dataset_hash=identity.hash or "")
@@ -112,22 +112,22 @@ def _plan_job(
     meta = meta_folder(root, job.name)
     rows = select_rows(table, job.samples_per_length, job.limit)
     shards = (len(rows["sample_id"]) + job.shard_size - 1) // job.shard_size
-    make_folder(base, folder)
-    make_folder(base, meta)
-    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, base=base)
+    out.make_folder(folder)
+    out.make_folder(meta)
+    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, out=out)
     info = _job_file(plan, overrides, places)
     if lock:
-        owner = acquire_lock(meta, base)
+        owner = acquire_lock(meta, out)
         if owner is not None:
             log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
             plan.locked_by = owner
             return plan
         held.append(meta)
-    write_file(base, meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
+    out.write(meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
     for i in range(shards):
         _plan_shard(plan, i, lock)
     # A pending shard's error file is written when it fails: a link there is refused now.
-    check_places(base, [error_path(meta, i) for i in plan.pending])
+    out.check([error_path(meta, i) for i in plan.pending])
     return plan
 
 
@@ -158,7 +158,7 @@ def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
     """Shard `i`: done when its file is trusted; else its untrusted files set aside, and it is
     pending with its trusted kept rows, or (with `lock`) written now from kept rows that are
     whole."""
-    job, meta, base = plan.job, plan.meta, plan.base
+    job, meta, out = plan.job, plan.meta, plan.out
     path = shard_path(plan.folder, i)
     lo, hi = shard_bounds(plan, i)
     ids = plan.rows["sample_id"][lo:hi]
@@ -167,19 +167,19 @@ def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
         _, why = read_shard(path, ids, None, job.config_hash, plan.identity.hash)
         if why is None:  # kept rows left by a driver that stopped between the two
             if kept.is_symlink() or what_is(kept) == REGULAR:
-                remove_file(base, kept)  # a link is removed itself
+                out.remove(kept)  # a link is removed itself
             elif kept.exists():
-                set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, base)
+                set_aside(kept, f"{what_is(kept)}, not a file of kept rows", meta, out)
             return
-        plan.corrupt.append(set_aside(path, why, meta, base).name)
+        plan.corrupt.append(set_aside(path, why, meta, out).name)
     table, why = pending_kept(meta, i, ids, job.config_hash, plan.identity.hash)
     if why is not None:
-        plan.corrupt.append(set_aside(kept, why, meta, base).name)
+        plan.corrupt.append(set_aside(kept, why, meta, out).name)
     elif table is not None and len(table) == len(ids) and lock:
         # It stopped before writing the shard: written now, from the kept rows.
-        write_table_atomic(shard_table(plan, i, [table]), path, base)
-        remove_file(base, kept)
-        remove_file(base, error_path(meta, i))
+        write_table_atomic(shard_table(plan, i, [table]), path, out)
+        out.remove(kept)
+        out.remove(error_path(meta, i))
         plan.kept_whole += len(table)
         return
     elif table is not None:

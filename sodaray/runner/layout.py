@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from sodaray.errors import first_line
 from sodaray.io.files import what_is
 from sodaray.io.paths import inside
-from sodaray.io.writes import REGULAR, move_file
+from sodaray.io.writes import REGULAR, OutputFolder
 from sodaray.results import META_DIR, RESULT_SCHEMA, VERSION_KEY
 
 log = logging.getLogger(__name__)
@@ -157,13 +157,13 @@ def pending_kept(
     return read_kept(path, sample_ids, config_hash, dataset_hash)
 
 
-def set_aside(path: Path, why: str, meta: Path, base: Path) -> Path:
+def set_aside(path: Path, why: str, meta: Path, out: OutputFolder) -> Path:
     """Move an untrusted file into `meta`, kept for inspection and never read, as NAME.foreign
-    when `why` says it holds another job's or dataset's rows, else NAME.corrupt. `base`: the
+    when `why` says it holds another job's or dataset's rows, else NAME.corrupt. `out`: the
     output folder (by the rule for writes, nothing below it is a link)."""
     suffix = ".foreign" if why.startswith("rows of another") else ".corrupt"
     target = meta / (path.name + suffix)
-    move_file(base, path, target)
+    out.move(path, target)
     log.warning("%s: %s; moved to %s, computing it again", path, why, target)
     return target
 

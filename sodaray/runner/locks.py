@@ -20,15 +20,7 @@ from typing import Any
 from sodaray.errors import first_line
 from sodaray.experiment.owner import me, owner_gone, record_problem
 from sodaray.io.files import read_json
-from sodaray.io.writes import (
-    LINK,
-    REGULAR,
-    move_file,
-    remove_file,
-    touch_file,
-    what_is_at,
-    write_file,
-)
+from sodaray.io.writes import LINK, REGULAR, OutputFolder
 
 log = logging.getLogger(__name__)
 
@@ -62,42 +54,43 @@ def lock_state(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     return (None, why) if why is not None else (owner, None)
 
 
-def acquire_lock(folder: Path, base: Path | None = None) -> dict[str, Any] | None:
+def acquire_lock(folder: Path, out: OutputFolder | None = None) -> dict[str, Any] | None:
     """Take the job's lock; returns the other live owner instead when there is one. The lock
     is written whole and linked into place only where nothing is (`write_file`'s
     `exclusive`): no reader sees it half written, which it could not tell from garbage.
-    `base`: the output folder, below which nothing may be a link (default: `folder`)."""
-    base = folder if base is None else base
+    `out`: the output folder, below which nothing may be a link (default: `folder`)."""
+    out = OutputFolder(folder) if out is None else out
     path = folder / LOCK_FILE
     text = json.dumps(me()) + "\n"
     for _ in range(2):
-        if write_file(base, path, text, exclusive=True):
+        if out.write(path, text, exclusive=True):
             return None
         owner, why = lock_state(folder)
         if owner is not None:
             return owner
         if why is not None:  # else it is this process's own (or just released): taken again
             log.warning("breaking the lock %s: %s", path, why)
-        if what_is_at(base, path) in (REGULAR, LINK, None):  # a link is removed itself
-            remove_file(base, path)
+        if out.what_is_at(path) in (REGULAR, LINK, None):  # a link is removed itself
+            out.remove(path)
         else:  # a folder, a FIFO, a device in its place: moved aside and kept, never deleted
-            move_file(base, path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
+            out.move(path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
     return lock_state(folder)[0] or {"host": "?"}
 
 
-def release_lock(folder: Path, base: Path | None = None) -> None:
-    """Remove the job's lock if it is this process's own (`base`: as `acquire_lock`'s)."""
+def release_lock(folder: Path, out: OutputFolder | None = None) -> None:
+    """Remove the job's lock if it is this process's own (`out`: as `acquire_lock`'s)."""
     path = folder / LOCK_FILE
     try:
         owner = read_json(path, "lock file")
     except (OSError, ValueError):
         return
     if record_problem(owner) is None and _mine(owner):
-        remove_file(folder if base is None else base, path)
+        (OutputFolder(folder) if out is None else out).remove(path)
 
 
-def refresh_locks(folders: list[Path], base: Path | None = None) -> None:
-    """Touch each held lock (a regular file only: a link's target is never touched)."""
+def refresh_locks(folders: list[Path], out: OutputFolder | None = None) -> None:
+    """Touch each held lock (a regular file only: a link's target is never touched; `out`: as
+    `acquire_lock`'s, by default each lock's own folder)."""
     for folder in folders:
         with contextlib.suppress(OSError, ValueError):
-            touch_file(folder if base is None else base, folder / LOCK_FILE)
+            (OutputFolder(folder) if out is None else out).touch(folder / LOCK_FILE)

@@ -38,7 +38,7 @@ from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.owner import REFRESH_SECONDS, describe_owner
 from sodaray.experiment.work import Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.io.paths import inside
-from sodaray.io.writes import remove_file, write_file
+from sodaray.io.writes import OutputFolder
 from sodaray.results import write_table_atomic
 from sodaray.runner.jobs import JobPlan, plan_jobs, shard_bounds, shard_table
 from sodaray.runner.layout import error_path, found_exact, kept_path, shard_path
@@ -215,7 +215,8 @@ def run_sweep(
     root = inside(out, sweep.name)
     jobs = sweep.jobs(limit=limit, model=model)
     check_jobs_fit(jobs, sweep.path)  # on the driver, before a lock, a build or an actor
-    plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides, base=Path(out))
+    out_folder = OutputFolder(Path(out))  # the folder the user gave: nothing below it is a link
+    plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides, out=out_folder)
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
     run.locked = [p.job.name for p in plans if p.locked_by is not None]
@@ -248,14 +249,14 @@ def run_sweep(
                 if placement is None:
                     placement = stack.enter_context(ray_session(requests, cluster))
                 shards = _Shards(pending, run, cluster, placement, keep_every)
-                shards.drain(on_shard, on_progress, held, Path(out))
+                shards.drain(on_shard, on_progress, held, out_folder)
     except KeyboardInterrupt as exc:
         run.interrupted = True
         raise SweepInterrupted(run) from exc
     finally:
         run.seconds = time.perf_counter() - started
         for folder in held:
-            release_lock(folder, Path(out))
+            release_lock(folder, out_folder)
     return run
 
 
@@ -305,16 +306,16 @@ class _Shards:
         on_shard: Callable[[ShardDone], None] | None,
         on_progress: Callable[[JobProgress], None] | None,
         held: list[Path],
-        base: Path,
+        out: OutputFolder,
     ) -> None:
         """Until every shard is written or failed for good, keeping `held` locks (in the
-        output folder `base`) fresh; Ctrl-C or a run that cannot go on kills the replicas."""
+        output folder `out`) fresh; Ctrl-C or a run that cannot go on kills the replicas."""
         try:
             refreshed = time.monotonic()
             while any(len(g) for g in self.groups):
                 event = next_event(self.groups, timeout=REFRESH_SECONDS)
                 if time.monotonic() - refreshed >= REFRESH_SECONDS:
-                    refresh_locks(held, base)  # our locks stay fresh for other hosts' drivers
+                    refresh_locks(held, out)  # our locks stay fresh for other hosts' drivers
                     refreshed = time.monotonic()
                 if event is None:
                     continue
@@ -379,17 +380,17 @@ class _Shards:
         new = pc.invert(pc.is_in(output.table["sample_id"], pa.array(sorted(have), pa.int64())))
         tables.append(output.table.filter(new))  # a unit tried again sends its rows again
         kept = pa.concat_tables([*before, *tables])
-        write_table_atomic(kept, kept_path(plan.meta, index), plan.base)
+        write_table_atomic(kept, kept_path(plan.meta, index), plan.out)
 
     def write(self, plan: JobPlan, index: int, output: Finished) -> ShardDone:
         """The shard's file, from the run's rows and those an earlier run kept; its kept rows
         then go (a stop between the two leaves both: the next run trusts the shard file)."""
         kept = plan.kept.get(index)
         table = shard_table(plan, index, [t for t in [kept, output.table] if t is not None])
-        write_table_atomic(table, shard_path(plan.folder, index), plan.base)
-        remove_file(plan.base, kept_path(plan.meta, index))
+        write_table_atomic(table, shard_path(plan.folder, index), plan.out)
+        plan.out.remove(kept_path(plan.meta, index))
         self.kept.pop(output.key, None)
-        remove_file(plan.base, error_path(plan.meta, index))
+        plan.out.remove(error_path(plan.meta, index))
         head = (plan.job.name, index, len(table), *found_exact(table), output.seconds, output.pid)
         steps = int(pc.sum(output.table["steps"]).as_py() or 0)
         occupancy = (output.slot_steps, output.capacity_steps, output.batch_steps)
@@ -401,4 +402,4 @@ class _Shards:
         failed = ShardFailed(plan.job.name, index, failure.attempts, failure.error)
         self.run.failed.append(failed)
         text = json.dumps(failed.__dict__, indent=2) + "\n"
-        write_file(plan.base, error_path(plan.meta, index), text)
+        plan.out.write(error_path(plan.meta, index), text)

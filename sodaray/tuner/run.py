@@ -27,7 +27,7 @@ from sodaray.experiment.owner import describe_owner
 from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.io.paths import inside
-from sodaray.io.writes import check_places, make_folder
+from sodaray.io.writes import OutputFolder
 from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
 from sodaray.tuner.owner import RunOwner, abandon_trials, ask_trial
@@ -76,6 +76,12 @@ class TuneRun:
     asked: int = 0  # the trials this run was asked for
     joined: list[str] = field(default_factory=list)  # other runs live on the study as it opened
     abandoned: list[int] = field(default_factory=list)  # trials failed as it stopped, enqueued
+    # OUT, the folder the user gave (by default the study folder's parent): every file the run
+    # writes is written below it by the rule for writes, never through a link.
+    output: OutputFolder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output = OutputFolder(self.out.parent)
 
 
 class TuneInterrupted(KeyboardInterrupt):
@@ -115,15 +121,15 @@ def run_tuning(
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
-    base = Path(out)  # the folder the user gave: nothing below it is written through a link
-    study, owner, run = _open_study(spec, base, storage, n_trials)
+    # The folder the user gave: nothing below it is written through a link.
+    study, owner, run = _open_study(spec, OutputFolder(Path(out)), storage, n_trials)
     loop: _Trials | None = None
     try:
         if spec.sampler == "grid":
             run.grid = grid_left(spec, study)
             n_trials = min(n_trials, run.grid[1])
-        check_places(base, study_files(run.out, len(study.get_trials(deepcopy=False)), n_trials))
-        rows, identity = validation_rows(spec, study, run.out, base)
+        run.output.check(study_files(run.out, len(study.get_trials(deepcopy=False)), n_trials))
+        rows, identity = validation_rows(spec, study, run.out, run.output)
         check_rows_fit(spec, rows)  # before any actor starts: every trial would fail on it
         if n_trials:  # a covered grid runs none: no Ray, no actor
             with study_replicas(spec, workers, cluster) as group:
@@ -137,24 +143,25 @@ def run_tuning(
             raise TuneInterrupted(run) from exc
         raise
     owner.end(study)
-    _save_outcome(spec, study, run, base)
+    _save_outcome(spec, study, run)
     return run
 
 
 def _open_study(
-    spec: TuningSpec, base: Path, storage: str | None, n_trials: int
+    spec: TuningSpec, output: OutputFolder, storage: str | None, n_trials: int
 ) -> tuple[Any, RunOwner, TuneRun]:
-    """The study in its folder under `base` (made here) and its storage, opened by this run as
-    a new owner, and this run's record of it, asked for `n_trials` trials."""
-    out = study_folder(base, spec)
+    """The study in its folder under `output` (made here) and its storage, opened by this run
+    as a new owner, and this run's record of it, asked for `n_trials` trials."""
+    out = study_folder(output.base, spec)
     url = storage_url(spec, out, storage)
-    make_folder(base, out)
+    output.make_folder(out)
     study_name = spec.study_name or spec.name
     # The default journal lies in the study's folder; a storage the user named is theirs.
-    journal_base = base if storage is None and spec.storage is None else None
+    journal_out = output if storage is None and spec.storage is None else None
     owner = RunOwner.new()
-    study, stale = open_study(spec, url, study_name, open_storage(url, journal_base), owner)
+    study, stale = open_study(spec, url, study_name, open_storage(url, journal_out), owner)
     run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
+    run.output = output  # the folder as the user gave it (its default is `out`'s parent)
     run.joined = [describe_owner(r) for r in owner.others.values()]
     return study, owner, run
 
@@ -185,18 +192,18 @@ def _end_stopped(
             owner.end(study)
 
 
-def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun, base: Path) -> None:
-    """The study's best trial as a preset and its plots, in the study's folder (`base`: the
-    folder the user gave), recorded in `run`."""
+def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun) -> None:
+    """The study's best trial as a preset and its plots, in the study's folder (below
+    `run.output`, the folder the user gave), recorded in `run`."""
     import optuna
 
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
-        run.preset_path = write_preset(spec, best, run.out / PRESET_FILE, base)
+        run.preset_path = write_preset(spec, best, run.out / PRESET_FILE, run.output)
     run.plots, skipped = save_plots(
-        study, run.out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, base=base
+        study, run.out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, out=run.output
     )
     run.plots_skipped = {s.name: s.reason for s in skipped}
 
@@ -241,13 +248,14 @@ def trial_file(folder: Path, number: int) -> Path:
 
 
 def validation_rows(
-    spec: TuningSpec, study: Any, out: Path, base: Path | None = None
+    spec: TuningSpec, study: Any, folder: Path, output: OutputFolder | None = None
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
-    """The study's validation rows (built once per model into OUT/<name>/.sodaray/datasets/;
-    `base`: OUT, default `out`'s parent) and the data's identity; the data's hash is recorded
-    in the study, and a study whose trials ran on other rows (its data file rewritten, its
-    source changed) is refused: its trials' values would not compare."""
-    table = dataset_table(spec.model, spec.data, out, base)
+    """The study's validation rows (built once per model into `folder`, OUT/<name>, under
+    .sodaray/datasets/; `output`: OUT, default `folder`'s parent) and the data's identity;
+    the data's hash is recorded in the study, and a study whose trials ran on other rows (its
+    data file rewritten, its source changed) is refused: its trials' values would not
+    compare."""
+    table = dataset_table(spec.model, spec.data, folder, output)
     identity = dataset_identity(table)
     recorded = study.user_attrs.get("dataset_hash")
     if identity.hash and isinstance(recorded, str) and recorded != identity.hash:
@@ -440,7 +448,7 @@ class _Trials:
         self.signals.pop(unit.key, None)
         table = output.table
         path = trial_file(self.run.out, trial.number)
-        write_table_atomic(table, path, self.run.out.parent)  # OUT, the folder the user gave
+        write_table_atomic(table, path, self.run.output)  # OUT, the folder the user gave
         exact = sum(bool(x) for x in table.column("exact").to_pylist())
         losses = table.column("final_loss").to_pylist()
         value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)

@@ -15,7 +15,7 @@ from sodaray.errors import first_line
 from sodaray.experiment.waits import CHECK_SECONDS
 from sodaray.io.files import check_sqlite_url, parse_json, what_is
 from sodaray.io.paths import brief
-from sodaray.io.writes import LINK, UnsafeWrite, move_file, prepare_file, remove_file, what_is_at
+from sodaray.io.writes import LINK, OutputFolder, UnsafeWrite
 from sodaray.tuner.spec import TuningSpec
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,9 @@ def check_storage(spec: TuningSpec, out: str | Path, override: str | None = None
         _check_rdb_url(url)
 
 
-def open_storage(url: str, base: Path | None = None):
+def open_storage(url: str, out: OutputFolder | None = None):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file,
-    checked first by the rule for writes below `base` (the folder the user gave; default: the
+    checked first by the rule for writes below `out` (the folder the user gave; default: the
     journal's own): a regular file (made empty when missing) of Optuna's lines, its lock
     nothing or Optuna's link, so that opening waits at most about `CHECK_SECONDS`."""
     if "://" in url:
@@ -57,14 +57,14 @@ def open_storage(url: str, base: Path | None = None):
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     journal = Path(url)
-    base = journal.parent if base is None else base
+    out = OutputFolder(journal.parent) if out is None else out
     kind = what_is(url)  # opening a FIFO to append to it waits for a reader for ever
     if kind not in (None, "a regular file"):
         raise ValueError(f"{url} is {kind}, not a study journal")
-    prepare_file(base, journal)  # by the rule: no link below `base`, nor at the journal
+    out.prepare(journal)  # by the rule: no link below `out`, nor at the journal
     if kind is not None:
         check_journal(url)
-    check_journal_lock(journal, base)
+    check_journal_lock(journal, out)
     # A lock not refreshed for `CHECK_SECONDS` is broken (Optuna's default: 30 s).
     lock = JournalFileSymlinkLock(url, grace_period=int(CHECK_SECONDS))
     with unreadable_storage(url):  # JournalStorage replays the journal as it opens it
@@ -142,14 +142,14 @@ def check_journal(url: str) -> None:
             raise ValueError(f"{url}: line {number} is not a journal entry Optuna writes")
 
 
-def check_journal_lock(journal: Path, base: Path) -> None:
+def check_journal_lock(journal: Path, out: OutputFolder) -> None:
     """The journal's lock as Optuna's symlink lock leaves it: a symbolic link to the journal,
     held while a driver appends. A link to anything else is refused (`writes`: sodaray never
     acts through a link it did not make); a link older than `CHECK_SECONDS` (its driver died
     mid-write) is removed, and anything else there (which Optuna would wait on before renaming
-    it away) is moved aside, each with a warning and by the rule for writes below `base`."""
+    it away) is moved aside, each with a warning and by the rule for writes below `out`."""
     lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
-    kind = what_is_at(base, lock)
+    kind = out.what_is_at(lock)
     if kind is None:
         return
     if kind == LINK:
@@ -162,11 +162,11 @@ def check_journal_lock(journal: Path, base: Path) -> None:
         age = time.time() - lock.lstat().st_mtime
         if age > CHECK_SECONDS:
             log.warning("breaking the study journal's lock %s: left %.0f s ago", lock, age)
-            remove_file(base, lock)  # the link itself
+            out.remove(lock)  # the link itself
         return
     aside = lock.with_name(f"{lock.name}.{os.getpid()}.invalid")
     log.warning("%s is %s, not a journal lock: moved to %s", lock, kind, aside)
-    move_file(base, lock, aside)  # kept, never deleted (a device, a FIFO, a folder)
+    out.move(lock, aside)  # kept, never deleted (a device, a FIFO, a folder)
 
 
 # The package to install for each database driver SQLAlchemy names (its module): Optuna's RDB

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from sodaray.io.writes import write_file
+from sodaray.io.writes import OutputFolder
 from sodaray.objective.objectives import PRESET_FIELDS, Objective
 from sodaray.tuner.identity import claim_study
 from sodaray.tuner.owner import RunOwner, rescue_trials
@@ -138,9 +138,9 @@ def make_pruner(spec: TuningSpec):
     return optuna.pruners.NopPruner()
 
 
-def write_preset(spec: TuningSpec, best, path: Path, base: Path | None = None) -> Path:
+def write_preset(spec: TuningSpec, best, path: Path, out: OutputFolder | None = None) -> Path:
     """The best parameters as a preset YAML (`sodaray invert --preset-file`, sweeps'
-    `preset_file:`), written by the rule for writes (`base`: the folder the user gave,
+    `preset_file:`), written by the rule for writes (`out`: the folder the user gave,
     default the file's own)."""
     # The trial's whole config (the model's preset, `fixed`, the sampled values), so the file
     # reproduces the trial on its own; budget and batching stay the caller's.
@@ -161,5 +161,6 @@ def write_preset(spec: TuningSpec, best, path: Path, base: Path | None = None) -
     settings = {k: objective[k] for k in PRESET_FIELDS if objective[k] != default[k]}
     if settings:  # not SODA parameters: kept apart so the file loads as a preset
         doc["objective"] = settings
-    write_file(path.parent if base is None else base, path, yaml.safe_dump(doc, sort_keys=False))
+    out = OutputFolder(path.parent) if out is None else out
+    out.write(path, yaml.safe_dump(doc, sort_keys=False))
     return path

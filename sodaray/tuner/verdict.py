@@ -19,6 +19,7 @@ from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import Failure, next_event
 from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Finished, Unit
+from sodaray.io.writes import OutputFolder
 from sodaray.report.metrics import Proportion, proportion
 from sodaray.results import write_table_atomic
 from sodaray.tuner.run import study_folder, study_replicas, study_unit
@@ -146,8 +147,8 @@ def evaluate(
     check_address(cluster.address)
     spec = spec.on_model(model)
     data = held_out_data(spec)  # before the study: a file's data is refused at once
-    base = Path(out)
-    folder = study_folder(base, spec)
+    out_folder = OutputFolder(Path(out))  # the folder the user gave: nothing below it is a link
+    folder = study_folder(out_folder.base, spec)
     url = storage_url(spec, folder, storage)
     name = spec.study_name or spec.name
     if "://" not in url and not Path(url).is_file():
@@ -161,7 +162,7 @@ def evaluate(
     if not complete:
         raise TuningError(f"{spec.path}: study {name!r} has no completed trial to evaluate")
     best = max(complete, key=lambda t: t.value)
-    table = dataset_table(spec.model, data, folder, base)
+    table = dataset_table(spec.model, data, folder, out_folder)
     identity = dataset_identity(table)
     rows = select_rows(table, None, None)
     arms = [Arm("tuned", dict(best.params)), Arm("default", {})]
@@ -174,7 +175,7 @@ def evaluate(
     for arm in arms:
         result = tables[arm.name]
         arm.rows = folder / VERDICT_FOLDER / f"{arm.name}.parquet"
-        write_table_atomic(result, arm.rows, base)
+        write_table_atomic(result, arm.rows, out_folder)
         ids = result.column("sample_id").to_pylist()
         exact = result.column("exact").to_pylist()
         arm.exact = {int(i): bool(e) for i, e in zip(ids, exact, strict=True)}
