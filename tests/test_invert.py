@@ -265,7 +265,7 @@ def test_a_result_is_exact_only_where_every_token_is_the_true_one(tiny_llama):
     targets = sodaray.make_targets(tiny_llama, [[5, 6], [5, 6]])
     work = Work(targets, sodaray.SodaConfig(), [(2,), (2,)])
     engine = Engine(tiny_llama)
-    engine.ledgers[work] = Ledger()  # as `submit` and the next step would make it
+    engine.works[work] = Ledger()  # as `submit` and the next step would make it
     engine.finished(Finished(work, 0, 0, [5, 9], True, 0.0, 1, 0.0))
     engine.finished(Finished(work, 1, 0, [5, 6], True, 0.0, 1, 0.0))
     assert [work.results[r].exact for r in (0, 1)] == [False, True]

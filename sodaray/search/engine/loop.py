@@ -76,8 +76,7 @@ class Engine:
         self.on_batch = on_batch
         self.pools: dict[str, Pool] = {}
         self.capacity: dict[str, int] = {}  # per family: slots its batches share
-        self.works: list[Work] = []
-        self.ledgers: dict[Work, Ledger] = {}  # each work in flight's own count
+        self.works: dict[Work, Ledger] = {}  # the works in flight, each with its own count
         self._arrivals = itertools.count()
         self.occupancy = Occupancy()
         self._lock = threading.Lock()  # guards the inbox and the occupancy counters
@@ -136,8 +135,8 @@ class Engine:
         the stepping thread (from a callback such as `on_batch`), where nothing moves."""
         taken = {
             work: sum(r.steps for r in work.results.values())
-            + self.ledgers[work].partial_steps()  # earlier lengths
-            for work in self.works
+            + ledger.partial_steps()  # earlier lengths
+            for work, ledger in self.works.items()
         }
         for pool in self.pools.values():
             # A slot's `steps` count its current length only: earlier ones are in `partial`.
@@ -228,8 +227,7 @@ class Engine:
             if kind == "cancel":
                 self._cancel(work)
                 continue
-            self.works.append(work)
-            self.ledgers[work] = Ledger()
+            self.works[work] = Ledger()
             for row in range(len(work.plans)):
                 self._enqueue(work, row, 0)
             self.settle(work)  # a work with no targets is done at once
@@ -243,7 +241,7 @@ class Engine:
         asked = (self.capacity.get(family, 0), work.config.max_batch_size)
         self.capacity[family] = capacity(asked)
         pool.queue.append((next(self._arrivals), work, row, stage))
-        self.ledgers[work].queued += 1
+        self.works[work].queued += 1
 
     def _new_batch(self, work: Work, length: int) -> BatchSearch:
         batch = work.config.batch_type()
@@ -256,7 +254,7 @@ class Engine:
         work.cancelled = True
         for pool in self.pools.values():
             kept = deque(item for item in pool.queue if item[1] is not work)
-            self.ledgers[work].queued -= len(pool.queue) - len(kept)
+            self.works[work].queued -= len(pool.queue) - len(kept)
             pool.queue = kept
         self.settle(work)
 
@@ -264,7 +262,7 @@ class Engine:
         """A target's search at one length ended: its result, or its next length."""
         work, row, stage, tokens, found = done.work, done.row, done.stage, done.tokens, done.found
         loss, steps, seconds = done.loss, done.steps, done.seconds
-        partial = self.ledgers[work].partial
+        partial = self.works[work].partial
         prior_steps, prior_seconds, tried = partial.pop(row, (0, 0.0, []))
         length = work.plans[row][stage]
         steps, seconds, tried = steps + prior_steps, seconds + prior_seconds, [*tried, length]
@@ -296,7 +294,7 @@ class Engine:
 
     def settle(self, work: Work) -> None:
         """Finish `work` once nothing of it waits or runs."""
-        ledger = self.ledgers.get(work)
+        ledger = self.works.get(work)
         if ledger is not None and ledger.queued == 0 and ledger.active == 0:
             if work.cancelled or len(work.results) == len(work.plans):
                 self._done(work)
@@ -308,19 +306,17 @@ class Engine:
             self._report(work, float("inf"))
         work.done = True
         # Steps of targets a cancel or an error left between two lengths: the work's own count.
-        ledger = self.ledgers.pop(work, None)
+        ledger = self.works.pop(work, None)
         if ledger is not None:
             work.dropped_steps += ledger.partial_steps()
-        if work in self.works:
-            self.works.remove(work)
         if work.on_done is not None:
             work.on_done()
 
     def _checkpoints(self) -> None:
         pending = [
             w
-            for w in self.works
-            if self.ledgers[w].reported < len(w.checkpoints) and not w.cancelled
+            for w, ledger in self.works.items()
+            if ledger.reported < len(w.checkpoints) and not w.cancelled
         ]
         if not pending:
             return
@@ -329,12 +325,12 @@ class Engine:
             for key, steps in pool.progress().items():
                 least[key] = min(least.get(key, steps), steps)
         for work in pending:
-            if self.ledgers[work].queued:
+            if self.works[work].queued:
                 continue  # a target not started yet has taken no steps
             self._report(work, least.get(id(work), float("inf")))
 
     def _report(self, work: Work, progress: float) -> None:
-        ledger = self.ledgers[work]
+        ledger = self.works[work]
         while (
             ledger.reported < len(work.checkpoints)
             and work.checkpoints[ledger.reported] <= progress

@@ -41,7 +41,7 @@ class Owner(Protocol):
     """What a pool asks of the engine that owns it (`sodaray.search.engine.loop.Engine`)."""
 
     model: LoadedModel
-    ledgers: dict[Work, Ledger]
+    works: dict[Work, Ledger]  # the works in flight, each with the engine's count of it
 
     def settled(self, slot_steps: int) -> None: ...
 
@@ -84,7 +84,7 @@ class Pool:
     def head(self) -> int | None:
         """The arrival number of the next target to enter (None: nothing waits)."""
         while self.queue and self.queue[0][1].cancelled:
-            self.engine.ledgers[self.queue.popleft()[1]].queued -= 1
+            self.engine.works[self.queue.popleft()[1]].queued -= 1
         return self.queue[0][0] if self.queue else None
 
     def admit(self, count: int) -> None:
@@ -92,7 +92,7 @@ class Pool:
         joined = []
         while len(joined) < count and self.head() is not None:
             _, work, row, stage = self.queue.popleft()
-            self.engine.ledgers[work].queued -= 1
+            self.engine.works[work].queued -= 1
             joined.append((work, row, stage))
         if not joined:
             return
@@ -102,7 +102,7 @@ class Pool:
         now = time.perf_counter()
         add: dict[str, list[Any]] = {name: [] for name in self.slot}
         for work, row, stage in joined:
-            ledger = self.engine.ledgers[work]
+            ledger = self.engine.works[work]
             ledger.active += 1
             limit = work.config.max_seconds
             base = ledger.partial.get(row, (0, 0.0, []))[0]
@@ -188,7 +188,7 @@ class Pool:
         gone = list(s["work"][slots])
         s.remove(left, holes, movers)
         for work in gone:
-            self.engine.ledgers[work].active -= 1
+            self.engine.works[work].active -= 1
             self.engine.settle(work)
 
     def progress(self) -> dict[int, int]:

@@ -389,7 +389,7 @@ class SodaBatch(BatchSearch):
             mine = np.flatnonzero(groups == g)
             chosen = slots[mine]
             candidates = [
-                np.concatenate([launch.tokens_of(int(self._index[c])), s.context[c]])
+                np.concatenate([launch.tokens_of(int(self._index[c])), s.host["context"][c]])
                 for c in chosen
             ]
             objective, atol, rtol = s.groups[int(g)]
@@ -401,7 +401,7 @@ class SodaBatch(BatchSearch):
                 torch.as_tensor(chosen, device=self.model.device),
                 atol,
                 rtol,
-                list(s.misses[chosen]),
+                list(s.host["misses"][chosen]),
             )
         return found
 

@@ -168,7 +168,7 @@ class Screener:
         mine = at >= 0
         ids[at[mine], p + row_offset[mine]] = tokens[mine]
         context = p + lengths[:, None] + np.arange(m - 1)
-        ids[np.arange(count)[:, None], context] = state.context[current]
+        ids[np.arange(count)[:, None], context] = state.host["context"][current]
         slot_len = np.ones(k, dtype=np.int64)
         slot_len[:count] = lengths
         meta[:, :m] = observed_positions(slot_len, p, m)[1]

@@ -107,14 +107,6 @@ class SodaState:
         """Each row's position in its slot's input."""
         return self.row_map["offset"]
 
-    @property
-    def context(self) -> np.ndarray:
-        return self.host["context"]
-
-    @property
-    def misses(self) -> np.ndarray:
-        return self.host["misses"]
-
     def column(self, table: str, name: str, rows: int) -> Tensor:
         """Rows [0, rows) of one table's column, (rows, 1) (a view: writes go to the table)."""
         names = {"h32": H32, "h64": H64, "hi": HI}[table]
