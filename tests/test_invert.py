@@ -272,10 +272,10 @@ def test_a_result_is_exact_only_where_every_token_is_the_true_one(tiny_llama):
     assert work.results[0].true_tokens == [5, 6]
 
 
-def test_a_search_that_joins_a_running_batch_counts_its_own_steps(tiny_llama):
+def test_a_search_that_joins_a_running_batch_counts_its_own_steps(tiny_llama, one_thread):
     """A search admitted while another has run 5 steps takes its own 20 (the engine counts
-    40 slot-steps) and ends as it does alone: its step count starts at 0, not at its
-    neighbour's."""
+    40 slot-steps) and ends as it does alone, bit for bit (one thread, the contract's): its
+    step count starts at 0, not at its neighbour's."""
     from sodaray.search.engine.loop import Engine
     from sodaray.search.engine.work import Work
 
