@@ -22,9 +22,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 
 import sodaray  # noqa: E402
-from sodaray.costs.flops import cpu_peak_flops, model_shape  # noqa: E402
+from sodaray.costs.flops import model_shape  # noqa: E402
 
 STORIES = real_models.SHARED / "models" / "stories260K"
+
+
+def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:
+    """This CPU's float32 matmul rate on `threads` threads: the 'peak' a CPU plan is checked
+    against (a large matmul is as close to peak as torch gets here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b  # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        return 2 * size**3 * repeats / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
 
 
 def folder(name: str) -> Path | None:

@@ -14,7 +14,7 @@ union of the kernels' and copies' time over the wall of a profiled run), achieve
 (the FLOPs `sodaray.costs.flops` counts), and its share of the bf16 matrix peak measured in the same
 run (an 8192^3 bf16 product timed with CUDA events); with --authors-cmd, the authors' code on
 each neo case in the same run. Then the ratios, and the per-pass and per-position costs fit to the
-measured steps (`sodaray.costs.devices.fit_costs`), written to --out as a costs file that
+measured steps (`fit_costs` below), written to --out as a costs file that
 `sodaray sweep plan|run --costs FILE` reads. Cases on CUDA: neo (TinyStories-33M shape) n=10 at
 B=1, 8, 64, 256, 1000; qwen (Qwen2.5-0.5B shape: vocab 151936, 24 layers) n=3 at B=64, 256,
 1000. On CPU (`--device cpu`) the same suite runs on stories260K, n=3, B=1 and 8: profiler CPU
@@ -46,7 +46,10 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -424,6 +427,108 @@ def short_device_name(device: str) -> str:
     return next((k for k in ("h200", "h100", "a100", "l40s", "l4", "a10g") if k in full), "gpu")
 
 
+# ---- fitting device costs (`sodaray.costs.devices`) to measured steps ---------------------------
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One measured step time: `batch` samples of input length `length` on a model of `shape`,
+    all in `passes` passes (one: a batch of one length)."""
+
+    label: str
+    shape: Any  # sodaray.costs.flops.ModelShape
+    length: int
+    batch: float
+    precision: str
+    ms: float
+    outputs: int = 1
+    bos: bool = False
+    passes: int = 1
+    held_out: bool = False  # not used by the fit of the built-in constants: it tests them
+
+    @property
+    def flops(self) -> float:
+        return self.batch * self.shape.step_flops(self.length, self.outputs, self.bos)
+
+    def predicted_ms(self, costs) -> float:
+        rate = costs.at(self.precision)
+        floor = self.passes * rate.floor(self.shape.layers)
+        return 1000 * (floor + self.flops / rate.flops_per_second)
+
+
+def built_in_steps(device: str) -> tuple[MeasuredStep, ...]:
+    """The measured steps a packaged costs file (`sodaray/costs/DEVICE.yaml`) was fit to
+    (`measured.rows`, whose shapes `measured.shapes` names; `held_out` rows left out)."""
+    from importlib.resources import files
+
+    from sodaray.config.yamltext import yaml_load
+    from sodaray.costs.flops import KNOWN_SHAPES
+
+    text = files("sodaray.costs").joinpath(f"{device}.yaml").read_text(encoding="utf-8")
+    measured = yaml_load(text)["measured"]
+    shapes = {key: KNOWN_SHAPES[model] for key, model in measured["shapes"].items()}
+    return tuple(MeasuredStep(**{**r, "shape": shapes[r["shape"]]}) for r in measured["rows"])
+
+
+def fit_costs(steps: Sequence[MeasuredStep]) -> dict:
+    """Per precision: the three `PrecisionCosts` constants that best predict `steps` (least
+    squares on the relative error; each constant non-negative, one that would go negative left
+    out and the rest refit). Measurements of one depth cannot tell the per-layer floor from the
+    rest: the floor is then all per layer."""
+    import numpy as np
+
+    from sodaray.costs.devices import PrecisionCosts
+
+    out = {}
+    for precision in sorted({s.precision for s in steps}):
+        rows = [s for s in steps if s.precision == precision]
+        x = np.array([[s.passes, s.passes * s.shape.layers, s.flops] for s in rows], float)
+        y = np.array([s.ms / 1000 for s in rows])
+        a, b = x / y[:, None], np.ones(len(rows))  # relative: every row counts alike
+        best: tuple[float, np.ndarray] | None = None
+        # The rate column always stays; with one depth, "all per layer" is tried before "all
+        # besides the layers" and wins the tie (it carries to other depths).
+        for keep in ((0, 1, 2), (1, 2), (0, 2), (2,)):
+            cols = a[:, keep]
+            scale = np.abs(cols).max(axis=0)  # FLOPs ~1e12 beside counts ~1: condition it
+            if np.linalg.matrix_rank(cols / scale) < len(keep):
+                continue
+            coef, *_ = np.linalg.lstsq(cols / scale, b, rcond=None)
+            coef = coef / scale
+            if (coef < 0).any():
+                continue
+            residual = float(np.sum((cols @ coef - b) ** 2))
+            if best is None or residual < best[0] - 1e-9:  # a tie keeps the earlier
+                full = np.zeros(3)
+                full[list(keep)] = coef
+                best = (residual, full)
+        if best is None or best[1][2] <= 0:
+            raise ValueError(f"{precision}: the measured steps fit no positive rate")
+        p, per_layer, inverse_rate = best[1]
+        out[precision] = PrecisionCosts(float(p), float(per_layer), float(1 / inverse_rate))
+    return out
+
+
+@dataclass
+class Fit:
+    """A fit and how well it predicts the steps it was fit on (and any held out)."""
+
+    costs: Any  # sodaray.costs.devices.DeviceCosts
+    # "label precision" -> predicted / measured - 1
+    errors: dict[str, float] = field(default_factory=dict)
+
+
+def fit_device(steps: Sequence[MeasuredStep], device: str, kind: str, source: str) -> Fit:
+    """`DeviceCosts` fit to the steps not held out, and every step's relative error."""
+    from sodaray.costs.devices import DeviceCosts
+
+    costs = DeviceCosts(device, kind, fit_costs([s for s in steps if not s.held_out]), source)
+    errors = {
+        f"{s.label} {s.precision}": s.predicted_ms(costs) / s.ms - 1
+        for s in steps
+        if s.precision in costs.precisions
+    }
+    return Fit(costs, errors)
+
+
 def gpu_suite(args, device: str) -> None:
     """`--suite gpu`: every case in this process, one line each, the ratios, and the costs."""
     import datetime
@@ -431,7 +536,7 @@ def gpu_suite(args, device: str) -> None:
     import torch
     import yaml
 
-    from sodaray.costs.devices import MeasuredStep, costs_to_data, fit_device
+    from sodaray.costs.devices import costs_to_data
     from sodaray.costs.flops import shape_from_config
     from sodaray.search.engine.executor import policy_for, resolve_executor
 
@@ -539,9 +644,9 @@ def gpu_suite(args, device: str) -> None:
         flush=True,
     )
     if args.out:
-        data = costs_to_data(
-            fit.costs,
-            {
+        data = {
+            **costs_to_data(fit.costs),
+            "measured": {  # kept in the file, not read back
                 "device_name": full,
                 "bf16_matrix_peak_flops": peak,
                 "steps": args.steps,
@@ -563,7 +668,7 @@ def gpu_suite(args, device: str) -> None:
                     for row in rows
                 ],
             },
-        )
+        }
         header = (
             "# sodaray device costs (sodaray.costs.devices): a step = passes x (pass_seconds + "
             "layers x layer_seconds)\n# + the samples' FLOPs / flops_per_second. Written by "

@@ -26,7 +26,7 @@ import torch
 
 import sodaray
 from sodaray.api import make_config
-from sodaray.data.samples import random_samples
+from sodaray.data.build import random_samples
 from sodaray.report.metrics import mean_se, proportion
 from sodaray.search.engine.base import InversionResult
 

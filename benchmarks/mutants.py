@@ -227,7 +227,7 @@ LOOP_MUTANTS = [
     Mutant(
         "tuner: a dead run's trial not enqueued again",
         "sodaray/tuner/owner.py",
-        "            study.enqueue_trial(t.params, skip_if_exists=False)\n",
+        "            study.enqueue_trial(params, skip_if_exists=False)\n",
         "            pass\n",
     ),
     Mutant(

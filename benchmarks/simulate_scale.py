@@ -150,7 +150,8 @@ def main() -> None:
         + ", ".join(f"{n}: {v:.0%}" for n, v in found.items())
         + f"; sweep {Path(args.sweep).name}: lengths {lengths[0]}-{lengths[-1]} x {per_length}, "
         f"{budget:,} steps, batch {batch}; {costs.device} costs ({costs.source}), "
-        f"{costs.priced_as(args.precision)}: a pass {1000 * rates.pass_seconds:g} ms + "
+        f"{args.precision if args.precision in costs.precisions else 'float32'}: "
+        f"a pass {1000 * rates.pass_seconds:g} ms + "
         f"{1000 * rates.layer_seconds:g} ms per layer, work at "
         f"{rates.flops_per_second / 1e12:g} TFLOP/s"
     )

@@ -10,86 +10,47 @@ from typing import TYPE_CHECKING
 
 from sodaray._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # static checkers and IDEs see the real names
-    from sodaray.api import ALGORITHMS, invert, make_config
-    from sodaray.config.presets import PRESETS, get_preset
-    from sodaray.io.modelfiles import ModelLoadError
-    from sodaray.model.load import load_model
-    from sodaray.model.loaded import LoadedModel, wrap_model
-    from sodaray.objective.objectives import Objective
-    from sodaray.objective.targets import (
+if TYPE_CHECKING:  # static checkers and IDEs see the real names (exported by `__all__`)
+    from sodaray.api import ALGORITHMS, invert, make_config  # noqa: F401
+    from sodaray.config.presets import PRESETS, get_preset  # noqa: F401
+    from sodaray.io.modelfiles import ModelLoadError  # noqa: F401
+    from sodaray.model.load import load_model  # noqa: F401
+    from sodaray.model.loaded import LoadedModel, wrap_model  # noqa: F401
+    from sodaray.objective.objectives import Objective  # noqa: F401
+    from sodaray.objective.targets import (  # noqa: F401
         TargetSet,
         make_targets,
         read_logits_file,
         targets_from_logits,
         targets_from_text,
     )
-    from sodaray.results import RunContext, read_results, result_rows
-    from sodaray.search.embedding import EmbeddingConfig
-    from sodaray.search.engine.base import InversionResult, SearchConfig
-    from sodaray.search.gcg import GcgConfig
-    from sodaray.search.soda.config import SodaConfig
+    from sodaray.results import RunContext, read_results, result_rows  # noqa: F401
+    from sodaray.search.embedding import EmbeddingConfig  # noqa: F401
+    from sodaray.search.engine.base import InversionResult, SearchConfig  # noqa: F401
+    from sodaray.search.gcg import GcgConfig  # noqa: F401
+    from sodaray.search.soda.config import SodaConfig  # noqa: F401
 
 __version__ = "0.1.0"
 
-_LAZY: dict[str, str] = {
-    "ALGORITHMS": "sodaray.api",
-    "EmbeddingConfig": "sodaray.search.embedding",
-    "GcgConfig": "sodaray.search.gcg",
-    "InversionResult": "sodaray.search.engine.base",
-    "LoadedModel": "sodaray.model.loaded",
-    "ModelLoadError": "sodaray.io.modelfiles",
-    "Objective": "sodaray.objective.objectives",
-    "PRESETS": "sodaray.config.presets",
-    "RunContext": "sodaray.results",
-    "SearchConfig": "sodaray.search.engine.base",
-    "SodaConfig": "sodaray.search.soda.config",
-    "TargetSet": "sodaray.objective.targets",
-    "get_preset": "sodaray.config.presets",
-    "invert": "sodaray.api",
-    "load_model": "sodaray.model.load",
-    "make_config": "sodaray.api",
-    "make_targets": "sodaray.objective.targets",
-    "read_logits_file": "sodaray.objective.targets",
-    "read_results": "sodaray.results",
-    "result_rows": "sodaray.results",
-    "targets_from_logits": "sodaray.objective.targets",
-    "targets_from_text": "sodaray.objective.targets",
-    "wrap_model": "sodaray.model.loaded",
-}
-
-__all__ = [
-    "ALGORITHMS",
-    "EmbeddingConfig",
-    "GcgConfig",
-    "PRESETS",
-    "InversionResult",
-    "LoadedModel",
-    "ModelLoadError",
-    "Objective",
-    "RunContext",
-    "SearchConfig",
-    "SodaConfig",
-    "TargetSet",
-    "__version__",
-    "get_preset",
-    "invert",
-    "load_model",
-    "make_config",
-    "make_targets",
-    "read_logits_file",
-    "read_results",
-    "result_rows",
-    "targets_from_logits",
+_MODULES = {  # the module that defines each public name
+    "sodaray.api": "ALGORITHMS invert make_config",
+    "sodaray.config.presets": "PRESETS get_preset",
+    "sodaray.io.modelfiles": "ModelLoadError",
+    "sodaray.model.load": "load_model",
+    "sodaray.model.loaded": "LoadedModel wrap_model",
+    "sodaray.objective.objectives": "Objective",
+    "sodaray.objective.targets": "TargetSet make_targets read_logits_file targets_from_logits "
     "targets_from_text",
-    "wrap_model",
-]
-
+    "sodaray.results": "RunContext read_results result_rows",
+    "sodaray.search.embedding": "EmbeddingConfig",
+    "sodaray.search.engine.base": "InversionResult SearchConfig",
+    "sodaray.search.gcg": "GcgConfig",
+    "sodaray.search.soda.config": "SodaConfig",
+}
+_LAZY = {name: module for module, names in _MODULES.items() for name in names.split()}
+__all__ = sorted([*_LAZY, "__version__"])
 
 # Submodules that `import sodaray` used to load as a side effect (`sodaray.results.x` kept working).
-_SUBMODULES = frozenset(
-    {"api", "config", "costs", "errors", "io", "model", "objective", "report", "results", "search"}
-)
-
+_SUBMODULES = frozenset("api config costs errors io model objective report results search".split())
 
 __getattr__, __dir__ = lazy_attributes("sodaray", globals(), _LAZY, _SUBMODULES)

@@ -15,8 +15,7 @@ def lazy_attributes(
     submodules: frozenset[str] = frozenset(),
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """`__getattr__` and `__dir__` for `package`: `names` maps an attribute to the module that
-    defines it; `submodules` are loaded as `package.<name>`. A loaded value is cached in the
-    package's `namespace` so later look-ups skip the loader."""
+    defines it (a loaded value is cached in `namespace`); `submodules` load as `package.<name>`."""
 
     def __getattr__(name: str) -> Any:
         if name in submodules:

@@ -16,8 +16,7 @@ from sodaray.search.engine.work import Work
 from sodaray.search.gcg import GcgConfig
 from sodaray.search.soda.config import SodaConfig
 
-# The one algorithm registry: name -> config class (a step-wise config names its batch:
-# `SearchConfig.batch_type()`).
+# The one algorithm registry: name -> config class (a step-wise one names its batch type).
 ALGORITHMS: dict[str, type[SearchConfig]] = {
     "soda": SodaConfig,
     "gcg": GcgConfig,
@@ -40,13 +39,11 @@ def make_config(
 def length_plans(
     model: LoadedModel, targets: TargetSet, length: Length, max_length: int = 10
 ) -> list[Sequence[int]]:
-    """The lengths each target is searched at, in order (increasing). None: its true length
-    (known when the targets were made from inputs); an int: that length; "auto": 1..`max_length`,
-    shortest first, keeping the first that matches. The longest must fit the model's context
-    (checked before any plan is made: a huge `max_length` is one line, not a long list)."""
+    """The lengths each target is searched at, in order. None: its true length (known when the
+    targets were made from inputs); an int: that length; "auto": 1..`max_length`, keeping the
+    first that matches. The longest must fit the model's context (checked before planning)."""
     from sodaray.config.capacity import check_context
 
-    n = len(targets)
     if length is None:
         if targets.true_tokens is None:
             raise ValueError("the input length is unknown: pass length=N or length='auto'")
@@ -55,9 +52,9 @@ def length_plans(
         if max_length < 1:
             raise ValueError("max_length must be at least 1")
         check_context(model, max_length, targets.objective.output_tokens)
-        plans = [range(1, max_length + 1)] * n
+        plans = [range(1, max_length + 1)] * len(targets)
     elif isinstance(length, int) and not isinstance(length, bool) and length >= 1:
-        plans = [(length,)] * n
+        plans = [(length,)] * len(targets)
     else:
         raise ValueError(f"length must be a positive integer or 'auto', not {length!r}")
     longest = max((plan[-1] for plan in plans), default=1)
@@ -80,17 +77,12 @@ def invert(
 ) -> list[InversionResult]:
     """Recover the inputs behind `targets`; results come back in target order.
 
-    `length`: None searches each target at its true length (known when the targets were made
-    from inputs); an int searches that length; "auto" tries 1..`max_length`, shortest first,
-    and keeps the first length that matches. Targets of every length share the batch. Callbacks
-    run as each target finishes: `on_result(result)`, and `on_target(row, result)` with the
-    target's row in `targets`. `on_batch(active)` runs at every step with the number of
-    searches whose step it read (the batch occupancy is `active / config.max_batch_size`; a
-    SODA step's outcome is read while the next step runs). `executor`: how a SODA step runs
-    (`sodaray.search.engine.executor.EXECUTORS`; None: "graph", captured once per shape on CUDA and
-    eager elsewhere); it brings the scheduler's policy with it ("static" shapes where steps are
-    captured, else "exact": `sodaray.search.engine.executor.policy_for`). `policy`: one of
-    `sodaray.search.engine.scheduler.POLICIES` in its place (None: the executor's).
+    `length` as `length_plans` takes it; targets of every length share the batch. Callbacks run
+    as each target finishes: `on_result(result)`, and `on_target(row, result)` with the target's
+    row in `targets`; `on_batch(active)` at every step with the number of searches whose step it
+    read. `executor`: how a SODA step runs (`sodaray.search.engine.executor.EXECUTORS`; None:
+    "graph" on CUDA, eager elsewhere), bringing its scheduler policy (`policy_for`); `policy`:
+    one of `sodaray.search.engine.scheduler.POLICIES` in its place.
     """
     config = config or SodaConfig()
     policy_for(executor, policy)  # both checked before any work, and for every algorithm
@@ -107,9 +99,8 @@ def invert(
     if isinstance(config, InverterConfig):  # its first guess stands: one length per target
         by_row = [plan[-1] if length == "auto" else plan[0] for plan in plans]
         results = run_inverter(model, targets, config, by_row, on_result)
-        if on_target is not None:  # one forward pass: every row finishes at once
-            for row, res in enumerate(results):
-                on_target(row, res)
+        for row, res in enumerate(results if on_target else ()):  # every row at once
+            on_target(row, res)
         return results
     engine = Engine(model, on_batch=on_batch, policy=policy, executor=executor)
     work = Work(targets, config, plans, on_result=delivered)

@@ -25,11 +25,9 @@ def last_line(exc: BaseException) -> str:
 
 
 def shown(text: object, limit: int | None = None) -> str:
-    """`text` as one printable line: each character that is not printable (line breaks, tabs,
-    carriage returns, terminal escapes, Unicode line and paragraph separators, ...) written as
-    its Python escape (`\\n`, `\\x1b`, `\\u2028`), so a label read from a file (a costs file's
-    `device`, a job's name, a trial's value) is printed as data and never splits a table or a
-    message. `limit`: cut to at most that many characters, ending in `...`."""
+    """`text` as one printable line: each non-printable character (line break, tab, terminal
+    escape, Unicode separator) as its Python escape (`\\n`, `\\x1b`), so a label read from a file
+    never splits a table or message; `limit`: cut to that many characters, ending in `...`."""
     text = str(text)
     if not text.isprintable():
         text = "".join(

@@ -1,52 +1,8 @@
 """The result schema: one Parquet row per inverted target, shared by `invert --out`, sweeps,
 tuning trials and reports.
 
-Schema version 3 (`SCHEMA_VERSION`, also stored in each file's metadata). Columns:
-
-| column | type | meaning |
-|---|---|---|
-| schema_version | int16 | this schema's version |
-| sweep, job, config_hash | string | where the row came from (empty outside sweeps/tuning) |
-| model | string | model id or path (as given; `model_revision` says which weights) |
-| model_name | string | the model's label (a sweep entry's `name`; default: the id's last part) |
-| model_parameters, vocab_size | int64 | model size, for scaling plots |
-| model_layers, model_width | int32, int64 | blocks and embedding width (null in older files) |
-| dataset | string | dataset name (`random`, `nl-id`, `nl-ood`, `privacy`, or a label) |
-| dataset_hash | string | the dataset file's content hash, `sodaray.dataset.hash` (null: no file) |
-| dataset_seed | int64 | the seed the dataset was built with (null: unknown, or not built) |
-| dataset_source | string | where its rows came from: `hf:…`, `file:…`, `synthetic (faker …)` |
-| shard | int32 | the shard's index in its sweep job (null outside sweeps) |
-| sample_id | int64 | the sample's id in its dataset |
-| length | int32 | true input length (null when unknown) |
-| algorithm | string | `soda`, `gcg`, `embedding` |
-| objective | string | `logits` or `text` |
-| top_k | int32 | observed top-k logits (null: all) |
-| space | string | where logits were compared: `raw`, `centred`, `logprobs` (null in v1 files) |
-| confirm | string | `both`: a centred or logprobs match held to the raw logits too; `space`: not |
-|  |  | (null: raw logits, text, or files from before it) |
-| output_tokens | int32 | observed output positions |
-| loss | string | `huber` or `mse` |
-| fluency_weight | float64 | fluency penalty weight (0: off) |
-| text_loss | string | text objective's form, `logprob` or `prob` (null: logits) |
-| fluency_form | string | fluency penalty's form, `argmax` or `relaxed` (null: off) |
-| seed, max_steps | int64 | the search's seed and step budget |
-| params | string | the algorithm's parameters as JSON (seed aside) |
-| true_tokens, tokens | list<int64> | true input (null when unknown) and recovered input |
-| true_text, text | string | their decoded text (null without a tokenizer / true input) |
-| pii_labels | list<string> | PII label per true token, null items for non-PII tokens |
-| found | bool | the recovered input reproduces the observed output |
-| exact | bool | the recovered input equals the true input (null when unknown) |
-| steps | int64 | search steps taken (summed over tried lengths) |
-| seconds | float64 | wall-clock seconds in the batch |
-| final_loss | float64 | relaxed loss at the last step |
-| predicted_length | int32 | length of the recovered input |
-| length_mode | string | `fixed` (true length), `assumed` (length given) or `auto` (1..N tried) |
-| lengths_tried | list<int32> | lengths searched, in order |
-| device | string | torch device the search ran on |
-| host | string | the machine the search ran on (its host name) |
-| finished_at | timestamp[us, UTC] | when the rows' batch (shard, trial, `invert` call) finished |
-| model_revision | string | hub commit, else `sha256:` + 16 hex of local files (null: in memory) |
-| versions | string | JSON of package versions (sodaray, torch, transformers, ...) |
+Schema version 3 (`SCHEMA_VERSION`, also stored in each file's metadata); docs/results.md
+says what each column holds.
 """
 
 from __future__ import annotations
@@ -65,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
@@ -74,14 +31,10 @@ from sodaray.search.engine.base import InversionResult
 
 log = logging.getLogger(__name__)
 
-# 2: the `space` column. New nullable columns (model_layers, model_width, text_loss,
-# fluency_form) keep the version: older files read back with them null.
-# 3: what cross-job queries need (dataset_hash, dataset_seed, shard, host, finished_at,
-# model_revision), and the layout that makes every `*.parquet` under a results folder a file
-# of this schema (job metadata and dataset copies under a hidden `.sodaray/`, no `=` in job
-# folder names), so pandas, pyarrow, DuckDB and `datasets` read a folder as these rows alone.
-# Older files still read back here, with the new columns null (dataset_source, added later,
-# keeps the version as the nullable columns of 2 did).
+# 2 added `space`; 3 what cross-job queries need (dataset_hash to model_revision) and the layout
+# in which every `*.parquet` under a results folder is a file of this schema (job metadata and
+# dataset copies under a hidden `.sodaray/`). New nullable columns keep the version: older files
+# read back with them null.
 SCHEMA_VERSION = 3
 VERSION_KEY = b"sodaray.results.version"
 # A sweep's folder: a folder of rows per job, and beside them, hidden (readers skip it), each
@@ -89,57 +42,29 @@ VERSION_KEY = b"sodaray.results.version"
 META_DIR = ".sodaray"
 JOB_FILE = "job.json"
 
+# The columns in order, `name:type` (`list<...>` a list; `timestamp` in microseconds, UTC).
+_COLUMNS = """
+schema_version:int16 sweep:string job:string config_hash:string model:string model_name:string
+model_parameters:int64 vocab_size:int64 model_layers:int32 model_width:int64 dataset:string
+dataset_hash:string dataset_seed:int64 dataset_source:string shard:int32 sample_id:int64
+length:int32 algorithm:string objective:string top_k:int32 space:string confirm:string
+output_tokens:int32 loss:string fluency_weight:float64 text_loss:string fluency_form:string
+seed:int64 max_steps:int64 params:string true_tokens:list<int64> tokens:list<int64>
+true_text:string text:string pii_labels:list<string> found:bool exact:bool steps:int64
+seconds:float64 final_loss:float64 predicted_length:int32 length_mode:string
+lengths_tried:list<int32> device:string host:string finished_at:timestamp model_revision:string
+versions:string
+"""
+
+
+def _arrow_type(name: str) -> pa.DataType:
+    if name.startswith("list<"):
+        return pa.list_(_arrow_type(name[5:-1]))
+    return pa.timestamp("us", tz="UTC") if name == "timestamp" else pa.type_for_alias(name)
+
+
 RESULT_SCHEMA = pa.schema(
-    [
-        ("schema_version", pa.int16()),
-        ("sweep", pa.string()),
-        ("job", pa.string()),
-        ("config_hash", pa.string()),
-        ("model", pa.string()),
-        ("model_name", pa.string()),
-        ("model_parameters", pa.int64()),
-        ("vocab_size", pa.int64()),
-        ("model_layers", pa.int32()),
-        ("model_width", pa.int64()),
-        ("dataset", pa.string()),
-        ("dataset_hash", pa.string()),
-        ("dataset_seed", pa.int64()),
-        ("dataset_source", pa.string()),
-        ("shard", pa.int32()),
-        ("sample_id", pa.int64()),
-        ("length", pa.int32()),
-        ("algorithm", pa.string()),
-        ("objective", pa.string()),
-        ("top_k", pa.int32()),
-        ("space", pa.string()),
-        ("confirm", pa.string()),
-        ("output_tokens", pa.int32()),
-        ("loss", pa.string()),
-        ("fluency_weight", pa.float64()),
-        ("text_loss", pa.string()),
-        ("fluency_form", pa.string()),
-        ("seed", pa.int64()),
-        ("max_steps", pa.int64()),
-        ("params", pa.string()),
-        ("true_tokens", pa.list_(pa.int64())),
-        ("tokens", pa.list_(pa.int64())),
-        ("true_text", pa.string()),
-        ("text", pa.string()),
-        ("pii_labels", pa.list_(pa.string())),
-        ("found", pa.bool_()),
-        ("exact", pa.bool_()),
-        ("steps", pa.int64()),
-        ("seconds", pa.float64()),
-        ("final_loss", pa.float64()),
-        ("predicted_length", pa.int32()),
-        ("length_mode", pa.string()),
-        ("lengths_tried", pa.list_(pa.int32())),
-        ("device", pa.string()),
-        ("host", pa.string()),
-        ("finished_at", pa.timestamp("us", tz="UTC")),
-        ("model_revision", pa.string()),
-        ("versions", pa.string()),
-    ],
+    [(c.split(":")[0], _arrow_type(c.split(":")[1])) for c in _COLUMNS.split()],
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 
@@ -212,6 +137,18 @@ def model_label(model: str | None) -> str:
     return Path(str(model or "").rstrip("/")).name.removesuffix(".gguf")
 
 
+# Columns copied as they are from the `RunContext` and from each `InversionResult`.
+_CONTEXT_COLUMNS = (
+    *("sweep", "job", "config_hash", "model", "model_parameters", "vocab_size", "model_layers"),
+    *("model_width", "dataset", "dataset_hash", "dataset_seed", "dataset_source", "shard"),
+    *("length_mode", "device", "model_revision"),
+)
+_RESULT_COLUMNS = (
+    *("sample_id", "algorithm", "seed", "true_tokens", "tokens", "text", "found", "exact"),
+    *("steps", "seconds", "final_loss", "predicted_length", "lengths_tried"),
+)
+
+
 def result_rows(
     results: Sequence[InversionResult],
     context: RunContext,
@@ -222,75 +159,42 @@ def result_rows(
     """The result schema's rows for `results` (in order). `true_texts` and `pii_labels` align
     with `results` and come from the dataset when it has them."""
     obj = context.objective
-    versions = package_versions()
-    # The batch's end, once for all its rows: rows are made as their shard or trial finishes.
-    finished_at = datetime.now(timezone.utc)
-    host = socket.gethostname()
+    shared = {name: getattr(context, name) for name in _CONTEXT_COLUMNS}
+    shared.update(
+        schema_version=SCHEMA_VERSION,
+        model_name=context.model_name or model_label(context.model),
+        **{name: getattr(obj, name) for name in ("top_k", "space", "output_tokens", "loss")},
+        objective=obj.kind,
+        confirm=obj.confirm if obj.confirm_applies else None,
+        fluency_weight=float(obj.fluency_weight),
+        # Null where the option played no part (and in files from before it).
+        text_loss=obj.text_loss if obj.kind == "text" else None,
+        fluency_form=obj.fluency_form if obj.fluency_weight > 0 else None,
+        versions=package_versions(),
+        # The batch's end, once for all its rows: rows are made as their shard or trial finishes.
+        finished_at=datetime.now(timezone.utc),
+        host=socket.gethostname(),
+    )
     rows = []
     for i, r in enumerate(results):
         params = dict(r.params)
-        true_text = true_texts[i] if true_texts is not None else None
         rows.append(
             {
-                "schema_version": SCHEMA_VERSION,
-                "sweep": context.sweep,
-                "job": context.job,
-                "config_hash": context.config_hash,
-                "model": context.model,
-                "model_name": context.model_name or model_label(context.model),
-                "model_parameters": context.model_parameters,
-                "vocab_size": context.vocab_size,
-                "model_layers": context.model_layers,
-                "model_width": context.model_width,
-                "dataset": context.dataset,
-                "dataset_hash": context.dataset_hash,
-                "dataset_seed": context.dataset_seed,
-                "dataset_source": context.dataset_source,
-                "shard": context.shard,
-                "sample_id": r.sample_id,
+                **shared,
+                **{name: getattr(r, name) for name in _RESULT_COLUMNS},
                 "length": None if r.true_tokens is None else len(r.true_tokens),
-                "algorithm": r.algorithm,
-                "objective": obj.kind,
-                "top_k": obj.top_k,
-                "space": obj.space,
-                "confirm": obj.confirm if obj.confirm_applies else None,
-                "output_tokens": obj.output_tokens,
-                "loss": obj.loss,
-                "fluency_weight": float(obj.fluency_weight),
-                # Null where the option played no part (and in files from before it).
-                "text_loss": obj.text_loss if obj.kind == "text" else None,
-                "fluency_form": obj.fluency_form if obj.fluency_weight > 0 else None,
-                "seed": r.seed,
                 "max_steps": params.get("max_steps"),
                 "params": json.dumps(params, sort_keys=True, default=str),
-                "true_tokens": r.true_tokens,
-                "tokens": r.tokens,
-                "true_text": true_text,
-                "text": r.text,
+                "true_text": None if true_texts is None else true_texts[i],
                 "pii_labels": None if pii_labels is None else pii_labels[i],
-                "found": r.found,
-                "exact": r.exact,
-                "steps": r.steps,
-                "seconds": r.seconds,
-                "final_loss": r.final_loss,
-                "predicted_length": r.predicted_length,
-                "length_mode": context.length_mode,
-                "lengths_tried": r.lengths_tried,
-                "device": context.device,
-                "host": host,
-                "finished_at": finished_at,
-                "model_revision": context.model_revision,
-                "versions": versions,
             }
         )
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
 def write_table_atomic(table: pa.Table, path: str | Path, out: OutputFolder | None = None) -> Path:
-    """Write Parquet by the rule for every file sodaray writes (`writes.write_file`: a
-    temporary file in the same folder, then a rename; never through a link or over anything
-    but a regular file): a reader (or a resumed sweep) never sees a partial file. `out`: the
-    folder the user gave, below which nothing may be a link (default: the file's folder)."""
+    """Write Parquet by the rule for every file sodaray writes (`writes.write_file`): a reader
+    never sees a partial file. `out`: the folder the user gave (default: the file's folder)."""
     path = Path(path)
     (OutputFolder(path.parent) if out is None else out).write(
         path, lambda f: pq.write_table(table, f)
@@ -298,12 +202,15 @@ def write_table_atomic(table: pa.Table, path: str | Path, out: OutputFolder | No
     return path
 
 
+def listed(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """`paths` (one path or several) as a list."""
+    return [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+
+
 def result_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Parquet files under the given files/folders (temporary and hidden files skipped)."""
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
     files: list[Path] = []
-    for p in map(Path, paths):
+    for p in listed(paths):
         kind = what_is(p)
         if kind == "a directory":
             for f in sorted(p.rglob("*.parquet")):
@@ -336,14 +243,11 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
     """All result rows under `paths` (files or folders), checked against the schema version.
 
     Files from a newer schema are refused; missing columns of older files come back null."""
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    paths = listed(paths)
     where = ", ".join(map(str, paths))
-    files = result_files(paths)
-    if not files:
-        raise ResultsError(f"no result files (*.parquet) in {where}")
-    named = {Path(p) for p in paths if Path(p).is_file()}
+    named = {p for p in paths if p.is_file()}
     tables = []
-    for f in files:
+    for f in result_files(paths):
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowException) as exc:
@@ -406,13 +310,9 @@ ROW_KEY = ("sweep", "job", "sample_id", "seed", "model", "finished_at")
 
 
 def check_rows(table: pa.Table, path: Path) -> None:
-    """Refuse rows of the file `path` that break what every row written says: `found` is
-    true or false and `steps` a count (0 or more). A rate over such rows would count what no
-    search did; the error names the file and the first such row. (`exact` true with `found`
-    false is a result, not damage: a true input the match check turned down, which the
-    project's checks count as exact-not-found.)"""
-    import pyarrow.compute as pc
-
+    """Refuse rows of the file `path` whose `found` is null or `steps` not a count (a rate
+    over them would count what no search did), naming the first. (`exact` true with `found`
+    false is a result: a true input the match check turned down.)"""
     checks = (
         (pc.is_null(table["found"]), "`found` is null (every row says whether it was found)"),
         (pc.is_null(table["steps"]), "`steps` is null (every row says how many steps it took)"),
@@ -434,18 +334,12 @@ def check_rows(table: pa.Table, path: Path) -> None:
 def check_unique(table: pa.Table, where: str) -> None:
     """Refuse rows that say the same thing twice (a file read twice, copies of one folder):
     every rate would count them twice."""
-    import pyarrow.compute as pc
-
-    job = table["job"]
-    has_job = pc.fill_null(pc.not_equal(job, ""), False)
+    has_job = pc.fill_null(pc.not_equal(table["job"], ""), False)
     keys = table.select(list(ROW_KEY[:4]))
     for name in ROW_KEY[4:]:  # only for rows no job names
-        column = table[name]
-        keys = keys.append_column(
-            name, pc.if_else(has_job, pa.nulls(len(table), column.type), column)
-        )
-    names = keys.column_names
-    counts = keys.group_by(names).aggregate([([], "count_all")])
+        nulls = pa.nulls(len(table), table[name].type)
+        keys = keys.append_column(name, pc.if_else(has_job, nulls, table[name]))
+    counts = keys.group_by(keys.column_names).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts["count_all"], 1))
     if len(repeated):
         row = repeated.slice(0, 1).to_pylist()[0]

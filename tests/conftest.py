@@ -128,7 +128,7 @@ def another_driver(folder: Path):
     takes it with `acquire_lock`), until the block ends; yields its pid."""
     code = (
         "import sys, time; from pathlib import Path; "
-        "from sodaray.runner.locks import acquire_lock; "
+        "from sodaray.runner.layout import acquire_lock; "
         "assert acquire_lock(Path(sys.argv[1])) is None; print('held', flush=True); "
         "time.sleep(300)"
     )

@@ -65,11 +65,15 @@ def test_gcg_out_of_memory_fallback_gives_same_scores():
     batch = gcg_batch(model, targets, 2, cfg)
     cands = batch.sample_candidates(batch.one_hot_gradient())
     expected = batch.score(cands)
-    batch.simulated_memory_limit = 8  # chunks over 8 candidates "run out of memory"
-    try:
-        got = batch.score(cands)
-    finally:
-        batch.simulated_memory_limit = None
+    real = batch._loss
+
+    def limited(tokens, owner):  # chunks over 8 candidates "run out of memory"
+        if len(tokens) > 8:
+            raise torch.OutOfMemoryError("simulated: out of memory")
+        return real(tokens, owner)
+
+    batch._loss = limited
+    got = batch.score(cands)
     assert batch.chunk <= 8
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 

@@ -90,7 +90,7 @@ def test_few_samples_leave_the_far_budget_uncertain():
         assert widths[-1] > widths[0] and widths[-1] > 0.4, (model, widths)
     nothing = bud.Samples.from_rows([BUDGET] * 5, [0] * 5, [0] * 5, BUDGET)
     empty = bud.extrapolate(nothing)
-    assert empty.extrapolated == {} and empty.measured[BUDGET].k == 0
+    assert empty.extrapolated == {} and bud.measured(nothing, [BUDGET])[BUDGET].k == 0
 
 
 @pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")

@@ -2,7 +2,8 @@
 from, the fit, costs files, `sweep plan` pricing a GPU entry without a GPU, the gpu suite of
 bench_invert.py in its CPU form, and a sweep run held against its plan.
 
-The built-in H100 constants (`sodaray.costs.devices.H100`) are `fit_costs` over issue 41's rows
+The built-in H100 constants (`sodaray.costs.devices.H100`) are benchmarks/bench_invert.py's
+`fit_costs` over issue 41's rows
 not held out. Their errors (predicted / measured - 1), as the tests below check them:
 - float32, fit on: neo n=10 B=1 -5.2%, B=8 +5.9%, B=1000 -7.0%; Qwen n=3 B=64 -2.2%,
   B=1000 +7.3%. Held out: neo n=3 B=64 +4.1%, neo n=10 B=64 -5.8%, B=256 +0.4%;
@@ -29,14 +30,10 @@ from sodaray.cli import main
 from sodaray.cli.sweep import _plan_line
 from sodaray.costs.devices import (
     H100,
-    H100_STEPS,
     H200,
-    H200_STEPS,
     DeviceCosts,
-    MeasuredStep,
     PrecisionCosts,
     costs_to_data,
-    fit_costs,
     load_costs,
     step_cost,
     waves,
@@ -44,6 +41,10 @@ from sodaray.costs.devices import (
 from sodaray.costs.flops import KNOWN_SHAPES, ModelShape, model_shape
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_invert import MeasuredStep, built_in_steps, fit_costs  # noqa: E402
+
+H100_STEPS, H200_STEPS = built_in_steps("h100"), built_in_steps("h200")
 NEO = KNOWN_SHAPES["roneneldan/TinyStories-33M"]
 QWEN = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B"]
 # Tolerances on |predicted / measured - 1|: (fit rows, held-out rows) per precision.
@@ -77,10 +78,12 @@ def test_the_h100_floors_are_the_issues_launch_bound_steps():
     c = H100.at("float32")
     assert 1000 * c.floor(NEO.layers) == pytest.approx(15.2, abs=0.1)
     assert 1000 * c.floor(QWEN.layers) == pytest.approx(74.0, abs=0.1)
-    assert H100.at("tf32") == c and H100.priced_as("tf32") == "float32"  # not measured
-    # Per sample position (n=10, one output, BOS): neo about 10 us, Qwen about 72 us.
-    assert 1e6 * H100.per_position_seconds(NEO, "float32") == pytest.approx(9.8, abs=0.1)
-    assert 1e6 * H100.per_position_seconds(QWEN, "float32") == pytest.approx(71.8, abs=0.1)
+    assert H100.at("tf32") == c and "tf32" not in H100.precisions  # priced as float32
+    # Per sample position (n=10, one output, BOS: the step's FLOPs per position): neo about
+    # 10 us, Qwen about 72 us.
+    for shape, us in ((NEO, 9.8), (QWEN, 71.8)):
+        per_position = shape.step_flops(10, 1, True) / 11 / c.flops_per_second
+        assert 1e6 * per_position == pytest.approx(us, abs=0.1)
 
 
 # The H200 rows (RESULTS.md, "Issue 41 on an H200"): (fit rows, held-out rows) per precision.
@@ -175,7 +178,7 @@ def test_waves_take_every_sample_once_in_length_order_a_batch_at_a_time(shares, 
 
 def test_a_costs_file_round_trips(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(costs_to_data(H100, {"rows": [{"case": "x"}]})))
+    path.write_text(yaml.safe_dump({**costs_to_data(H100), "measured": {"rows": [{"case": "x"}]}}))
     assert load_costs(str(path)) == H100
     assert load_costs("h100") is H100
 

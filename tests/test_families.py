@@ -22,7 +22,7 @@ from sodaray.runner.jobs import plan_jobs
 from sodaray.runner.spec import load_sweep
 from sodaray.search.soda.config import SodaConfig
 from sodaray.tuner import load_tuning
-from sodaray.tuner.identity import spec_hash
+from sodaray.tuner.study import spec_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 # kind for `tiny_model` -> (family, its preset, its space)

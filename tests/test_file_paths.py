@@ -87,7 +87,6 @@ def test_tuning_files_read_model_data_source_and_start_from_from_their_folder(
     assert Path(spec.data.source_location()).resolve() == JSONL.resolve()
     assert spec.data.build["source"] == rel(JSONL, folder)  # the study's hash keeps it as written
     assert spec.start_params() == {"learning_rate": 0.07}
-    assert spec.resolved().model.source == str(STORIES)
 
 
 def test_an_included_files_paths_are_read_from_its_own_folder(tmp_path, monkeypatch):

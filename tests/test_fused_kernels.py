@@ -11,10 +11,67 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
+from torch import Tensor
 
 pytest.importorskip("triton")
 
+from sodaray.search.adam import adam_step  # noqa: E402
 from sodaray.search.soda import kernels as fused  # noqa: E402
+
+
+# The eager formulas the kernels stand for (test-only: the package runs the kernels).
+def softmax_forward_reference(z: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
+    """The eager formula (`RelaxedEmbedding.forward`): the probabilities, and each row's
+    (max of z / tau, sum of exp(z / tau - max)), (rows, 2)."""
+    x = z / tau
+    mx = x.max(-1, keepdim=True).values
+    return torch.softmax(x, -1), torch.cat([mx, torch.exp(x - mx).sum(-1, keepdim=True)], 1)
+
+
+def update_reference(
+    z: Tensor, m: Tensor, v: Tensor, dp: Tensor, probs: Tensor, rowdot: Tensor, h32: Tensor, *,
+    correction: tuple[Tensor, Tensor] | None = None, decay: bool = False,
+    zero: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """The eager step's formulas on the same operands (in place; returns the argmax): the
+    public softmax backward (`RelaxedEmbedding.backward`'s), the division by tau, `adam_step`,
+    the decay and the moment resets (`step.update`, `step.schedules`)."""
+    col = lambda i: h32[:, i : i + 1]  # noqa: E731
+    grad = dp.float().sub(rowdot[:, None]).mul_(probs).div_(col(4))
+    adam_step(
+        z,
+        grad,
+        m,
+        v,
+        learning_rate=col(0),
+        one_minus_beta1=col(1),
+        one_minus_beta2=col(2),
+        eps=col(3),
+        correction=correction,
+    )
+    if decay:
+        z.mul_(col(5))
+    if zero is not None:
+        m.masked_fill_(zero[:, None] != 0, 0.0)
+        v.masked_fill_(zero[:, None] != 0, 0.0)
+    return z.argmax(-1)
+
+
+def logits_loss_reference(
+    pred: Tensor, observed: Tensor, *, huber: bool, delta: float
+) -> tuple[Tensor, Tensor]:
+    """The eager objective (`LogitsObservation.loss`) per row (summed, rows,) and the gradient
+    of the rows' summed losses, by autograd."""
+    leaf = pred.float().detach().requires_grad_(True)
+    with torch.enable_grad():
+        if huber:
+            each = torch.nn.functional.huber_loss(leaf, observed, reduction="none", delta=delta)
+        else:
+            each = (leaf - observed).square()
+        loss = each.sum(-1)
+        (grad,) = torch.autograd.grad(loss.sum(), leaf)
+    return loss.detach(), grad
+
 
 RTOL = 1e-6
 BF16 = 2**-7  # one bfloat16 step: the interpreter's float32 -> bfloat16 cast may round down
@@ -47,7 +104,7 @@ def test_softmax_forward_matches_eager(rows, vocab, dtype):
     g = torch.Generator().manual_seed(rows * vocab)
     z = torch.randn(rows, vocab, generator=g) * 3
     tau = _h32(rows, g)[:, 4:5]
-    want, stats_want = fused.softmax_forward_reference(z, tau)
+    want, stats_want = softmax_forward_reference(z, tau)
     stats = torch.zeros(rows, 4)
     out = torch.full((rows, vocab), -1.0, dtype=dtype)
     stale = rows - 1 if rows > 1 else rows
@@ -73,7 +130,7 @@ def test_update_matches_eager(rows, vocab, correct, decay, reset, dtype):
     z = torch.randn(rows, vocab, generator=g) * 2
     m = torch.randn(rows, vocab, generator=g) * 1e-2
     v = torch.rand(rows, vocab, generator=g) * 1e-3
-    probs, stats = fused.softmax_forward_reference(z, tau)
+    probs, stats = softmax_forward_reference(z, tau)
     dp = (torch.randn(rows, vocab, generator=g) * 5).to(dtype)
     rowdot = (dp.float() * probs).sum(-1)
     correction = None
@@ -82,7 +139,7 @@ def test_update_matches_eager(rows, vocab, correct, decay, reset, dtype):
         correction = ((1 - 0.9**t).float(), (1 - 0.995**t).float())
     zero = (torch.arange(rows) % 2 == 0).to(torch.int64) if reset else None
     ref = [t.clone() for t in (z, m, v)]
-    tokens_want = fused.update_reference(
+    tokens_want = update_reference(
         *ref, dp, probs, rowdot, h32, correction=correction, decay=decay, zero=zero
     )
     st = torch.cat([stats, torch.ones(rows, 1), stats[:, :1]], 1)
@@ -98,7 +155,7 @@ def test_update_matches_eager(rows, vocab, correct, decay, reset, dtype):
         _close(got, want, rtol=4e-6)
     assert torch.equal(tokens, tokens_want)
     # The next step's Q and statistics: shifted by the old max at the new tau.
-    p_next, next_stats = fused.softmax_forward_reference(ref[0], tau_next)
+    p_next, next_stats = softmax_forward_reference(ref[0], tau_next)
     shift = stats[:, 0] * (tau[:, 0] / tau_next[:, 0])
     _close(st[:, 0], shift)
     _close(st[:, 3], next_stats[:, 0])
@@ -129,7 +186,7 @@ def test_update_argmax_takes_the_first_largest_across_blocks():
     z = torch.zeros(1, vocab)
     h32 = torch.tensor([[1e-30, 0.1, 0.1, 1.0, 1.0, 1.0]])  # a step too small to move Z
     z[0, [3, fused.CPU_BLOCK + 1, vocab - 1]] = 5.0
-    probs, stats = fused.softmax_forward_reference(z, h32[:, 4:5])
+    probs, stats = softmax_forward_reference(z, h32[:, 4:5])
     tokens = torch.empty(1, dtype=torch.int64)
     st = torch.cat([stats, torch.ones(1, 1), stats[:, :1]], 1)
     zero = torch.zeros(1, vocab)
@@ -146,7 +203,7 @@ def test_logits_loss_matches_eager(rows, vocab, huber, dtype):
     pred = (torch.randn(rows, vocab, generator=g) * 2).to(dtype)
     observed = torch.randn(rows, vocab, generator=g) * 2
     delta = 0.7
-    want, grad_want = fused.logits_loss_reference(pred, observed, huber=huber, delta=delta)
+    want, grad_want = logits_loss_reference(pred, observed, huber=huber, delta=delta)
     entries = 3 * vocab
     got = fused.logits_loss(pred, observed, huber=huber, delta=delta, entries=entries)
     _close(got, want, rtol=1e-5)  # a sum of `vocab` terms, in another order
@@ -240,7 +297,7 @@ def test_fused_step_follows_the_eager_step(stories, bucketed, loss):
         stats = fast.state.rows["fs"][:rows]
         tau = fast.state.column("h32", "tau", rows)
         fresh = stats[:, 2] == 1.0
-        p_next = fused.softmax_forward_reference(fast.state.rows["z"], tau)[0]
+        p_next = softmax_forward_reference(fast.state.rows["z"], tau)[0]
         q = fast.state.rows["q"][:rows].float() / stats[:, 1:2]
         torch.testing.assert_close(q[fresh], p_next[fresh], rtol=1e-5, atol=1e-8)
         # Each row's token after the step, where the row's top two are not a rounding tie (a

@@ -1264,7 +1264,7 @@ def test_resume_trusts_only_this_jobs_shards_and_live_locks(
 
     from sodaray.runner import sweep_status
     from sodaray.runner.jobs import plan_jobs
-    from sodaray.runner.locks import release_lock
+    from sodaray.runner.layout import release_lock
 
     sweep, root, (a, b) = two_jobs(tmp_path, finished)
     with unrelated_process() as pid:

@@ -217,8 +217,8 @@ def tuning_spec(model: str, data: dict, **extra) -> dict:
 def test_a_study_is_the_same_study_however_its_paths_are_written(tmp_path, field, plain, other):
     from sodaray.data.build import build_dataset
     from sodaray.data.store import write_dataset
-    from sodaray.tuner.identity import spec_hash
     from sodaray.tuner.spec import load_tuning
+    from sodaray.tuner.study import spec_hash
 
     (tmp_path / "sub").mkdir()
     write_dataset(build_dataset(str(STORIES), "random", "1", 2, 0), tmp_path / "d.parquet")
@@ -249,9 +249,8 @@ def test_a_study_opened_with_its_model_written_otherwise_is_the_same_study(tmp_p
     spelling portable) but lead to one place: the study opens, as its own, not refused."""
     import optuna
 
-    from sodaray.tuner.identity import spec_hash
     from sodaray.tuner.spec import load_tuning
-    from sodaray.tuner.study import open_study
+    from sodaray.tuner.study import open_study, spec_hash
 
     link = tmp_path / "model-link"
     link.symlink_to(STORIES, target_is_directory=True)

@@ -11,8 +11,7 @@ import torch
 
 import sodaray
 from sodaray.api import make_config
-from sodaray.inverter.model import load_inverter
-from sodaray.inverter.train import TrainConfig, train_inverter
+from sodaray.inverter.train import TrainConfig, load_inverter, train_inverter
 from sodaray.search.engine.base import InversionResult
 
 
@@ -60,8 +59,7 @@ def test_logits_inverter_one_step_and_round_trip(tiny_llama, tmp_path, one_threa
     """The paper's logits inverter: unigram-adapted log-probs in 8 slices through an MLP; one
     AdamW step changes every weight, the unigram is the batch mean, and a saved checkpoint
     loads back to the same function."""
-    from sodaray.inverter.data import build_pairs
-    from sodaray.inverter.model import build_inverter, save_inverter
+    from sodaray.inverter.train import build_inverter, build_pairs, save_inverter
 
     cfg = TrainConfig(
         lengths=(1, 2), per_length=8, output_tokens=1, epochs=1, batch_size=16,

@@ -16,7 +16,8 @@ from conftest import STORIES, tiny_model
 
 import sodaray
 from sodaray.report import metrics
-from sodaray.report.figures import exact_by_position
+from sodaray.report.drawing import save
+from sodaray.report.figures import exact_by_position_figure
 from sodaray.report.rows import prepare
 from sodaray.report.tables import (
     table_algo,
@@ -142,7 +143,9 @@ def test_recovery_by_position_is_broken_down_by_length(tmp_path):
     assert list(table.columns) == [1, 2]
     assert table.loc[1, 1] == 0.5 and pd.isna(table.loc[2, 1])
     assert table.loc[1, 2] == 1.0 and table.loc[2, 2] == 0.5
-    assert exact_by_position(df, tmp_path / "by_position.png") is not None
+    plot = exact_by_position_figure(df)
+    assert plot is not None
+    save(plot.figure, tmp_path / "by_position.png")
     assert (tmp_path / "by_position.png").is_file()
 
 

@@ -1,5 +1,5 @@
 """Issue 39: progress from inside a shard. Replicas stream their units' sample-steps and finished
-samples about once a second (`experiment.reporter`); `sweep run`'s bars, `tune`'s trial bar and
+samples about once a second (`experiment.replica`); `sweep run`'s bars, `tune`'s trial bar and
 `invert`'s bar move with them. Real Ray, real stories260K, real engines; the bars are tqdm's."""
 
 from __future__ import annotations

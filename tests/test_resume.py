@@ -22,8 +22,7 @@ from sodaray.experiment.owner import STALE_SECONDS
 from sodaray.results import read_results, write_table_atomic
 from sodaray.runner import load_sweep, run_sweep, sweep_status
 from sodaray.runner.jobs import plan_jobs
-from sodaray.runner.layout import meta_folder, shard_path
-from sodaray.runner.locks import LOCK_FILE, acquire_lock
+from sodaray.runner.layout import LOCK_FILE, acquire_lock, meta_folder, shard_path
 
 pytestmark = pytest.mark.skipif(not STORIES.is_dir(), reason="stories260K not present")
 

@@ -76,9 +76,7 @@ def test_calibration_measures_a_rate_on_stories260k():
     if not STORIES.is_dir():
         pytest.skip("stories260K not present")
     job = load_sweep(SWEEPS / "quickstart.yaml").quick(20).jobs(limit=3)[0]
-    from sodaray.runner.plan import load_for_plan
-
-    rate = calibrate(job_cost(job), load_for_plan(job), steps=5)
+    rate = calibrate(job_cost(job), job.model.load_here(), steps=5)
     assert 0 < rate < float("inf")
 
 

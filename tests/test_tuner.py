@@ -113,7 +113,7 @@ def test_small_study_completes_resumes_and_writes_a_preset(tmp_path, local_ray, 
     assert sorted(board["plots_skipped"]) == ["importances", "parallel_coordinate"]
     assert "needs 8 completed trials" in board["plots_skipped"]["importances"]
     # The printed leaderboard says the same: counts, then the best trial first.
-    print_leaderboard(run)
+    print_leaderboard(run, leaderboard(run))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith(": 2 trials: 2 complete")
     assert lines[1].startswith(f"  1. trial {board['top'][0]['trial']:>4}  {run.best_value:.4f}")
@@ -364,7 +364,7 @@ def test_a_study_is_its_preset_files_values_not_its_path(tmp_path):
     """Issue 53: the study's identity hashed the path of the preset file its model names, so an
     edited preset made the next `tune` add trials to the old study. Its values decide now: an
     edit makes another study, a copy elsewhere the same."""
-    from sodaray.tuner.identity import spec_hash
+    from sodaray.tuner.study import spec_hash
 
     preset = tmp_path / "p.yaml"
     preset.write_text("soda: {temperature: 0.05}\n")

@@ -8,20 +8,63 @@ nothing of argparse. Bad input ends in one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from typing import Any, NoReturn
 
-from sodaray.cli.parsing import EXIT_USAGE, CliError, Parser
+from sodaray.errors import first_line
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of `sodaray` and each of its subcommands. No option or positional takes an
+    empty value: it is what an unset shell variable (`--storage "$STORAGE"`) gives, and read as
+    "unset" it would silently fall back to a default (a cluster study in a local journal)."""
+
+    def error(self, message: str) -> NoReturn:  # one line, not usage + traceback
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """Every value given on the command line passes here (defaults do not), in every
+        subcommand (each is a `Parser`): the one place an empty one is refused."""
+        if "" in arg_strings and not isinstance(action, argparse._SubParsersAction):
+            name = action.option_strings[-1] if action.option_strings else action.metavar
+            self.error(f"{name or action.dest}: empty value (unset variable?)")
+        value = super()._get_values(action, arg_strings)
+        if type(action) is argparse._StoreAction and action.option_strings:
+            # `--max-steps 1 ... --max-steps 3`: argparse keeps the last, silently.
+            given = self.__dict__.setdefault("_given", {})
+            if action.dest in given and given[action.dest] != value:
+                self.error(
+                    f"{action.option_strings[-1]} given twice ({given[action.dest]!r}, then "
+                    f"{value!r}): give it once"
+                )
+            given[action.dest] = value
+        return value
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given: dict[str, Any] = {}  # what each option was given in this parse
+        return super().parse_known_args(args, namespace)
+
+
+LIBRARY_ERRORS = (  # (module, error): bad input to a library, said in one line
+    ("yaml", "YAMLError"),
+    ("safetensors", "SafetensorError"),
+    ("sqlalchemy.exc", "SQLAlchemyError"),
+    ("optuna.exceptions", "OptunaError"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sodaray.cli.data import add_data_parser
-    from sodaray.cli.invert import add_invert_parser
-    from sodaray.cli.report import add_report_parser
-    from sodaray.cli.sweep import add_sweep_parser
-    from sodaray.cli.train import add_train_parser
-    from sodaray.cli.tune import add_tune_parser
+    from sodaray.cli import data, invert, report, sweep, train, tune
 
     parser = Parser(prog="sodaray", description="Search-based language-model inversion.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -29,12 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"sodaray {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    add_invert_parser(sub)
-    add_report_parser(sub)
-    add_sweep_parser(sub)
-    add_tune_parser(sub)
-    add_data_parser(sub)
-    add_train_parser(sub)
+    for command in (invert, report, sweep, tune, data, train):  # in `--help`'s order
+        command.add_parser(sub)
     return parser
 
 
@@ -78,17 +117,13 @@ def _command(argv: list[str] | None) -> int:
         args.overrides = [*args.overrides, *rest]
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         _quiet_libraries()
     try:
         return int(args.func(args) or 0)
     except _edge_errors() as exc:
-        from sodaray.errors import first_line
-
         sys.stderr.write(f"sodaray: error: {first_line(exc)}\n")
         return EXIT_USAGE
 
@@ -97,18 +132,9 @@ def _edge_errors() -> tuple[type[BaseException], ...]:
     """Errors that are the user's input or environment, by kind: bad values, files that cannot
     be read or written (a read-only folder, a full disk), numbers too large, bad YAML, corrupt
     weight files, storage URLs and Ray connections. Only modules already loaded are consulted."""
-    kinds: list[type[BaseException]] = [CliError, ValueError, OSError, OverflowError]
-    found = {
-        "yaml": "YAMLError",
-        "safetensors": "SafetensorError",
-        "sqlalchemy.exc": "SQLAlchemyError",
-        "optuna.exceptions": "OptunaError",
-    }
-    for module, name in found.items():
-        kind = getattr(sys.modules.get(module), name, None)
-        if isinstance(kind, type) and issubclass(kind, BaseException):
-            kinds.append(kind)
-    return tuple(kinds)
+    found = [getattr(sys.modules.get(module), name, None) for module, name in LIBRARY_ERRORS]
+    kinds = [k for k in found if isinstance(k, type) and issubclass(k, BaseException)]
+    return (CliError, ValueError, OSError, OverflowError, *kinds)
 
 
 def _quiet_libraries() -> None:
@@ -119,10 +145,8 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # read at import: no retry chatter
     warnings.filterwarnings("ignore")
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-    try:
+    with contextlib.suppress(ImportError):
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from sodaray.cli.parsing import CliError, Parser
+from sodaray.cli import CliError, Parser
 from sodaray.io import jsontext
 
 
-def add_data_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "data",
         help="build evaluation datasets",
@@ -71,17 +71,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     if not args.out.endswith(".parquet"):
         raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
     check_output_file(args.out)
-    table = build_dataset(
-        args.model,
-        args.dataset,
-        lengths=lengths,
-        per_length=args.per_length,
-        seed=args.seed,
-        source=args.source,
-        gguf_file=args.gguf_file,
-        vocab=args.vocab or "tokenizer",
-        records=args.records or "whole",
-    )
+    given = {name: getattr(args, name) for name in ("per_length", "seed", "source", "gguf_file")}
+    given |= {"vocab": args.vocab or "tokenizer", "records": args.records or "whole"}
+    table = build_dataset(args.model, args.dataset, lengths=lengths, **given)
     path = write_dataset(table, args.out)
     # Where the rows came from, as the file's metadata records it: a privacy build that could
     # not reach the hub is Faker text, not ai4privacy's records, and its numbers are not the
@@ -90,20 +82,16 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     fallback = info.get("fallback")
     if args.json:
         lengths = table.column("length").to_pylist()
-        counts = {str(n): lengths.count(n) for n in sorted(set(lengths))}
-        print(
-            jsontext.dumps(
-                {
-                    "path": str(path),
-                    "rows": len(table),
-                    "by_length": counts,
-                    "sha256": dataset_hash(table),
-                    "source": info.get("source"),
-                    "fallback": fallback,  # None, or what was used instead of --source
-                    "documents_reused": info.get("documents_reused", 0),
-                }
-            )
-        )
+        summary = {
+            "path": str(path),
+            "rows": len(table),
+            "by_length": {str(n): lengths.count(n) for n in sorted(set(lengths))},
+            "sha256": dataset_hash(table),
+            "source": info.get("source"),
+            "fallback": fallback,  # None, or what was used instead of --source
+            "documents_reused": info.get("documents_reused", 0),
+        }
+        print(jsontext.dumps(summary))
         return 0
     print(f"wrote {path}: {len(table)} rows, sha256 {dataset_hash(table)}")
     print(f"  source: {info.get('source')}")

@@ -11,14 +11,15 @@ import time
 from collections import deque
 from typing import Any
 
+from tqdm import tqdm
+
 from sodaray.costs.flops import format_duration
 
 PLAIN_SECONDS = 60.0  # a log gets a line per running piece at most this often
 WINDOW_SECONDS = 10.0  # the batch occupancy "now" is over this much of the recent past
 RATE_SECONDS = 30.0  # rates (and so the time left) are over this much of the recent past
-# A sweep's bar: sample-steps taken / the most they can take (1.2M/20.0M), the time so far,
-# then the postfix: rate, time left, counts. Rates are our own, over the recent past, so the
-# replicas' start-up (which takes no steps) does not drag them down for minutes.
+# Rates are our own, over the recent past, so the replicas' start-up (which takes no steps)
+# does not drag them down for minutes.
 STEPS_FORMAT = (
     "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} sample-steps [{elapsed}{postfix}]"
 )
@@ -61,22 +62,15 @@ def pace(recent: Recent, done: float, most: float) -> tuple[float | None, str]:
 
 
 def steps_pace(recent: Recent, done: int, most: int) -> str:
-    """'1.23k sample-steps/s, at most 5 min left' (see `pace`)."""
+    """'1.23k sample-steps/s, at most 5 min left' (the rate in tqdm's short form, as on bars)."""
     rate, left = pace(recent, done, most)
-    return "? sample-steps/s" if rate is None else f"{format_count(rate)} sample-steps/s, {left}"
-
-
-def format_count(value: float) -> str:
-    """1234 -> 1.23k: tqdm's own short form, as on the bars."""
-    from tqdm import tqdm
-
-    return tqdm.format_sizeof(value)
+    if rate is None:
+        return "? sample-steps/s"
+    return f"{tqdm.format_sizeof(rate)} sample-steps/s, {left}"
 
 
 def steps_bar(total: int, desc: str, position: int | None = None) -> Any:
     """A tqdm bar counting sample-steps (k, M, G suffixes) out of `total` on stderr."""
-    from tqdm import tqdm
-
     return tqdm(
         total=total,
         desc=desc,
@@ -88,29 +82,26 @@ def steps_bar(total: int, desc: str, position: int | None = None) -> Any:
 
 
 def move_bar(bar: Any, n: float, total: float) -> None:
-    """Set `bar` to `n` of `total`."""
     bar.total = total
     bar.update(n - bar.n)
 
 
-class Occupancy:
-    """The batch occupancy a sweep's status line shows: the share of the batch slots that held a
-    search, over the steps the replicas reported in the last `WINDOW_SECONDS`, and over all of
-    them. `run` has running totals `slot_steps` (searches stepped) and `capacity_steps` (slots
-    the batches offered)."""
+def occupancy(recent: Recent, run: Any) -> str:
+    """A sweep's batch occupancy: the share of the batch slots that held a search, over the steps
+    reported in the last `WINDOW_SECONDS` (`recent`: `Recent(WINDOW_SECONDS, 0, 0)`) and over
+    all, from `run`'s totals `slot_steps` (searches stepped) and `capacity_steps` (slots)."""
+    _, (slots, capacity) = recent.add(run.slot_steps, run.capacity_steps)
+    if not run.capacity_steps:
+        return "batch occupancy: no step yet (the replicas load their model first)"
+    whole = percent(run.slot_steps, run.capacity_steps)
+    window = f"the last {WINDOW_SECONDS:.0f} s"
+    if not capacity:
+        return f"batch occupancy: no step in {window}, {whole} overall"
+    return f"batch occupancy {percent(slots, capacity)} in {window}, {whole} overall"
 
-    def __init__(self) -> None:
-        self.recent = Recent(WINDOW_SECONDS, 0, 0)  # from the start: no steps yet
 
-    def text(self, run: Any) -> str:
-        _, (slots, capacity) = self.recent.add(run.slot_steps, run.capacity_steps)
-        if not run.capacity_steps:
-            return "batch occupancy: no step yet (the replicas load their model first)"
-        whole = percent(run.slot_steps, run.capacity_steps)
-        window = f"the last {WINDOW_SECONDS:.0f} s"
-        if not capacity:
-            return f"batch occupancy: no step in {window}, {whole} overall"
-        return f"batch occupancy {percent(slots, capacity)} in {window}, {whole} overall"
+def _samples(p: Any) -> str:
+    return f"{p.finished}/{p.samples} samples finished, {p.found} found"
 
 
 class SweepProgress:
@@ -123,29 +114,21 @@ class SweepProgress:
         self.run: Any = None
         self.bars: dict[str, Any] = {}
         self.status: Any = None
-        self.occupancy = Occupancy()
         self.rates: dict[str, Recent] = {}  # per job: its sample-steps over RATE_SECONDS
         self.printed: dict[str, float] = {}  # per job: when its last line was printed
-        self.started = time.monotonic()
 
     def start(self, run: Any, bars: bool) -> None:
         """`run`: the `SweepRun` whose `progress` (per job) and step totals the lines show."""
         self.run, self.started = run, time.monotonic()
-        self.occupancy = Occupancy()
+        self.occupied = Recent(WINDOW_SECONDS, 0, 0)  # from the start: no steps yet
         if not bars:
             return
-        from tqdm import tqdm
-
         self.status = tqdm(total=0, bar_format="{desc}", position=0, file=sys.stderr)
-        self.status.set_description_str(f"{self.sweep}: {self.occupancy.text(run)}")
+        self._status()
         width = max(len(job) for job in run.progress)
         for i, (job, p) in enumerate(run.progress.items(), start=1):
             self.bars[job] = steps_bar(p.most, f"{job:<{width}}", position=i)
-            self.bars[job].set_postfix_str(self._counts(p))
-
-    @staticmethod
-    def _counts(p: Any) -> str:
-        return f"{p.finished}/{p.samples} samples finished, {p.found} found"
+            self.bars[job].set_postfix_str(_samples(p))
 
     def job(self, p: Any) -> None:
         """A job's counts changed (`runner.run.JobProgress`)."""
@@ -155,8 +138,8 @@ class SweepProgress:
         bar = self.bars.get(p.job)
         if bar is not None:
             move_bar(bar, p.sample_steps, p.most)
-            bar.set_postfix_str(f"{speed}, {self._counts(p)}")
-            self.status.set_description_str(f"{self.sweep}: {self.occupancy.text(self.run)}")
+            bar.set_postfix_str(f"{speed}, {_samples(p)}")
+            self._status()
             return
         now = time.monotonic()  # a log: a line per running job at most every PLAIN_SECONDS
         if done or now - self.printed.get(p.job, self.started) < PLAIN_SECONDS:
@@ -164,33 +147,34 @@ class SweepProgress:
         self.printed[p.job] = now
         print(
             f"  {p.job}: {p.sample_steps:,} of at most {p.most:,} sample-steps "
-            f"({percent(p.sample_steps, p.most)}), {speed}; {self._counts(p)}; "
-            f"{self.occupancy.text(self.run)}",
+            f"({percent(p.sample_steps, p.most)}), {speed}; {_samples(p)}; "
+            f"{occupancy(self.occupied, self.run)}",
             file=sys.stderr,
         )
+
+    def _status(self) -> None:
+        self.status.set_description_str(f"{self.sweep}: {occupancy(self.occupied, self.run)}")
 
     def shard(self, done: Any) -> None:
         """A shard's rows were written (`runner.run.ShardDone`): a log gets a line."""
-        if self.bars:
-            return
-        print(
-            f"  {done.job} shard {done.shard}: {done.samples} samples, {done.found} found, "
-            f"{done.exact} exact ({done.seconds:.1f}s)",
-            file=sys.stderr,
-        )
+        if not self.bars:
+            print(
+                f"  {done.job} shard {done.shard}: {done.samples} samples, {done.found} found, "
+                f"{done.exact} exact ({done.seconds:.1f}s)",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
-        for bar in self.bars.values():
-            bar.close()
-        if self.status is not None:
-            self.status.close()
+        for bar in [*self.bars.values(), self.status]:
+            if bar is not None:
+                bar.close()
 
 
 class TrialProgress:
-    """`sodaray tune`'s progress. On a terminal: a bar of trials that moves with the running
-    trials (each counts as the share of its most sample-steps taken), naming each running trial
-    and its share, and the last finished trial's state and value. Elsewhere: a line per finished
-    trial, and a line of the running trials every `PLAIN_SECONDS`."""
+    """`sodaray tune`'s progress. On a terminal: a bar of trials, each running one counted as the
+    share of its most sample-steps taken and named, with the last finished trial's state and
+    value. Elsewhere: a line per finished trial, and one of the running trials every
+    `PLAIN_SECONDS`."""
 
     SHOWN = 4  # running trials named on the bar; the rest as "+N"
 
@@ -202,8 +186,6 @@ class TrialProgress:
         self.printed = time.monotonic()
         self.recent = Recent(RATE_SECONDS)  # trials done, running ones in part
         if sys.stderr.isatty() if bars is None else bars:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, desc=name, bar_format=TRIALS_FORMAT, file=sys.stderr)
 
     def progress(self, number: int, counts: Any) -> None:
@@ -236,16 +218,14 @@ class TrialProgress:
 
     def _show(self) -> None:
         running = sorted(self.running.items())
-        shares = sum(c.sample_steps / c.most if c.most else 1.0 for _, c in running)
-        done = self.finished + shares
+        done = self.finished + sum(c.sample_steps / c.most if c.most else 1.0 for _, c in running)
         move_bar(self.bar, done, self.bar.total)
-        _, left = pace(self.recent, done, self.bar.total)
         names = [f"#{n} {percent(c.sample_steps, c.most)}" for n, c in running[: self.SHOWN]]
         if len(running) > self.SHOWN:
             names.append(f"+{len(running) - self.SHOWN}")
-        parts = [left] + ([f"running {' '.join(names)}"] if names else [])
-        if self.last:
-            parts.append(f"last {self.last}")
+        parts = [pace(self.recent, done, self.bar.total)[1]]
+        parts += [f"running {' '.join(names)}"] if names else []
+        parts += [f"last {self.last}"] if self.last else []
         self.bar.set_postfix_str(", ".join(parts))
 
     def close(self) -> None:
@@ -255,14 +235,11 @@ class TrialProgress:
 
 class InvertProgress:
     """`sodaray invert`'s bar on a terminal: the sample-steps every target's search has taken
-    out of the most they can take (each unfinished target at its whole budget at every length
-    it may try), with the targets finished and found. An algorithm without steps (the learned
-    inverter) counts targets."""
+    out of the most they can take (`per_target` each: each unfinished target at its whole budget
+    at every length it may try), with the targets finished and found. An algorithm without
+    steps (the learned inverter) counts targets."""
 
     def __init__(self, targets: int, per_target: int, stepwise: bool) -> None:
-        """`per_target`: the most sample-steps one target can take."""
-        from tqdm import tqdm
-
         self.targets, self.per_target, self.stepwise = targets, per_target, stepwise
         self.finished = self.found = 0
         self.recent = Recent(RATE_SECONDS, 0)

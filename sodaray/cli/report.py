@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sodaray.cli.parsing import CliError
+from sodaray.cli import CliError
 from sodaray.io import jsontext
 
 
-def add_report_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
         help="regenerate the paper's tables and figures from result files",
@@ -54,14 +54,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise CliError(f"--embedding-model {model}: no such model folder")
         if kind != "a directory":
             raise CliError(f"--embedding-model {model} is {kind}, not a model folder")
-    report = build_report(
-        args.results,
-        args.out,
-        formats=formats,
-        embedding_model=args.embedding_model,
-        figures=not args.no_figures,
-        extrapolate=args.extrapolate,
-    )
+    options = {name: getattr(args, name) for name in ("embedding_model", "extrapolate")}
+    options |= {"formats": formats, "figures": not args.no_figures}
+    report = build_report(args.results, args.out, **options)
     if args.json:
         summary = {
             "rows": report.rows,
@@ -73,11 +68,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         }
         print(jsontext.dumps(summary))
         return 0
-    print(f"{report.rows} result rows -> {len(report.tables)} tables in {args.out}")
-    for path in report.files:
-        print(f"  {path}")
-    for skipped in report.skipped:
-        print(f"  skipped {skipped.name}: {skipped.reason}")
-    for note in report.notes:
-        print(f"  note: {note}")
+    lines = [f"{report.rows} result rows -> {len(report.tables)} tables in {args.out}"]
+    lines += [f"  {path}" for path in report.files]
+    lines += [f"  skipped {skipped.name}: {skipped.reason}" for skipped in report.skipped]
+    print("\n".join(lines + [f"  note: {note}" for note in report.notes]))
     return 0

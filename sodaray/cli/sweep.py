@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
 from sodaray.costs.flops import format_duration
-from sodaray.errors import shown
+from sodaray.errors import first_line, shown
 from sodaray.io import jsontext
 
 log = logging.getLogger(__name__)
@@ -47,18 +48,9 @@ def add_mlflow_options(p: argparse.ArgumentParser, parent: str, child: str, when
     )
 
 
-def add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep file on Ray; show a results folder's status")
     cmds = p.add_subparsers(dest="sweep_command", required=True, parser_class=type(p))
-    _add_run_parser(cmds)
-    _add_plan_parser(cmds)
-    status = cmds.add_parser("status", help="done / pending / failed shards per job")
-    status.add_argument("out", help="results folder (or one sweep's folder in it)")
-    status.add_argument("--json", action="store_true", help="one JSON object per job")
-    status.set_defaults(func=cmd_sweep_status)
-
-
-def _add_run_parser(cmds: argparse._SubParsersAction) -> None:
     run = cmds.add_parser(
         "run",
         help="run every shard of a sweep that has no result file yet",
@@ -111,9 +103,6 @@ def _add_run_parser(cmds: argparse._SubParsersAction) -> None:
         "GPU jobs; CPU jobs only with a CPU costs file)",
     )
     run.set_defaults(func=cmd_sweep_run)
-
-
-def _add_plan_parser(cmds: argparse._SubParsersAction) -> None:
     plan = cmds.add_parser(
         "plan",
         help="jobs, samples, the most sample-steps and the time a sweep can take",
@@ -140,12 +129,17 @@ def _add_plan_parser(cmds: argparse._SubParsersAction) -> None:
     )
     plan.add_argument("--json", action="store_true", help="the plan as one JSON object")
     plan.set_defaults(func=cmd_sweep_plan)
+    status = cmds.add_parser("status", help="done / pending / failed shards per job")
+    status.add_argument("out", help="results folder (or one sweep's folder in it)")
+    status.add_argument("--json", action="store_true", help="one JSON object per job")
+    status.set_defaults(func=cmd_sweep_status)
 
 
 def cmd_sweep_run(args: argparse.Namespace) -> int:
     from sodaray.cli.progress import SweepProgress
     from sodaray.config.validation import check_output_dir
     from sodaray.costs.devices import load_costs
+    from sodaray.experiment import stops
     from sodaray.experiment.cluster import Cluster
     from sodaray.runner import SweepInterrupted, load_sweep, run_sweep, sweep_status
 
@@ -153,39 +147,36 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     cluster = Cluster(args.address, args.max_attempts, args.wait_for_nodes)
     if not 0 <= args.keep_every <= 86_400:  # NaN too
         raise ValueError(f"--keep-every must be 0 to 86400 seconds, not {args.keep_every}")
-    sweep = load_sweep(
-        args.sweep, model=args.model, overrides=args.overrides
-    )  # validated before Ray starts
-    sweep = _quick(sweep, args, args.limit)
+    # Validated before Ray starts.
+    sweep = _quick(load_sweep(args.sweep, model=args.model, overrides=args.overrides), args)
     check_output_dir(args.out)
-    # Each model entry without a preset: its family defaults and why (their job files say so,
-    # and --json's `defaults`); on stdout, where stderr keeps an error to one line.
-    defaults = _defaults_by_label(sweep.jobs(limit=args.limit, model=args.model))
-    if not args.json:
-        for label, chosen in defaults.items():
-            print(f"model {label}: {chosen['why']}", flush=True)
-    track = _sweep_tracker(args, sweep)
+    defaults = _family_defaults(sweep.jobs(limit=args.limit, model=args.model), args.json)
+    track = None
+    if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
+        from sodaray.cli.tracking.sweep import sweep_logger
+
+        track = sweep_logger(sweep, args)
     progress = SweepProgress(sweep.name)
     planned: dict = {}
     on_start = _on_start(sweep.name, load_costs(args.costs or "h100"), planned, progress)
     folder = f"{args.out}/{sweep.name}"
+    given = {name: getattr(args, name) for name in ("limit", "model", "keep_every")}
+    hooks = {"on_start": on_start, "on_shard": progress.shard, "on_progress": progress.job}
+    stopped = False
     try:
-        run = run_sweep(
-            sweep,
-            args.out,
-            cluster=cluster,
-            limit=args.limit,
-            model=args.model,
-            keep_every=args.keep_every,
-            on_start=on_start,
-            on_shard=progress.shard,
-            on_progress=progress.job,
-        )
+        run = run_sweep(sweep, args.out, cluster=cluster, **given, **hooks)
     except SweepInterrupted as stop:
-        return _interrupted(stop.run, progress, track, folder)
+        run, stopped = stop.run, True
     progress.close()
     if track is not None:
         track(folder)
+    if stopped:  # what the run kept is logged; the stop's exit code (130, 143 or 129)
+        print(
+            f"interrupted: {len(run.done)} shards finished in this run are kept, and the "
+            "searches that ended in unfinished shards; run the same command again to continue",
+            file=sys.stderr,
+        )
+        return stops.exit_code()
     jobs = sweep_status(folder)
     # Work left undone is not success: a failed shard, or a job another driver holds (its
     # shards are not done when this run ends; exit 0 read as "complete" to a script).
@@ -199,78 +190,6 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
         summary = {**run_summary(sweep.name, run, jobs), "plan": check, "defaults": defaults}
         print(jsontext.dumps(summary))
         return incomplete
-    _print_outcome(run, jobs, check)
-    return incomplete
-
-
-def _sweep_tracker(args: argparse.Namespace, sweep):
-    """With --mlflow, what logs the sweep to MLflow given its folder, else None."""
-    if args.mlflow is None:  # an empty URI goes on: check_tracking refuses it
-        return None
-    from sodaray.cli.tracking.sweep import sweep_logger
-
-    options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
-    # The URI is checked before anything runs.
-    return sweep_logger(args.mlflow, sweep, args.mlflow_experiment, options)
-
-
-def _on_start(name: str, costs, planned: dict, progress):
-    """`run_sweep`'s `on_start`: once the jobs are planned and their datasets built, those with
-    work to do are priced into `planned` (no calibration: the costs say what a step takes) to
-    hold the run's wall against; the run's counts go to stderr and the bars start."""
-
-    def on_start(run, samples: int) -> None:
-        from sodaray.errors import first_line
-        from sodaray.runner.plan import plan_sweep
-
-        try:
-            planned.update(
-                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
-            )
-        except Exception as exc:  # a price is a by-product: the run goes on without it
-            log.warning("no plan to hold the run against: %s", first_line(exc))
-        _announce(name, run, samples)
-        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
-
-    return on_start
-
-
-def _announce(name: str, run, samples: int) -> None:
-    """What the run will do, and what it skips or set aside, on stderr."""
-    print(
-        f"sweep {name}: {run.jobs} jobs, {run.shards_total} shards "
-        f"({run.shards_skipped} already done), {samples} samples to run",
-        file=sys.stderr,
-    )
-    for job in run.locked:
-        owner = run.lock_owners.get(job, "?")
-        print(f"  skipped {job}: another driver is running it ({owner})", file=sys.stderr)
-    for job in run.corrupt:
-        print(f"  {job}: file was invalid, set aside; recomputing", file=sys.stderr)
-    if run.kept:
-        print(
-            f"  {run.kept} samples of unfinished shards ended in an earlier run: kept",
-            file=sys.stderr,
-        )
-
-
-def _interrupted(run, progress, track, folder: str) -> int:
-    """A stopped run: what it kept logged and said; the stop's exit code."""
-    from sodaray.experiment import stops
-
-    progress.close()
-    if track is not None:
-        track(folder)
-    print(
-        f"interrupted: {len(run.done)} shards finished in this run are kept, and the "
-        "searches that ended in unfinished shards; run the same command again to continue",
-        file=sys.stderr,
-    )
-    return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
-
-
-def _print_outcome(run, jobs, check: dict | None) -> None:
-    """The finished run for people: each job's status, the totals, the plan, what failed."""
     _print_status(jobs)
     occupancy = run.occupancy
     busy = "" if occupancy is None else f", mean batch occupancy {100 * occupancy:.0f}%"
@@ -287,6 +206,38 @@ def _print_outcome(run, jobs, check: dict | None) -> None:
             f"NOT RUN {name}: another driver holds its lock ({run.lock_owners.get(name, '?')}); "
             "run the command again once it ends"
         )
+    return incomplete
+
+
+def _on_start(name: str, costs, planned: dict, progress):
+    """`run_sweep`'s `on_start`: the jobs with work to do priced into `planned` (by the costs, no
+    calibration) to hold the run's wall against; what the run will do, skips or set aside said
+    on stderr; the bars started."""
+
+    def on_start(run, samples: int) -> None:
+        from sodaray.runner.plan import plan_sweep
+
+        try:
+            planned.update(
+                plan_sweep(run.pending_jobs, rate=None, measure=False, costs=costs, say=log.info)
+            )
+        except Exception as exc:  # a price is a by-product: the run goes on without it
+            log.warning("no plan to hold the run against: %s", first_line(exc))
+        lines = [
+            f"sweep {name}: {run.jobs} jobs, {run.shards_total} shards "
+            f"({run.shards_skipped} already done), {samples} samples to run"
+        ]
+        lines += [
+            f"  skipped {job}: another driver is running it ({run.lock_owners.get(job, '?')})"
+            for job in run.locked
+        ]
+        lines += [f"  {job}: file was invalid, set aside; recomputing" for job in run.corrupt]
+        if run.kept:
+            lines.append(f"  {run.kept} samples of unfinished shards ended in an earlier run: kept")
+        print("\n".join(lines), file=sys.stderr)
+        progress.start(run, bars=bool(samples) and sys.stderr.isatty())
+
+    return on_start
 
 
 def _plan_line(check: dict) -> str:
@@ -308,15 +259,22 @@ def _plan_line(check: dict) -> str:
     return line
 
 
-def _defaults_by_label(jobs) -> dict[str, dict]:
-    """The family defaults each model entry without a preset got (`Job.defaults`), by label."""
-    return {j.model.label: j.defaults.to_dict() for j in jobs if j.defaults is not None}
+def _family_defaults(jobs, as_json: bool) -> dict[str, dict]:
+    """The family defaults each model entry without a preset got, by label; without --json said
+    on stdout (stderr keeps an error to one line)."""
+    defaults = {j.model.label: j.defaults.to_dict() for j in jobs if j.defaults is not None}
+    for label, chosen in {} if as_json else defaults.items():
+        print(f"model {label}: {chosen['why']}", flush=True)
+    return defaults
+
+
+def _job(status) -> dict:
+    """A job's status as JSON holds it."""
+    return {**dataclasses.asdict(status), "pending": status.pending}
 
 
 def run_summary(name: str, run, jobs) -> dict:
     """`sweep run --json`: what ran, what was skipped or failed, and every job's status."""
-    import dataclasses
-
     return {
         "sweep": name,
         "jobs": run.jobs,
@@ -329,23 +287,21 @@ def run_summary(name: str, run, jobs) -> dict:
         "failed": [dataclasses.asdict(f) for f in run.failed],
         "locked": run.locked,
         "lock_owners": run.lock_owners,
-        "status": [{**dataclasses.asdict(j), "pending": j.pending} for j in jobs],
+        "status": [_job(j) for j in jobs],
     }
 
 
-def _quick(sweep, args: argparse.Namespace, limit: int | None):
+def _quick(sweep, args: argparse.Namespace):
     """A quick look (`--max-steps` / `--limit`) as its own sweep, NAME-quick, so its results,
     status and report never mix with the full run's."""
     if args.steps is not None:
         raise ValueError("--steps is now --max-steps (the step budget has one name)")
-    steps = args.max_steps
+    steps, limit = args.max_steps, args.limit
     if steps is not None and steps < 1:
         raise ValueError(f"--max-steps must be at least 1, not {steps}")
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, not {limit}")
-    if steps is None and limit is None:
-        return sweep
-    return sweep.quick(steps)
+    return sweep if steps is None and limit is None else sweep.quick(steps)
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
@@ -362,22 +318,12 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
             "prices none; give one"
         )
     costs = load_costs(args.costs)
-    sweep = _quick(
-        load_sweep(args.sweep, model=args.model, overrides=args.overrides), args, args.limit
-    )
+    sweep = _quick(load_sweep(args.sweep, model=args.model, overrides=args.overrides), args)
     jobs = sweep.jobs(limit=args.limit, model=args.model)
     check_jobs_fit(jobs, sweep.path)  # inputs beyond a model's context: refused, as `run` does
-    defaults = _defaults_by_label(jobs)
-    if not args.json:
-        for label, chosen in defaults.items():
-            print(f"model {label}: {chosen['why']}")
-    plan = plan_sweep(
-        jobs,
-        rate=args.rate,
-        measure=not args.no_calibrate,
-        costs=costs,
-        say=(lambda line: print(line, file=sys.stderr)) if args.json else print,
-    )
+    defaults = _family_defaults(jobs, args.json)
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    plan = plan_sweep(jobs, rate=args.rate, measure=not args.no_calibrate, costs=costs, say=say)
     if args.json:
         print(jsontext.dumps({"sweep": sweep.name, **plan, "defaults": defaults}))
         return 0
@@ -400,14 +346,11 @@ def cmd_sweep_plan(args: argparse.Namespace) -> int:
         )
     t = plan["total"]
     print(f"total: {t['samples']:,} samples, at most {t['sample_steps']:,} sample-steps")
-    startup = (
-        f"{t['startup_seconds']:.0f} s of start-up counted, once per model"
-        if t.get("startup_seconds")
-        else "start-up not counted"
-    )
-    for line in estimate_lines(
-        t, f"jobs one after another, each job's shards across its replicas; {startup}"
-    ):
+    startup = "start-up not counted"
+    if t.get("startup_seconds"):
+        startup = f"{t['startup_seconds']:.0f} s of start-up counted, once per model"
+    wall = f"jobs one after another, each job's shards across its replicas; {startup}"
+    for line in estimate_lines(t, wall):
         print(line)
     if t["unpriced"]:
         print(
@@ -447,13 +390,11 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
     jobs = sweep_status(args.out)
     if not jobs:
         raise ValueError(f"no sweep jobs (.sodaray/jobs/*/job.json) under {args.out}")
-    if args.json:
-        import dataclasses
-
-        for j in jobs:  # JSON Lines: one job a line, for jq and scripts
-            print(jsontext.dumps({**dataclasses.asdict(j), "pending": j.pending}))
+    if not args.json:
+        _print_status(jobs)
         return 0
-    _print_status(jobs)
+    for j in jobs:  # JSON Lines: one job a line, for jq and scripts
+        print(jsontext.dumps(_job(j)))
     return 0
 
 

@@ -10,7 +10,7 @@ import os
 from sodaray.io import jsontext
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train-inverter",
         help="train a T5 inverter on a model's own outputs (the learned baseline)",
@@ -63,81 +63,55 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 MLP_HIDDEN = 1024  # --mlp-hidden when not given
-
-
-def max_threads() -> int:
-    """The most `--threads` taken: four per CPU this process may run on, and never fewer than
-    256. torch hands the count to its OpenMP pool, which starts that many threads, each with
-    its own stack: 100,000,000 ended the process in a segmentation fault. More threads than
-    CPUs only slows the work; the factor and the floor leave room for a count that is sane on
-    another node (or a container that shows fewer CPUs than it runs on)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on macOS and Windows
-        cpus = os.cpu_count() or 1
-    return max(256, 4 * cpus)
+PAPER_FLAGS = ("output_tokens", "batch_size", "lr", "weight_decay")  # default: the paper's
 
 
 def check_threads(threads: int | None) -> None:
-    """`--threads`: at least 1 and at most `max_threads()`, checked before torch sees it
-    (ValueError naming the option)."""
+    """`--threads`, before torch hands it to its OpenMP pool (100,000,000 threads, each with its
+    own stack, ended the process in a segmentation fault): at least 1, at most four per CPU this
+    process may run on and never fewer than 256 (room for a count sane on another node, or in a
+    container that shows fewer CPUs than it runs on)."""
     if threads is None:
         return
     if threads < 1:
         raise ValueError(f"--threads must be at least 1, not {threads}")
-    if threads > max_threads():
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS and Windows
+        cpus = os.cpu_count() or 1
+    if threads > max(256, 4 * cpus):
         raise ValueError(
-            f"--threads {threads} is more than this machine can run: at most {max_threads()} "
-            "(four per CPU, at least 256)"
+            f"--threads {threads} is more than this machine can run: at most "
+            f"{max(256, 4 * cpus)} (four per CPU, at least 256)"
         )
 
 
 def cmd_train_inverter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sodaray.config.capacity import check_context
+    from sodaray.config.capacity import check_context, check_device
     from sodaray.data.build import parse_lengths
-    from sodaray.inverter.train import (
-        PAPER_DEFAULTS,
-        TrainConfig,
-        check_resumable,
-        train_inverter,
-    )
+    from sodaray.inverter.train import PAPER_DEFAULTS, TrainConfig, check_resumable, train_inverter
+    from sodaray.io.files import check_model_files
     from sodaray.model.load import load_model
 
     if args.mlp_hidden is not None and args.observation != "logits":
         raise ValueError(
             "--mlp-hidden sizes the logits encoder's MLP: it is for --observation logits"
         )
-    from sodaray.config.capacity import check_device
-
     check_device(args.device)  # `--device tpu`: one line, before anything loads
     paper = PAPER_DEFAULTS[args.observation]
-
-    def pick(name: str) -> float | int:
-        value = getattr(args, name)
-        return paper[name] if value is None else value
-
+    given = {name: getattr(args, name) for name in PAPER_FLAGS}
+    same = ("per_length", "epochs", "warmup_steps", "shape", "seed", "max_seconds", "observation")
     cfg = TrainConfig(
         lengths=tuple(parse_lengths(args.lengths)),
-        per_length=args.per_length,
-        output_tokens=int(pick("output_tokens")),
-        epochs=args.epochs,
-        batch_size=int(pick("batch_size")),
-        lr=float(pick("lr")),
-        weight_decay=float(pick("weight_decay")),
-        warmup_steps=args.warmup_steps,
-        shape=args.shape,
-        seed=args.seed,
-        max_seconds=args.max_seconds,
-        observation=args.observation,
         mlp_hidden=MLP_HIDDEN if args.mlp_hidden is None else args.mlp_hidden,
+        **{name: getattr(args, name) for name in same},
+        **{name: paper[name] if value is None else value for name, value in given.items()},
     )
     cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
     check_resumable(cfg, Path(args.out))
     check_threads(args.threads)
-    from sodaray.io.files import check_model_files
-
     check_model_files(os.path.expanduser(args.model))  # a FIFO, a folder without weights
     logging.info("loading %s", args.model)
     model = load_model(args.model, device=args.device)
@@ -146,42 +120,33 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    state = train_inverter(model, cfg, args.out, None if args.json else _print_epoch(cfg.epochs))
-    summary = outcome(state, cfg.epochs, Path(args.out))
-    if args.json:
-        print(jsontext.dumps(summary))
-        return 0
-    best = summary["best_epoch"]
-    if not summary["history"]:
-        print(f"nothing trained: {args.out} holds no epoch")
-        return 0
-    if best is None:
-        print(
-            f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; no epoch had a "
-            "finite validation loss (training diverged): no best checkpoint"
-        )
-        return 0
-    print(
-        f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; best val loss "
-        f"{best['val_loss']:.4f} (val exact {best['val_exact']:.1%}) at epoch {best['epoch']}: "
-        f"{summary['best']}"
-    )
-    return 0
 
-
-def _print_epoch(epochs: int):
     def show(row: dict) -> None:
         print(
-            f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}, val loss "
+            f"epoch {row['epoch']}/{cfg.epochs}: train loss {row['train_loss']:.4f}, val loss "
             f"{row['val_loss']:.4f}, val exact {row['val_exact']:.1%} ({row['seconds']:.0f} s)",
             flush=True,
         )
 
-    return show
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+    state = train_inverter(model, cfg, args.out, None if args.json else show)
+    summary = outcome(state, cfg.epochs, Path(args.out))
+    best = summary["best_epoch"]
+    if args.json:
+        print(jsontext.dumps(summary))
+    elif not summary["history"]:
+        print(f"nothing trained: {args.out} holds no epoch")
+    elif best is None:
+        print(
+            f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; no epoch had a "
+            "finite validation loss (training diverged): no best checkpoint"
+        )
+    else:
+        print(
+            f"{summary['epochs_done']} of {cfg.epochs} epochs in {args.out}; best val loss "
+            f"{best['val_loss']:.4f} (val exact {best['val_exact']:.1%}) at epoch "
+            f"{best['epoch']}: {summary['best']}"
+        )
+    return 0
 
 
 def outcome(state: dict, epochs: int, out) -> dict:
@@ -190,7 +155,8 @@ def outcome(state: dict, epochs: int, out) -> dict:
     history = state.get("history") or []
     # An epoch whose validation loss is not finite (diverged; null once read back from JSON)
     # is never best, and `best/` is written only for a finite one.
-    ranked = [r for r in history if _finite(r.get("val_loss"))]
+    finite = [r for r in history if isinstance(r.get("val_loss"), int | float)]
+    ranked = [r for r in finite if math.isfinite(r["val_loss"])]
     best = min(ranked, key=lambda r: r["val_loss"]) if ranked else None
     return {
         "out": str(out),

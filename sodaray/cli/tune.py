@@ -7,10 +7,11 @@ import sys
 from typing import Any
 
 from sodaray.cli.sweep import COSTS_HELP, WAIT_HELP, add_mlflow_options
+from sodaray.errors import shown
 from sodaray.io import jsontext
 
 
-def add_tune_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="tune an algorithm's parameters with Optuna, trials on Ray actors",
@@ -75,131 +76,24 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from functools import partial
+
     from sodaray.cli.progress import TrialProgress
     from sodaray.config.validation import check_output_dir
     from sodaray.costs.devices import load_costs
     from sodaray.costs.flops import check_rate
+    from sodaray.experiment import stops
     from sodaray.experiment.cluster import Cluster
+    from sodaray.experiment.spec import model_defaults
     from sodaray.tuner import load_tuning, run_tuning
+    from sodaray.tuner.run import TuneInterrupted
     from sodaray.tuner.storage import check_storage
 
-    if args.trials is not None and args.trials < 1:
-        raise ValueError(f"--trials must be at least 1, not {args.trials}")
-    if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, not {args.workers}")
-    check_modes(args)
-    spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
-    check_output_dir(args.out)
-    check_storage(spec, args.out, args.storage)  # empty, unknown, its driver missing
-    check_rate(args.rate)
-    costs = load_costs(args.costs)
-    if args.evaluate:
-        return cmd_evaluate(spec, args)
-    if args.dry_run:
-        study = describe(spec, args, costs)
-        print(jsontext.dumps(study, default=str))
-        for line in dry_run_lines(study["estimate"]):
-            print(line, file=sys.stderr)
-        return 0
-    defaults = _model_defaults(spec, args)
-    tracker = _study_tracker(args, spec)
-    progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
-    try:
-        run = run_tuning(
-            spec,
-            args.out,
-            trials=args.trials,
-            workers=args.workers,
-            storage=args.storage,
-            model=args.model,
-            # Made (and checked) as the run starts: --dry-run never reads these options.
-            cluster=Cluster(args.address, wait_for_nodes=args.wait_for_nodes),
-            on_trial=progress.trial,
-            callbacks=[] if tracker is None else [tracker.trial],
-            on_progress=progress.progress,
-        )
-    except KeyboardInterrupt as exc:
-        return _interrupted(exc, tracker)
-    finally:
-        progress.close()
-    return _finish(args, run, tracker, defaults)
-
-
-def _model_defaults(spec, args: argparse.Namespace):
-    """The family defaults of the tuned model when it names no preset (else None), said on
-    stdout without --json (with it: the leaderboard's `defaults`)."""
-    from sodaray.experiment.spec import model_defaults
-
-    model = spec.on_model(args.model).model
-    defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
-    if defaults is not None and not args.json:
-        print(f"model {model.label}: {defaults.why()}", flush=True)
-    return defaults
-
-
-def _study_tracker(args: argparse.Namespace, spec):
-    """With --mlflow, the study's MLflow tracker, else None."""
-    if args.mlflow is None:  # the URI is checked before anything runs (an empty one too)
-        return None
-    from sodaray.cli.tracking.study import StudyTracker
-
-    return StudyTracker(
-        args.mlflow,
-        spec,
-        out=args.out,
-        storage=args.storage,
-        model=args.model,
-        overrides=args.overrides,
-        experiment=args.mlflow_experiment,
-    )
-
-
-def _interrupted(exc: KeyboardInterrupt, tracker) -> int:
-    """A stopped run: its tracker stopped, one line on what is kept; the stop's exit code."""
-    from sodaray.experiment import stops
-    from sodaray.tuner.run import TuneInterrupted
-
-    if tracker is not None:
-        tracker.stop()
-    left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
-    again = f"; running trials {left} failed, to run again" if left else ""
-    print(
-        f"interrupted: finished trials are in the study{again}; run again to resume",
-        file=sys.stderr,
-    )
-    return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
-
-
-def _finish(args: argparse.Namespace, run, tracker, defaults) -> int:
-    """The study after the run, as a leaderboard (and to MLflow); 1 when every trial failed."""
-    board = leaderboard(run)
-    if tracker is not None:
-        tracker.finish(run, board)
-    if run.joined and not args.json:
-        print(
-            f"joined the study beside its live run{'s' * (len(run.joined) > 1)}: "
-            + "; ".join(run.joined)
-        )
-    if run.grid is not None and run.grid[1] < run.asked and not args.json:
-        print(grid_line(*run.grid))
-    if args.json:
-        print(
-            jsontext.dumps({**board, "defaults": None if defaults is None else defaults.to_dict()})
-        )
-    else:
-        print_leaderboard(run, board)
-    failure = no_trial_completed(run)
-    if failure is not None:
-        print(f"sodaray: error: {failure}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def check_modes(args: argparse.Namespace) -> None:
-    """Options that contradict each other, or that this mode never reads, are refused
-    (ValueError naming them) before anything loads: `--evaluate` with `--dry-run` (one would
-    be ignored), and `--rate` or `--calibrate` without `--dry-run` (they price its estimate
-    only; a run or a verdict went ahead as if they were not given)."""
+    for name, value in (("--trials", args.trials), ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
+    # Options that contradict, or that this mode never reads (--rate and --calibrate price the
+    # --dry-run estimate only), refused before anything loads.
     if args.evaluate and args.dry_run:
         raise ValueError(
             "--evaluate and --dry-run contradict: --evaluate runs the verdict, --dry-run runs "
@@ -208,40 +102,87 @@ def check_modes(args: argparse.Namespace) -> None:
     for name, given in (("--rate", args.rate is not None), ("--calibrate", args.calibrate)):
         if given and not args.dry_run:
             raise ValueError(f"{name} prices the --dry-run estimate only: add --dry-run")
+    spec = load_tuning(args.tuning, args.overrides)  # validated before Ray starts
+    check_output_dir(args.out)
+    check_storage(spec, args.out, args.storage)  # empty, unknown, its driver missing
+    check_rate(args.rate)
+    costs = load_costs(args.costs)
+    # What a verdict and a run share; the cluster is made (and checked) as either starts:
+    # --dry-run never reads these options.
+    shared = {"storage": args.storage, "model": args.model, "workers": args.workers}
+    cluster = partial(Cluster, args.address, wait_for_nodes=args.wait_for_nodes)
+    if args.evaluate:  # the verdict's lines, or with --json its object
+        from sodaray.tuner.verdict import evaluate
+
+        verdict = evaluate(spec, args.out, cluster=cluster(), **shared)
+        lines = [jsontext.dumps(verdict.to_dict(), default=str)] if args.json else verdict.lines()
+        print("\n".join(lines))
+        return 0
+    if args.dry_run:
+        study = describe(spec, args, costs)
+        print(jsontext.dumps(study, default=str))
+        for line in dry_run_lines(study["estimate"]):
+            print(line, file=sys.stderr)
+        return 0
+    model = spec.on_model(args.model).model
+    defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
+    if defaults is not None and not args.json:  # with --json: the leaderboard's `defaults`
+        print(f"model {model.label}: {defaults.why()}", flush=True)
+    tracker = None
+    if args.mlflow is not None:  # the URI is checked before anything runs (an empty one too)
+        from sodaray.cli.tracking.study import StudyTracker
+
+        tracker = StudyTracker(spec, args)
+    progress = TrialProgress(spec.name, spec.trials if args.trials is None else args.trials)
+    hooks = {"on_trial": progress.trial, "on_progress": progress.progress}
+    hooks["callbacks"] = [] if tracker is None else [tracker.trial]
+    try:
+        run = run_tuning(spec, args.out, trials=args.trials, cluster=cluster(), **shared, **hooks)
+    except KeyboardInterrupt as exc:  # its tracker stopped, one line on what is kept
+        if tracker is not None:
+            tracker.stop()
+        left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
+        again = f"; running trials {left} failed, to run again" if left else ""
+        print(
+            f"interrupted: finished trials are in the study{again}; run again to resume",
+            file=sys.stderr,
+        )
+        return stops.exit_code()  # 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP
+    finally:
+        progress.close()
+    return _finish(args, run, tracker, defaults)
 
 
-def cmd_evaluate(spec, args: argparse.Namespace) -> int:
-    """`tune --evaluate`: the verdict's lines, or with --json its object."""
-    from sodaray.experiment.cluster import Cluster
-    from sodaray.tuner.verdict import evaluate
-
-    verdict = evaluate(
-        spec,
-        args.out,
-        storage=args.storage,
-        model=args.model,
-        workers=args.workers,
-        cluster=Cluster(args.address, wait_for_nodes=args.wait_for_nodes),
-    )
+def _finish(args: argparse.Namespace, run, tracker, defaults) -> int:
+    """The study after the run, as a leaderboard (and to MLflow); 1 when every trial failed."""
+    board = leaderboard(run)
+    if tracker is not None:
+        tracker.finish(run, board)
     if args.json:
-        print(jsontext.dumps(verdict.to_dict(), default=str))
+        print(jsontext.dumps({**board, "defaults": defaults and defaults.to_dict()}))
     else:
-        print("\n".join(verdict.lines()))
+        if run.joined:
+            live = f"live run{'s' * (len(run.joined) > 1)}"
+            print(f"joined the study beside its {live}: " + "; ".join(run.joined))
+        if run.grid is not None and run.grid[1] < run.asked:  # no more trials than points left
+            points, left = run.grid
+            trials = f"{left:,} trial{'s' * (left != 1)}"
+            print(
+                f"the grid has {left:,} of its {points:,} points left: ran {trials}"
+                if left
+                else f"the grid's {points:,} points are all tried: nothing more to run"
+            )
+        print_leaderboard(run, board)
+    failure = no_trial_completed(run)
+    if failure is not None:
+        print(f"sodaray: error: {failure}", file=sys.stderr)
+        return 1
     return 0
 
 
-def grid_line(points: int, left: int) -> str:
-    """What a grid study ran of what was asked: no more trials than points left."""
-    if left == 0:
-        return f"the grid's {points:,} points are all tried: nothing more to run"
-    trials = f"{left:,} trial{'s' * (left != 1)}"
-    return f"the grid has {left:,} of its {points:,} points left: ran {trials}"
-
-
 def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
-    """What `tune` would run, where it would write, and what it will cost at most
-    (`--dry-run`): each parameter's range as the study samples it (overrides applied), and
-    the estimate of `sodaray.tuner.plan`, priced by `costs` as `sweep plan` prices."""
+    """`--dry-run`: what `tune` would run (each parameter's range as sampled, overrides applied),
+    where it would write, and the most it will cost, priced by `costs` as `sweep plan` prices."""
     from sodaray.experiment.spec import model_defaults
     from sodaray.io.paths import inside
     from sodaray.tuner.plan import plan_study
@@ -250,6 +191,7 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     spec = spec.on_model(args.model)  # as `run_tuning` runs it
     trials = spec.trials if args.trials is None else args.trials
     defaults = model_defaults(spec.model)
+    pricing = {name: getattr(args, name) for name in ("workers", "rate", "calibrate")}
     return {
         "study": spec.name,
         "folder": str(inside(args.out, spec.name)),
@@ -266,14 +208,7 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
         "metric": spec.metric,
         "max_steps": spec.max_steps,
         "space": {p.name: p.describe() for p in spec.space},
-        "estimate": plan_study(
-            spec,
-            trials=trials,
-            workers=args.workers,
-            rate=args.rate,
-            calibrate=args.calibrate,
-            costs=costs,
-        ),
+        "estimate": plan_study(spec, trials=trials, costs=costs, **pricing),
     }
 
 
@@ -296,10 +231,9 @@ def dry_run_lines(estimate: dict[str, Any]) -> list[str]:
 
 
 def no_trial_completed(run) -> str | None:
-    """One line when this run's trials all failed, else None. Such a run is not a success
-    (exit 1), whatever the study held before: on a cluster it is how a storage or path that the
-    nodes cannot reach shows itself. A pruned trial is the pruner at work, not an error: a run
-    whose trials were all pruned (a resumed study whose best is already good) succeeds."""
+    """One line when this run's trials all failed (exit 1, whatever the study held before: on a
+    cluster, how a storage or path the nodes cannot reach shows itself), else None. A run whose
+    trials were all pruned (the pruner at work, not an error) succeeds."""
     if not run.outcomes or any(o.state != "failed" for o in run.outcomes):
         return None
     errors = sorted({o.error for o in run.outcomes if o.error})
@@ -329,8 +263,7 @@ def leaderboard(run, top: int = 10) -> dict[str, Any]:
     }
 
 
-def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
-    board = leaderboard(run) if board is None else board
+def print_leaderboard(run, board: dict[str, Any]) -> None:
     print(
         f"study {board['study']} ({board['storage']}): {board['trials']} trials: "
         + ", ".join(f"{v} {k}" for k, v in board["states"].items())
@@ -340,8 +273,11 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
             f"  trials {run.stale_failed} were left running by an earlier run, now over: "
             "marked failed, retried"
         )
-    for t in board["top"]:
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
+    for t in board["top"]:  # a categorical choice may hold a line break: shown as data
+        params = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={shown(v)}"
+            for k, v in t["params"].items()
+        )
         print(f"{t['rank']:>3}. trial {t['trial']:>4}  {t['value']:.4f}  {params}")
     steps = board["sample_steps"]
     if steps["spent"]:
@@ -356,10 +292,3 @@ def print_leaderboard(run, board: dict[str, Any] | None = None) -> None:
         print(f"plot: {plot}")
     for name, reason in run.plots_skipped.items():
         print(f"plot {name} skipped: {reason}")
-
-
-def _fmt(value) -> str:
-    """A trial's value as data (a categorical choice may hold a line break)."""
-    from sodaray.errors import shown
-
-    return f"{value:.4g}" if isinstance(value, float) else shown(value)

@@ -3,6 +3,7 @@ the model's context for the positions a search uses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -15,8 +16,6 @@ def check_device(text: str) -> None:
         device = torch.device(text)
     except (RuntimeError, ValueError) as exc:
         raise ValueError(f"--device {text}: not a device (cpu, cuda, cuda:1, mps)") from exc
-    if device.type == "cpu":
-        return
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {text}: CUDA is not available on this machine")
@@ -24,22 +23,18 @@ def check_device(text: str) -> None:
             raise ValueError(
                 f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
-        return
-    if device.type == "mps" and torch.backends.mps.is_available():
-        return
-    raise ValueError(f"--device {text}: not available here (use cpu or cuda)")
+    elif device.type != "cpu" and not (device.type == "mps" and torch.backends.mps.is_available()):
+        raise ValueError(f"--device {text}: not available here (use cpu or cuda)")
 
 
 # ---- memory -----------------------------------------------------------------------------------
 def available_memory() -> int | None:
     """Bytes of memory available to a new allocation on this machine (None when unknown)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (OSError, ValueError, AttributeError):
@@ -63,25 +58,21 @@ class MemoryBudgetError(ValueError):
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
 
 
-# Bytes per float32 (B, n, V) buffer, times the buffers an algorithm keeps: SODA holds Z, Adam's
-# two moments, the probabilities and the gradient; GCG its one-hot gradient and candidates.
+# Float32 (B, n, V) buffers a search state keeps: SODA holds Z, Adam's two moments, the
+# probabilities and the gradient; GCG its one-hot gradient and candidates.
 STATE_BUFFERS = 5
 
 
 def dataset_bytes(lengths: list[int], per_length: int) -> float:
     """Rough peak memory of building a dataset: Python rows (ids, text, labels) and Arrow copy."""
     return float(per_length) * sum(400 + 80 * n for n in lengths)
-
-
-def state_bytes(batch: int, length: int, vocab: int) -> float:
-    return float(STATE_BUFFERS) * 4 * batch * length * vocab
 
 
 # For a model whose config names no context: longer than any model's (and bounds every plan).
@@ -110,14 +101,14 @@ def check_positions(
 
 def device_memory(device: Any) -> int | None:
     """Free bytes on `device` (CUDA: what the driver reports; else the machine's memory)."""
-    if getattr(device, "type", "cpu") == "cuda":
-        import torch
+    if getattr(device, "type", "cpu") != "cuda":
+        return available_memory()
+    import torch
 
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except (RuntimeError, AssertionError):
-            return None
-    return available_memory()
+    try:
+        return int(torch.cuda.mem_get_info(device)[0])
+    except (RuntimeError, AssertionError):
+        return None
 
 
 def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> None:
@@ -126,7 +117,7 @@ def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> N
     if algorithm == "embedding":  # (B, n, d) state; distances in vocab chunks
         vocab = int(model.embedding_matrix.shape[1]) + 8192
     check_memory(
-        state_bytes(batch, length, vocab),
+        float(STATE_BUFFERS) * 4 * batch * length * vocab,
         f"a search state of {batch} targets x {length} positions x {vocab}",
         device_memory(model.device),
         "lower max_batch_size or the length",

@@ -1,27 +1,23 @@
 """Sweep and tuning files as documents: read as UTF-8 YAML (with the loader's limits), shared
 pieces merged in (`include:`), and `key=value` overrides from the command line applied, all
-before any field is checked. What the file says and what the command line says are validated
-alike, and a job's hash covers the final values.
+before any field is checked, so the file and the command line are validated alike and a job's
+hash covers the final values.
 
-- `include: base.yaml` (or a list) at the top of a file: each named file (relative to the one
-  that names it) is read first, in order, and the file's own keys go over them; mappings merge
-  key by key, anything else (a list, a number) is replaced whole. Included files may include
-  others, to a depth of `MAX_DEPTH`; a file including itself is an error.
-- Paths a file names are relative to its folder (`sodaray.io.paths.in_file`), an included file's
-  too: the caller names its path fields (`models.*.id`), and an included file's relative paths
-  that exist from its folder are rewritten relative to the including file's, so the document
-  has one folder, the top file's, that every relative path in it is read from.
+- `include: base.yaml` (or a list), relative to the including file: read first, in order, the
+  file's own keys over them (mappings merge key by key, anything else is replaced whole), to a
+  depth of `MAX_DEPTH`; a file including itself is an error. An included file's relative paths
+  (the fields the caller names) that exist from its folder are rewritten relative to the top
+  file's, the one folder every relative path in the document is read from.
 - An override `a.b.c=VALUE` sets one field; VALUE is YAML (`0.07`, `true`, `[1, 2]`). A list
-  is entered by an entry's name (`models.qwen.bos=true`: the model entry named or labelled
-  `qwen`; `algorithms.soda.params.temperature=0.07`) or by its index (`models.0.bos=true`).
-  Names may hold dots (`models.qwen2.5-0.5b.bos=true`): the longest name that matches wins.
-  An override is at most `MAX_OVERRIDE_CHARS` characters, its key at most `MAX_NESTING` parts
-  (and its value, as any YAML, nests at most `MAX_NESTING` levels).
+  entry is named by its name, label, id or kind (`models.qwen.bos=true`) or by its index
+  (`models.0.bos=true`); names may hold dots, the longest that matches wins. An override is at
+  most `MAX_OVERRIDE_CHARS` characters, its key at most `MAX_NESTING` parts.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +29,7 @@ from sodaray.io.files import MAX_NESTING, read_config
 from sodaray.io.paths import brief, expand_path
 
 MAX_DEPTH = 8
-# A command line's KEY=VALUE (or `--param KEY=VALUE`): a value, not a file. Linux passes at most
-# 128 KiB in one argument; the Python API has no such limit.
+# A command line's KEY=VALUE: a value, not a file (Linux passes at most 128 KiB an argument).
 MAX_OVERRIDE_CHARS = 1 << 16
 
 
@@ -45,18 +40,14 @@ def read_document(
     overrides: list[str] | tuple = (),
     paths: tuple[str, ...] = (),
 ) -> tuple[Any, Path]:
-    """A config file's data with its includes merged in and `overrides` applied; one-line
-    `error`s naming the file (or the override). `paths`: the fields that name files
-    (`models.*.id`; `*` is every entry of a list), whose relative values an included file
-    gives are rebased onto this file's folder. An override is the file's own value: its paths
-    are read from the file's folder too."""
+    """A config file's data with its includes merged in and `overrides` applied (as the file's
+    own values); one-line `error`s naming the file or the override. `paths`: the fields that
+    name files (`models.*.id`; `*`: every list entry), rebased from an included file's folder."""
     path = Path(path)
-    data = _read(path, kind, error, ())
+    data = read_yaml(path, kind, error)
     if isinstance(data, dict):
         data = _with_includes(data, path, kind, error, (path.resolve(),), paths)
-    for text in overrides:
-        if not isinstance(data, dict):
-            break  # the file itself is wrong: its own check says how
+    for text in overrides if isinstance(data, dict) else ():  # else its own check says how
         try:
             data = apply_override(data, text)
         except ValueError as exc:
@@ -64,7 +55,11 @@ def read_document(
     return data, path
 
 
-def _read(path: Path, kind: str, error: type[ValueError], chain: tuple[Path, ...]) -> Any:
+def read_yaml(
+    path: str | Path, kind: str, error: type[ValueError] = ValueError, chain: tuple[Path, ...] = ()
+) -> Any:
+    """A `kind` file's YAML data (`yaml_load`), one-line `error`s naming the file (and, in
+    `chain`, the files that include it)."""
     where = "(included by " + str(chain[-1]) + ")" if chain else ""
     text = read_config(path, f"{kind} file", error, where)  # a regular file, size-limited
     try:
@@ -97,7 +92,7 @@ def _with_includes(
         child = (path.parent / Path(name).expanduser()).resolve()
         if child in chain:
             raise error(f"{path}: include: {name} includes itself")
-        piece = _read(child, kind, error, (*chain, path))
+        piece = read_yaml(child, kind, error, (*chain, path))
         if not isinstance(piece, dict):
             raise error(f"{child}: an included file is a mapping of fields")
         piece = _with_includes(piece, child, kind, error, (*chain, child), paths)
@@ -108,8 +103,7 @@ def _with_includes(
 
 
 def _rebase(node: Any, parts: list[str], source: Path, target: Path) -> Any:
-    """`node` with the path at `parts` (`*`: each list entry) rewritten from `source`'s folder
-    to `target`'s; a copy along the path, the rest shared."""
+    """`node` with the path at `parts` rewritten from `source` to `target` (copied along it)."""
     if not parts:
         return _moved(node, source, target) if isinstance(node, str) else node
     head, rest = parts[0], parts[1:]
@@ -123,9 +117,8 @@ def _rebase(node: Any, parts: list[str], source: Path, target: Path) -> Any:
 
 
 def _moved(value: str, source: Path, target: Path) -> str:
-    """A relative path that exists from `source`, written relative to `target`. Anything else
-    as it is: absolute paths, `~` and `$VAR` paths, hub ids, `hf`, and paths missing from
-    `source` (written for the current directory, as older files were: `in_file` reads them)."""
+    """A relative path that exists from `source`, written relative to `target`; anything else
+    (absolute, `~` and `$VAR` paths, hub ids, paths missing from `source`) as it is."""
     if value.startswith(("~", "$")) or os.path.isabs(value):
         return value
     try:
@@ -140,10 +133,8 @@ def merge(base: dict, top: dict) -> dict:
     """`top` over `base`: mappings key by key, anything else replaced."""
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge(out[key], value) if both else value
     return out
 
 
@@ -178,14 +169,12 @@ def _set(node: Any, parts: list[str], value: Any, done: list[str]) -> Any:
         return value
     where = ".".join(done) or "the file"
     if isinstance(node, dict):
-        key, used = _longest(parts, [k for k in node if isinstance(k, str)])
-        key = key if key is not None else parts[0]
+        key, used = _longest(parts, node)
+        key = parts[0] if key is None else key
         child = node.get(key)
         if child is None and len(parts) > used:
             child = {}  # `params.temperature=0.07` where the entry has no params yet
-        out = dict(node)
-        out[key] = _set(child, parts[used:], value, [*done, key])
-        return out
+        return {**node, key: _set(child, parts[used:], value, [*done, key])}
     if isinstance(node, list):
         index, used = _entry(node, parts, where)
         out = list(node)
@@ -194,7 +183,7 @@ def _set(node: Any, parts: list[str], value: Any, done: list[str]) -> Any:
     raise ValueError(f"{where} is {brief(node)}, not a mapping or a list to go into")
 
 
-def _longest(parts: list[str], names: list[str]) -> tuple[str | None, int]:
+def _longest(parts: list[str], names: Container) -> tuple[str | None, int]:
     """The longest run of `parts` joined by dots that is one of `names`, and its length."""
     for used in range(len(parts), 0, -1):
         candidate = ".".join(parts[:used])
@@ -211,26 +200,24 @@ def _entry(entries: list, parts: list[str], where: str) -> tuple[int, int]:
             raise ValueError(f"{where} has {len(entries)} entries, not {index + 1}")
         return index, 1
     labels = [_labels(e) for e in entries]
-    for used in range(len(parts), 0, -1):
-        name = ".".join(parts[:used])
-        hits = [i for i, names in enumerate(labels) if name in names]
-        if len(hits) > 1:
-            raise ValueError(f"{where}: {len(hits)} entries are named {name!r}; use an index")
-        if hits:
-            return hits[0], used
-    have = ", ".join(sorted({n for names in labels for n in names})) or "none named"
-    raise ValueError(f"{where} has no entry named {parts[0]!r} (have: {have})")
+    every = set().union(*labels)
+    name, used = _longest(parts, every)
+    if name is None:
+        have = ", ".join(sorted(every)) or "none named"
+        raise ValueError(f"{where} has no entry named {parts[0]!r} (have: {have})")
+    hits = [i for i, names in enumerate(labels) if name in names]
+    if len(hits) > 1:
+        raise ValueError(f"{where}: {len(hits)} entries are named {name!r}; use an index")
+    return hits[0], used
 
 
 def _labels(entry: Any) -> set[str]:
-    """The names an entry answers to: its `name` and `label`, a model's id and the label made
-    from it (`SmolLM2-135M-Instruct.Q4_1` for a .gguf path), an objective's `kind`."""
+    """The names an entry answers to: `name`, `label`, `kind`, a model's id and its label."""
     if isinstance(entry, str):
         return {entry}
     if not isinstance(entry, dict):
         return set()
     names = {str(entry[k]) for k in ("name", "label", "kind") if isinstance(entry.get(k), str)}
-    if isinstance(entry.get("id"), str):
-        ident = entry["id"]
+    if isinstance(ident := entry.get("id"), str):
         names |= {ident, Path(ident.rstrip("/")).name.removesuffix(".gguf")}
     return names

@@ -1,22 +1,18 @@
 """Family defaults: what a model gets when no preset is named, chosen by its config's
 `model_type` (`defaults_for`), with the measurement each default rests on.
 
-`sodaray invert` asks with the loaded model's `config.model_type`; a sweep's or tuning file's
-model entry asks on the driver with the type `model_type_of` reads from the model's files (a
-folder's `config.json`, a GGUF file's `general.architecture`, a hub repository's `config.json`),
-weights never loaded. A command or entry that names a preset gets that preset alone.
-
-A family sets, only where nothing else says otherwise, SODA's knobs (one of the paper's presets,
-`sodaray.config.presets`; other algorithms keep theirs) and the space all-logits observations are
-compared in (`raw` or `centred`; top-k and text observations keep `raw`). A BOS before the input
-is a fact of how the model was deployed, so a family never sets it: it gives advice, which
-`invert` prints when no BOS precedes the input. Each value says in `basis` which measurement it
-rests on, or that none was made; a model of no family gets SODA's own values (the paper's
-TinyStories-33M preset) and raw logits.
+`sodaray invert` asks with the loaded model's type; a sweep's or tuning file's model entry with
+the type `model_type_of` reads from the model's files, weights never loaded. A command or entry
+that names a preset gets that preset alone. A family sets, where nothing else does, SODA's knobs
+(one of the paper's presets, `sodaray.config.presets`) and the space all-logits observations
+are compared in (`raw` or `centred`); it never sets a BOS (a fact of how the model was deployed)
+but gives advice `invert` prints when none precedes the input. Each value says in `basis` which
+measurement it rests on; a model of no family gets SODA's own values and raw logits.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,12 +35,9 @@ class Family:
     preset: str  # the paper preset whose SODA knobs the family uses
     space: str  # where all-logits observations are compared: raw or centred
     # Printed by `invert` when no BOS precedes the input (None: nothing measured says one matters).
-    bos_advice: str | None
+    bos_advice: str | None = None
     # preset, space, bos: the measurement each rests on (text; not part of what a family is)
     basis: dict[str, str] = field(default_factory=dict, compare=False)
-
-    def summary(self) -> str:
-        return f"preset {self.preset}, {self.space} logits"
 
 
 # Lengths are input lengths in tokens; n/16 are exact finds of 16 inputs.
@@ -110,7 +103,6 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("gemma3", "gemma3_text"),
         preset="qwen2.5-0.5b",
         space="centred",
-        bos_advice=None,
         basis={
             "preset": "the only knobs measured on Gemma-3-270M: the paper's Qwen2.5-0.5B preset, "
             "88/62/38% exact at lengths 1/2/3 with a BOS, 2,000 steps (sweeps/real-models.yaml); "
@@ -130,7 +122,6 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("gpt2",),
         preset="gpt2-small",
         space="raw",
-        bos_advice=None,
         basis={
             "preset": "the paper's own preset for GPT-2 small (its appendix); not measured here. "
             "GPT-2 XL has its own (--preset gpt2-xl).",
@@ -143,7 +134,6 @@ FAMILIES: tuple[Family, ...] = (
         model_types=("gpt_neo",),
         preset="tinystories-33m",
         space="raw",
-        bos_advice=None,
         basis={
             "preset": "the paper's own preset for TinyStories-33M (a GPT-Neo), which is SODA's "
             "default: nothing changes for this family. Not measured here.",
@@ -164,23 +154,16 @@ class Defaults:
     model_type: str | None
     family: Family | None
 
-    @property
-    def preset(self) -> str | None:
-        return None if self.family is None else self.family.preset
-
     def params(self, algorithm: str) -> dict[str, Any]:
         """The family's knobs for `algorithm` (SODA's only; {} without a family)."""
-        return preset_params(algorithm, self.preset)
+        return preset_params(algorithm, self.family and self.family.preset)
 
     def objective(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Objective settings to put under an objective entry's own fields: the family's space,
-        for the logits objective observing all logits (where it was measured). Top-k and text
-        keep raw: centring k values is another transform, unmeasured, and centred top-1 is 0."""
-        if self.family is None or self.family.space == "raw":
+        """Settings under an objective entry's own fields: the family's space, for all-logits
+        observations only (where it was measured; centred top-1 is 0)."""
+        if self.family is None or self.family.space == "raw" or entry.get("top_k") is not None:
             return {}
-        if entry.get("kind", "logits") != "logits" or entry.get("top_k") is not None:
-            return {}
-        return {"space": self.family.space}
+        return {"space": self.family.space} if entry.get("kind", "logits") == "logits" else {}
 
     def why(self) -> str:
         kind = "unknown" if self.model_type is None else repr(self.model_type)
@@ -191,7 +174,8 @@ class Defaults:
             )
         return (
             f"no preset named; model_type {kind} is the {self.family.name} family: "
-            f"{self.family.summary()} (what each rests on: sodaray/config/families.py)"
+            f"preset {self.family.preset}, {self.family.space} logits "
+            "(what each rests on: sodaray/config/families.py)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -200,7 +184,7 @@ class Defaults:
         return {
             "family": None if family is None else family.name,
             "model_type": self.model_type,
-            "preset": self.preset,
+            "preset": None if family is None else family.preset,
             "space": "raw" if family is None else family.space,
             "why": self.why(),
         }
@@ -212,9 +196,7 @@ def starting_params(
     """The knobs a config starts from, before its own parameters: the family's where the
     model names no preset (`family`), else the named preset's (or none). The one place that
     rule is applied: `sodaray invert`, sweeps and tuning files all call it."""
-    if family is not None:
-        return family.params(algorithm)
-    return preset_params(algorithm, preset, preset_file)
+    return family.params(algorithm) if family else preset_params(algorithm, preset, preset_file)
 
 
 def starting_objective(
@@ -234,25 +216,19 @@ def defaults_for(model_type: str | None) -> Defaults:
 
 
 # ---- reading a model's type without its weights ------------------------------------------------
-_SEEN: dict[tuple[str, str | None], str | None] = {}
-
-
+@functools.cache
 def model_type_of(location: str, gguf_file: str | None = None) -> str | None:
-    """The `model_type` of the model at `location` (a folder, a `.gguf` file, or a hub id, as
-    `load_model` takes it), read from its config alone; None when its config names none.
-    Remembered per location for this process. A config that cannot be read raises ValueError
-    in one line."""
-    key = (location, gguf_file)
-    if key not in _SEEN:
-        try:
-            _SEEN[key] = _read_model_type(location, gguf_file)
-        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ValueError(
-                f"cannot read the config of {location} to choose its family defaults "
-                f"({first_line(exc)}); name a preset (`{SODA_DEFAULTS_PRESET}` is SODA's own "
-                "defaults)"
-            ) from exc
-    return _SEEN[key]
+    """The `model_type` of the model at `location` (as `load_model` takes it) from its config
+    alone, remembered per location; None when it names none; a one-line ValueError when the
+    config cannot be read."""
+    try:
+        return _read_model_type(location, gguf_file)
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ValueError(
+            f"cannot read the config of {location} to choose its family defaults "
+            f"({first_line(exc)}); name a preset (`{SODA_DEFAULTS_PRESET}` is SODA's own "
+            "defaults)"
+        ) from exc
 
 
 def _read_model_type(location: str, gguf_file: str | None) -> str | None:
@@ -284,10 +260,8 @@ _GGUF_TEXT = 1 << 16  # bytes a key or the architecture may take
 
 
 def _gguf_architecture(path: Path) -> str | None:
-    """A GGUF file's `general.architecture`, which transformers takes as the model type
-    (`llama`, `qwen2`; Gemma 3's `gemma3` loads as `gemma3_text`: the family table holds both).
-    Read from the header's first keys alone: the `gguf` package's reader parses every key and
-    tensor first, seconds for a file whose vocabulary is large."""
+    """A GGUF file's `general.architecture` (transformers' model type; Gemma 3's `gemma3` loads
+    as `gemma3_text`), from the header's first keys alone: the `gguf` package reads them all."""
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF" or _uint(f, 4) not in (2, 3):
             raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
@@ -318,23 +292,19 @@ def _gguf_string(f: Any) -> str:
 
 
 def _gguf_skip(f: Any, kind: int) -> None:
-    if kind in _GGUF_SIZES:
-        f.seek(_GGUF_SIZES[kind], os.SEEK_CUR)
-    elif kind == _GGUF_STRING:
-        f.seek(_uint(f, 8), os.SEEK_CUR)
-    elif kind == _GGUF_ARRAY:
+    if kind == _GGUF_ARRAY:
         item, count = _uint(f, 4), _uint(f, 8)
-        if item in _GGUF_SIZES:
-            f.seek(_GGUF_SIZES[item] * count, os.SEEK_CUR)
-        else:  # an array of strings (a vocabulary) before the architecture: not the usual layout
+        if item not in _GGUF_SIZES:  # strings (a vocabulary) before the architecture: unusual
             raise ValueError("general.architecture is not among the GGUF header's first keys")
+        f.seek(_GGUF_SIZES[item] * count, os.SEEK_CUR)
+    elif kind == _GGUF_STRING or kind in _GGUF_SIZES:
+        f.seek(_uint(f, 8) if kind == _GGUF_STRING else _GGUF_SIZES[kind], os.SEEK_CUR)
     else:
         raise ValueError(f"unknown GGUF value type {kind}")
 
 
 def _hub_model_type(repo: str, gguf_file: str | None) -> str | None:
-    """From the Hugging Face cache, else the hub. `HF_HUB_OFFLINE` and `HF_HUB_CACHE` are read
-    now, not when the hub library was imported, as a command's environment says."""
+    """From the Hugging Face cache, else the hub (`HF_HUB_OFFLINE`, `HF_HUB_CACHE` read now)."""
     from huggingface_hub import hf_hub_download
 
     name = gguf_file or "config.json"

@@ -1,15 +1,11 @@
 """The paper's SODA hyperparameters per model, with each model's hub id.
 
 Values are those of the authors' released configs (AdrSkapars/inversion_optimisation,
-`inv_configs.py`), which accompany the paper's appendix. Where the paper and the config
-disagree, a preset follows the config, the values the authors' runs were launched with, and says
-so in its `note`: Qwen-2.5-3B's learning rate is 0.3 in the paper's appendix and 0.03 in the
-config (0.3 is ten times every other model's rate, most likely a typo; `qwen2.5-3b-paper` has
-it for anyone who wants the printed value); the Pythia-1.4B model is named only `pythia-1.4b`
-in the config, and the preset uses the TDC-2023 trojan base model's test-phase release (the
-paper's TDC setting; the dev-phase release is another checkpoint). A preset YAML (as written by
-`sodaray tune`) can be loaded with `load_preset_file`; beside SODA's knobs it may set how
-candidates are compared (`objective: {space: centred}`), read by `load_preset_objective`.
+`inv_configs.py`), which their runs were launched with; where the paper's appendix disagrees, a
+preset follows the config and says so in its `note` (`qwen2.5-3b-paper` keeps the appendix's
+learning rate). A preset YAML (as `sodaray tune` writes it) is read by `load_preset_file`;
+beside SODA's knobs it may set how candidates are compared (`objective: {space: centred}`), read
+by `load_preset_objective`.
 """
 
 from __future__ import annotations
@@ -18,12 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sodaray.config.configfile import read_yaml
 from sodaray.config.validation import make_objective
-from sodaray.config.yamltext import yaml_load
 from sodaray.errors import first_line
-from sodaray.io.files import read_config
 from sodaray.io.paths import brief
 from sodaray.objective.objectives import PRESET_FIELDS
 
@@ -36,18 +29,11 @@ class Preset:
     note: str = ""
 
 
-def _soda(
-    lr: float, decay: float, b1: float, b2: float, tau: float = 0.05, t1: int = 50, t2: int = 1500
-) -> dict[str, Any]:
-    return {
-        "learning_rate": lr,
-        "decay": decay,
-        "beta1": b1,
-        "beta2": b2,
-        "temperature": tau,
-        "reset_period": t1,
-        "reinit_period": t2,
-    }
+_KNOBS = "learning_rate decay beta1 beta2 temperature reset_period reinit_period".split()
+
+
+def _soda(lr, decay, b1, b2, tau=0.05, t1=50, t2=1500) -> dict[str, Any]:
+    return dict(zip(_KNOBS, (lr, decay, b1, b2, tau, t1, t2), strict=True))
 
 
 PRESETS: dict[str, Preset] = {
@@ -87,20 +73,14 @@ def get_preset(name: str) -> Preset:
     return PRESETS[key]
 
 
-# A preset file is either a flat mapping of SODA parameters, or these sections. `soda` holds
-# SODA's parameters and `params` another algorithm's (as `sodaray tune` writes them); `note` and
-# `model` say where it came from. Anything else is refused by name (a misspelt `objectve:`, an
-# `include:`, which presets do not take), and so are `soda` and `params` together.
+# A preset file is a flat mapping of SODA parameters, or these sections (`soda`: SODA's
+# parameters, `params`: another algorithm's, never both); any other key is refused by name.
 SECTIONS = ("soda", "params", "objective", "note", "model")
 
 
 def _read_preset(path: str | Path) -> dict[str, Any]:
     """A preset YAML's mapping, checked for its shape, or a one-line error naming the file."""
-    text = read_config(path, "preset file")  # a regular file, size-limited, UTF-8
-    try:
-        data = yaml_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({first_line(exc)})") from exc
+    data = read_yaml(path, "preset")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset file must be a mapping of parameters")
     if "soda" not in data and "params" not in data:

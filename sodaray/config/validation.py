@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -27,9 +28,8 @@ _WHOLE = re.compile(r"[0-9]+")  # ASCII digits: int() also takes "1_0", " 1" and
 
 
 def split_list(text: str, what: str = "", example: str = "1,2,3") -> list[str]:
-    """The items of a comma-separated list (`--tokens 1,2,3`, `--format md,csv`), each stripped
-    of the spaces around it. An empty item is refused, not dropped: `1,,2` is a typo whose
-    meaning is unknown. `what` starts the message ("lengths"; argparse names the flag itself)."""
+    """The stripped items of a comma-separated list (`--tokens 1,2,3`); an empty item (`1,,2`) is
+    refused, not dropped. `what` starts the message ("lengths"; argparse names the flag)."""
     prefix = f"{what} " if what else ""
     if not text.strip():
         raise ValueError(f"{prefix}is empty" if what else f"empty: give {example}")
@@ -63,9 +63,8 @@ def check_finite(name: str, value: Any) -> None:
 @functools.lru_cache(maxsize=1024)
 def _list_of(hint: Any) -> tuple[bool, Any]:
     """Whether a hint is `list[...]`, and its item's hint."""
-    if typing.get_origin(hint) is list:
-        return True, (typing.get_args(hint) or (Any,))[0]
-    return False, None
+    is_list = typing.get_origin(hint) is list
+    return is_list, (typing.get_args(hint) or (Any,))[0] if is_list else None
 
 
 @functools.lru_cache(maxsize=1024)  # hints are few, values many
@@ -75,20 +74,11 @@ def _kinds(hint: Any) -> tuple[frozenset[type], bool, tuple[Any, ...] | None]:
     if origin is typing.Literal:
         return frozenset(), False, typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        kinds: frozenset[type] = frozenset()
-        optional = False
-        literal: tuple[Any, ...] | None = None
-        for arg in typing.get_args(hint):
-            if arg is type(None):
-                optional = True
-                continue
-            k, _, lit = _kinds(arg)
-            kinds |= k
-            literal = lit if lit is not None else literal
-        return kinds, optional, literal
-    if isinstance(hint, type):
-        return frozenset({hint}), False, None
-    return frozenset(), False, None
+        parts = [_kinds(arg) for arg in typing.get_args(hint) if arg is not type(None)]
+        literal = next((lit for _, _, lit in reversed(parts) if lit is not None), None)
+        kinds = frozenset[type]().union(*(k for k, _, _ in parts))
+        return kinds, type(None) in typing.get_args(hint), literal
+    return frozenset({hint} if isinstance(hint, type) else ()), False, None
 
 
 def coerce_value(name: str, value: Any, hint: Any) -> Any:
@@ -112,44 +102,31 @@ def coerce_value(name: str, value: Any, hint: Any) -> Any:
             choices = ", ".join(map(str, literal))
             raise ValueError(f"{name} must be one of {choices}, not {brief(value)}")
         return value
-    if bool in kinds:
+    if bool in kinds:  # a bool value returned above
         if type(value) is int and value in (0, 1):
             return bool(value)
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, not {brief(value)}")
-        return value
-    if float in kinds:
-        number = _number(name, value, "a number")
+        raise ValueError(f"{name} must be true or false, not {brief(value)}")
+    if float in kinds or int in kinds:
+        number = _number(name, value, "a number" if float in kinds else "an integer")
         check_finite(name, number)
-        return float(number) if int not in kinds or isinstance(number, float) else number
-    if int in kinds:
-        number = _number(name, value, "an integer")
-        check_finite(name, number)
-        if isinstance(number, float):
-            if not number.is_integer():
-                raise ValueError(f"{name} must be an integer, not {brief(value)}")
-            number = int(number)
-        return number
+        if float in kinds:
+            return float(number) if int not in kinds or isinstance(number, float) else number
+        if isinstance(number, float) and not number.is_integer():
+            raise ValueError(f"{name} must be an integer, not {brief(value)}")
+        return int(number) if isinstance(number, float) else number
     if str in kinds and not isinstance(value, str):
         raise ValueError(f"{name} must be a string, not {brief(value)}")
     return value
 
 
 def _number(name: str, value: Any, what: str) -> int | float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be {what}, not {brief(value)}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     if isinstance(value, str):
         text = value.strip().replace("_", "")
-        try:
-            return int(text)
-        except ValueError:
-            pass
-        try:
-            return float(text)
-        except ValueError:
-            pass
+        for parse in (int, float):
+            with contextlib.suppress(ValueError):
+                return parse(text)
     raise ValueError(f"{name} must be {what}, not {brief(value)}")
 
 
@@ -166,8 +143,7 @@ def coerce_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _field_rules(cls: type) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A dataclass's field types and metadata, read once per class: `get_type_hints` evaluates
-    every annotation's string each call, and a sweep's plan coerces every job's fields."""
+    """A dataclass's field types and metadata, read once per class (`get_type_hints` is slow)."""
     assert is_dataclass(cls)
     return typing.get_type_hints(cls), {f.name: f.metadata for f in fields(cls)}
 
@@ -194,8 +170,7 @@ def field_names(cls: type) -> tuple[str, ...]:
 def check_fields_finite(obj: Any) -> None:
     """Every float field of a dataclass instance is finite."""
     for name in field_names(type(obj)):
-        value = getattr(obj, name)
-        if type(value) is float and not math.isfinite(value):
+        if type(value := getattr(obj, name)) is float:
             check_finite(name, value)
 
 
@@ -208,17 +183,15 @@ def make_objective(data: dict[str, Any]) -> Objective:
     objective = Objective(**coerce_fields(Objective, data))
     check_fields_finite(objective)
     for name in ("atol", "rtol"):
-        value = getattr(objective, name)
-        if value is not None and value < 0:
+        if (value := getattr(objective, name)) is not None and value < 0:
             raise ValueError(f"{name} must be non-negative, not {value}")
     return objective
 
 
 # ---- output paths -----------------------------------------------------------------------------
 def check_output_file(path: str | Path, what: str = "--out") -> Path:
-    """A file we are about to write: not a directory, its folder creatable and writable, and
-    nothing there but a regular file (a link, a device node, a FIFO): said before the work,
-    as `writes.write_file` would refuse it after."""
+    """A file we are about to write: not a directory, its folder creatable and writable, nothing
+    there but a regular file: refused before the work, as `writes.write_file` would after."""
     from sodaray.io.writes import REGULAR, refusal, what_is_at
 
     if not str(path).strip():  # Path("") is ".", a folder: say what is wrong
@@ -245,10 +218,8 @@ def check_output_dir(path: str | Path, what: str = "--out") -> Path:
 
 
 def _check_writable_folder(folder: Path, label: str) -> None:
-    probe = folder if str(folder) else Path(".")
-    while not probe.exists():  # the nearest existing ancestor must be a writable folder
-        if probe.parent == probe:
-            break
+    probe = folder
+    while not probe.exists() and probe.parent != probe:  # the nearest existing ancestor
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         raise ValueError(f"{label}: {probe} is a file, not a folder")

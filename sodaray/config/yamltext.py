@@ -27,9 +27,11 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> Any:
+def _map(loader: _Loader, node: yaml.MappingNode) -> Any:
     """A mapping whose keys are unique: YAML's own rule, which PyYAML does not enforce (the last
     of two `max_steps:` lines would silently win)."""
+    data: dict[Any, Any] = {}
+    yield data
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -46,21 +48,14 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
                 f"found duplicate key {key!r} (first at line {first.start_mark.line + 1})",
                 key_node.start_mark,
             )
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    data.update(yaml.SafeLoader.construct_mapping(loader, node))
 
 
-_Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _map(loader, node))
-
-
-def _map(loader: _Loader, node: yaml.MappingNode) -> Any:
-    data: dict[Any, Any] = {}
-    yield data
-    data.update(_construct_mapping(loader, node))
+_Loader.add_constructor("tag:yaml.org,2002:map", _map)
 
 
 # A document whose aliases expand it beyond this many nodes, and beyond `ALIAS_GROWTH` nodes per
-# character of its text, is refused: a few hundred bytes of nested aliases (a "billion laughs"
-# document) can expand to millions of values.
+# character of its text, is refused (a "billion laughs" document).
 MAX_NODES = 100_000
 ALIAS_GROWTH = 50
 
@@ -83,10 +78,9 @@ _Loader.compose_node = _compose_node  # type: ignore[method-assign]
 
 
 def yaml_load(text: str) -> Any:
-    """`yaml.safe_load` with YAML 1.2 floats, duplicate keys refused, and bounds: at most
-    `MAX_NESTING` levels deep (as written, and as its aliases expand it), no node that contains
-    itself, and a limit on how far aliases may expand the document; raises `yaml.YAMLError` on
-    bad YAML, tags or any of these."""
+    """`yaml.safe_load` with YAML 1.2 floats, duplicate keys refused, at most `MAX_NESTING`
+    levels deep (as written and as aliases expand it), no node that contains itself, and a limit
+    on how far aliases expand it; `yaml.YAMLError` on bad YAML, tags or any of these."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -105,19 +99,15 @@ def yaml_load(text: str) -> Any:
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
-    return []
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
 def _expanded_size(root: yaml.Node, limit: int) -> int:
-    """Nodes in the document as its aliases expand it, counted without expanding it (each node
-    once: an alias is the node it names), in a loop (no recursion: aliases may chain nodes
-    deeper than Python recurses). Raises `yaml.YAMLError` where the expanded document nests
-    more than `MAX_NESTING` levels or a node contains itself (`&a [*a]`). Stops counting once
-    past `limit`."""
+    """Nodes in the document as its aliases expand it, counted without expanding it and without
+    recursion (aliases may chain deeper than Python recurses), stopping once past `limit`.
+    `yaml.YAMLError` where it nests more than `MAX_NESTING` levels or a node contains itself."""
     done: dict[int, tuple[int, int]] = {}  # id -> (expanded size, depth)
     open_: set[int] = set()  # the nodes on the path being walked
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]

@@ -2,19 +2,16 @@
 machine's CPU rates; what those FLOPs take on a device is `sodaray.costs.devices` (measured).
 
 A SODA sample-step is one forward pass over the sample's sequence (BOS if the model takes one,
-the n relaxed input positions, the observed outputs but the last, which is predicted and never
-fed) and one backward pass to the input only: the weights are frozen, so each product runs once
-more (input gradients, no weight gradients): 2x a forward's FLOPs. The forward holds the
-relaxed input's mixture of embeddings (an n x V by V x d product), the transformer blocks and
-the unembedding at the observed positions (m x d by d x V); the update runs over the n x V
-input parameters. The model's shape is read from its config (a local `config.json`, a loaded
-model's config, or the table of the paper's models below, so `sweep plan` works offline for
-them).
+the n relaxed input positions, the observed outputs but the last) and one backward pass to the
+input only (frozen weights: 2x a forward's FLOPs), plus the update over the n x V input
+parameters. A model's shape is read from its config, or from the table of the paper's models
+below, so `sweep plan` works offline for them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +51,8 @@ class ModelShape:
         )
 
     def step_flops(self, length: int, outputs: int, bos: bool = True) -> float:
-        """FLOPs of one SODA sample-step: a forward, a backward to the input (as much again:
-        frozen weights get no gradient), and the update over the n x V input parameters."""
+        """FLOPs of one SODA sample-step: a forward, a backward to the input (as much again), and
+        the update over the n x V input parameters."""
         forward = self.forward_flops(length, outputs, bos)
         return 2 * forward + UPDATE_FLOPS_PER_PARAM * length * self.vocab
 
@@ -67,21 +64,18 @@ def lengths_tried(length: Any, max_length: int) -> int:
 
 
 def most_sample_steps(samples: int, search: Any, length: Any, max_length: int) -> int:
-    """The most sample-steps `samples` can take: each its whole step budget at every length it
-    may be searched at. Searches stop a sample once it is found, so this is an upper bound:
-    the one plans quote and progress bars count down from."""
+    """The most sample-steps `samples` can take (each its whole budget at every length it may
+    be searched at): the upper bound plans quote and progress bars count down from."""
     return samples * search.step_budget() * lengths_tried(length, max_length)
 
 
 def sample_flops(
     shape: ModelShape, length: int, outputs: int, bos: bool, candidates: int = 0
 ) -> float:
-    """One sample-step at input length `length`: SODA's (and the embedding search's) gradient
-    step; GCG adds a forward pass per candidate (`candidates`). The learned inverter's single
-    step is counted as one of SODA's (its own model is small beside the target's)."""
-    return shape.step_flops(length, outputs, bos) + candidates * shape.forward_flops(
-        length, outputs, bos
-    )
+    """One sample-step at input length `length`: SODA's gradient step (the embedding search's
+    and the inverter's alike); GCG adds a forward pass per candidate (`candidates`)."""
+    step = shape.step_flops(length, outputs, bos)
+    return step + candidates * shape.forward_flops(length, outputs, bos)
 
 
 def shape_from_config(config: Any) -> ModelShape:
@@ -98,16 +92,10 @@ def shape_from_config(config: Any) -> ModelShape:
     heads = int(first("num_attention_heads", "n_head", "num_heads"))
     head = int(first("head_dim") or width // heads)
     kv_heads = int(first("num_key_value_heads") or heads)
-    mlp = first("intermediate_size", "n_inner", "ffn_dim")
-    return ModelShape(
-        layers=int(first("num_hidden_layers", "n_layer", "num_layers")),
-        width=width,
-        vocab=int(get("vocab_size")),
-        mlp=int(mlp) if mlp else 4 * width,
-        gated=str(get("model_type", "")) in GATED,
-        attention=heads * head,
-        kv=kv_heads * head,
-    )
+    mlp = int(first("intermediate_size", "n_inner", "ffn_dim") or 4 * width)
+    layers = int(first("num_hidden_layers", "n_layer", "num_layers"))
+    vocab, gated = int(get("vocab_size")), str(get("model_type", "")) in GATED
+    return _shape(layers, width, vocab, mlp, gated, heads, kv_heads, head)
 
 
 def _shape(layers, width, vocab, mlp, gated, heads, kv_heads, head) -> ModelShape:
@@ -141,17 +129,14 @@ def model_shape(model_id: str) -> ModelShape | None:
     return None
 
 
-# The least `--rate` a plan takes: one sample-step per million seconds (11.6 days). A model
-# slower than that runs no search anyone waits for; a rate below it (1e-300, a typo) made
-# estimates of hundreds of digits, or an overflow, instead of a time.
+# The least `--rate` a plan takes: one sample-step per million seconds (11.6 days); below it
+# (1e-300, a typo) estimates have hundreds of digits, or overflow, instead of a time.
 MIN_RATE = 1e-6
 
 
 def check_rate(rate: float | None) -> None:
-    """A plan's `--rate` (`sweep plan`, `tune --dry-run`): sample-steps per second per replica,
-    finite and at least `MIN_RATE`; anything else is a ValueError naming `--rate`."""
-    import math
-
+    """A plan's `--rate` (sample-steps per second per replica): finite and at least `MIN_RATE`,
+    else a ValueError naming `--rate`."""
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--rate must be a positive finite number, not {rate}")
     if rate is not None and rate < MIN_RATE:
@@ -159,24 +144,6 @@ def check_rate(rate: float | None) -> None:
             f"--rate {rate:g} is below {MIN_RATE:g} sample-steps per second (one per "
             f"{1 / MIN_RATE / 86400:.1f} days): no estimate at that rate means anything"
         )
-
-
-def cpu_peak_flops(threads: int = 1, size: int = 1024, repeats: int = 5) -> float:
-    """This CPU's float32 matmul rate on `threads` threads: the 'peak' a CPU plan is checked
-    against (a large matmul is as close to peak as torch gets here)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        a @ b  # warm-up
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        return 2 * size**3 * repeats / (time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure_rate(
@@ -190,8 +157,7 @@ def measure_rate(
     threads: int | None = None,
 ) -> float:
     """Sample-steps per second of `search` on `model` here: random inputs of `length`, `batch`
-    at once, after a 2-step warm-up (first-call costs). `threads`: as a CPU replica gets them
-    (Ray gives a CPU actor num_cpus threads; all cores would overstate one actor)."""
+    at once, after a 2-step warm-up. `threads`: as a CPU replica gets them (Ray's num_cpus)."""
     from dataclasses import replace
 
     import torch
@@ -211,8 +177,7 @@ def measure_rate(
         seconds = time.perf_counter() - start
     finally:
         torch.set_num_threads(before)
-    done = sum(r.steps for r in results)
-    return done / seconds if seconds > 0 else float("inf")
+    return sum(r.steps for r in results) / seconds if seconds > 0 else float("inf")
 
 
 def format_duration(seconds: float) -> str:

@@ -1,32 +1,21 @@
 """Building the paper's evaluation datasets as token sequences of a model's tokenizer.
 
-- `random`: tokens drawn uniformly from [0, len(tokenizer)) (or the config's padded
-  vocab_size with vocab="model") with `numpy.random.default_rng(seed)`,
-  length by length (default 1-10, 1000 per length). The paper's convention: seed 1 is the test
-  set, seed 0 the validation set that tuning uses, so tuning never sees test samples.
-- `nl-id` (TinyStories validation stories) and `nl-ood` (Reddit comments): documents are visited
-  in a seeded random order; a sample takes the next document, splits its first 1000 characters
-  into sentences (`sources.split_sentences`), picks at random one sentence of at least L tokens
-  (tokenized without special tokens or BOS) and keeps its first L tokens. A document without
-  such a sentence is passed over and stays unused; no document serves two samples while unused
-  ones remain, and when a source runs out documents are reused, with a warning and the count in
-  the metadata (`documents_reused`).
-- `privacy`: ai4privacy records (English rows of the hub's train split, or a local JSONL copy)
-  whose whole text is L tokens, the first 500 of each length in source order, as the authors
-  built it (the paper's PII totals describe whole records); `records="prefix"` takes instead
-  the first L tokens of records chosen as above and holding at least one PII token. Synthetic
-  Faker text (`pii.SyntheticPii`) with `--source synthetic` or when the hub cannot be reached
-  (labelled in the metadata and the report). Default lengths 15-24, 500 per length.
-
-Lengths are built in increasing order; samples are numbered in that order.
+`random` draws ids with `numpy.random.default_rng(seed)`; `nl-id`/`nl-ood` take the first L
+tokens of a sentence of documents visited in a seeded order, a document serving one sample until
+the source runs out (then reused, counted as `documents_reused`); `privacy` takes ai4privacy
+records (whole, or prefixes holding PII) or synthetic Faker text. Seed 1 is the test set, seed 0
+the validation set that tuning uses. Lengths are built in increasing order; samples are numbered
+in that order. The full rules: docs/datasets.md.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -34,14 +23,7 @@ import pyarrow as pa
 
 from sodaray.config.capacity import check_memory, dataset_bytes
 from sodaray.data import sources
-from sodaray.data.samples import (
-    Sample,
-    nl_samples,
-    random_samples,
-    record_samples,
-    synthetic_samples,
-    whole_record_samples,
-)
+from sodaray.data.pii import SyntheticPii, record_tokens
 from sodaray.data.store import COLUMNS, RANDOM_SOURCE, make_table
 from sodaray.data.tokenizer import DatasetError, TokenizerInfo, check_model_path, load_tokenizer
 from sodaray.io.files import regular_file
@@ -79,10 +61,8 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
             if last > MAX_LENGTH:  # before building a list that size
                 raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
             values = list(range(first, last + 1))
-    elif isinstance(spec, int):
-        values = [spec]
     else:
-        values = [int(v) for v in spec]
+        values = [spec] if isinstance(spec, int) else [int(v) for v in spec]
     if not values:
         raise DatasetError(f"no lengths in {spec!r}")
     if min(values) < 1:
@@ -90,34 +70,6 @@ def parse_lengths(spec: str | int | Sequence[int]) -> list[int]:
     if max(values) > MAX_LENGTH:
         raise DatasetError(f"lengths {spec!r}: at most {MAX_LENGTH} tokens")
     return sorted(set(values))
-
-
-def _resolve_source(name: str, source: str | None) -> str | None:
-    if name == "random":
-        if source is not None:
-            raise DatasetError("the random dataset has no source: leave out --source")
-        return None
-    if source in (None, "hf"):
-        return "hf"
-    if source == "synthetic":
-        if name != "privacy":
-            raise DatasetError(f"--source synthetic is for the privacy dataset, not {name}")
-        return source
-    regular_file(source, "source file", DatasetError)  # a directory or FIFO: say which
-    return source
-
-
-def _bar(total: int, desc: str, progress: bool | None):
-    from tqdm import tqdm
-
-    enabled = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=not enabled)
-
-
-def _hub_limit(total: int) -> int:
-    # Enough documents that passing over short ones rarely forces reuse, without streaming a
-    # whole corpus.
-    return 4 * total + 1000
 
 
 def _load_source(
@@ -128,9 +80,12 @@ def _load_source(
     if name == "random":
         return None, None, {"source": RANDOM_SOURCE}
     hub = sources.HUB_SOURCES[name]
+    # Enough documents that passing over short ones rarely forces reuse, without streaming a
+    # whole corpus.
+    limit = 4 * total + 1000
     if name in ("nl-id", "nl-ood"):
         if source == "hf":
-            docs = sources.read_hub_documents(hub, _hub_limit(total))
+            docs = sources.read_hub_documents(hub, limit)
             desc = f"hf:{hub.repo}[{hub.split}].{hub.field}"
         else:
             docs = sources.read_local_documents(source)
@@ -139,7 +94,7 @@ def _load_source(
     info: dict[str, Any] = {}
     if source == "hf":
         try:
-            records = sources.read_hub_rows(hub, _hub_limit(total), english_only=True)
+            records = sources.read_hub_rows(hub, limit, english_only=True)
             desc = f"hf:{hub.repo}[{hub.split}] (English)"
             return None, records, {"source": desc, "documents": len(records)}
         except sources.HubUnreachable as exc:
@@ -153,7 +108,7 @@ def _load_source(
     elif source != "synthetic":
         records = sources.read_local_pii_records(source)
         return None, records, {"source": f"file:{source}", "documents": len(records)}
-    info["source"] = f"synthetic (faker {_faker_version()}, en_US)"
+    info["source"] = f"synthetic (faker {version('faker')}, en_US)"
     return None, None, info
 
 
@@ -194,16 +149,12 @@ def check_build_spec(build: dict[str, Any], name: str) -> dict[str, Any]:
         raise BuildSpecError(
             "records", "synthetic text has no records to take whole or in part: leave it out"
         )
-    if kind == "random":
-        vocab = build.get("vocab", "tokenizer")
-        if vocab not in VOCABS:
-            raise BuildSpecError("vocab", f"{' or '.join(VOCABS)}, not {vocab!r}")
-        build = {**build, "vocab": vocab}
-    if kind == "privacy":
-        records = build.get("records", "whole")
-        if records not in RECORDS:
-            raise BuildSpecError("records", f"{' or '.join(RECORDS)}, not {records!r}")
-        build = {**build, "records": records}
+    for key, owner, options in (("vocab", "random", VOCABS), ("records", "privacy", RECORDS)):
+        if kind == owner:
+            value = build.get(key, options[0])
+            if value not in options:
+                raise BuildSpecError(key, f"{' or '.join(options)}, not {value!r}")
+            build = {**build, key: value}
     if "lengths" in build:
         try:
             parse_lengths(str(build["lengths"]))
@@ -247,7 +198,14 @@ class _Request:
             raise DatasetError(f"per_length must be at least 1, not {per_length}")
         if int(self.seed) < 0:
             raise DatasetError(f"seed must be non-negative, not {self.seed}")
-        source = _resolve_source(name, self.source)
+        source = self.source
+        if name == "random" and source is not None:
+            raise DatasetError("the random dataset has no source: leave out --source")
+        if source == "synthetic" and name != "privacy":
+            raise DatasetError(f"--source synthetic is for the privacy dataset, not {name}")
+        if name != "random" and source not in (None, "hf", "synthetic"):
+            regular_file(source, "source file", DatasetError)  # a directory or FIFO: say which
+        source = None if name == "random" else source or "hf"
         if source == "synthetic" and records != "whole":
             raise DatasetError("records is for records from the hub or a file, not synthetic text")
         return _Request(name, length_list, per_length, int(self.seed), source, vocab, records)
@@ -267,16 +225,13 @@ def build_dataset(
     vocab: str = "tokenizer",
     records: str = "whole",
 ) -> pa.Table:
-    """Build dataset `name` for `model`'s tokenizer (hub id, folder or .gguf; weights unused).
-
-    `source`: None or "hf" (the hub), "synthetic" (privacy only) or a local file path.
-    `tokenizer` skips loading when already at hand. `vocab` (random only): ids drawn from
-    `len(tokenizer)` ("tokenizer", the authors' choice: ids text can produce) or from the
-    config's padded `vocab_size` ("model": e.g. 151,936 vs 151,665 for Qwen, ids no text ever
-    produces). `records` (privacy from the hub or a file): "whole", records whose whole text
-    has the length (the authors' set), or "prefix", the first tokens of longer records.
-    Returns the table `write_dataset` stores.
-    """
+    """Build dataset `name` for `model`'s tokenizer (hub id, folder or .gguf; weights unused):
+    the table `write_dataset` stores. `source`: None or "hf" (the hub), "synthetic" (privacy
+    only) or a local file path; `tokenizer` skips loading when at hand. `vocab` (random only):
+    ids drawn from `len(tokenizer)` ("tokenizer", the authors' choice: ids text can produce) or
+    the config's padded `vocab_size` ("model"). `records` (privacy from the hub or a file):
+    "whole" records of each length (the authors' set) or "prefix", the first tokens of longer
+    ones."""
     req = _Request(name, lengths, per_length, seed, source, vocab, records).checked()
     if tokenizer is None:
         check_model_path(model, gguf_file)
@@ -285,7 +240,11 @@ def build_dataset(
     # The source first: an unreachable hub fails before a (possibly slow) tokenizer load.
     loaded = _load_source(name, req.source, total)
     tok_info = tokenizer or load_tokenizer(model, gguf_file=gguf_file)
-    with _bar(total, f"building {name}", progress) as bar:
+    from tqdm import tqdm
+
+    enabled = sys.stderr.isatty() if progress is None else progress
+    desc = f"building {name}"
+    with tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=not enabled) as bar:
         samples = _draw(req, tok_info, loaded, bar)
     _, pii_records, info = loaded
     if info["documents_reused"]:
@@ -296,42 +255,138 @@ def build_dataset(
             info["documents_reused"],
             total,
         )
-    args = {
-        "model": model,
-        "gguf_file": gguf_file,
-        "dataset": name,
-        "lengths": req.lengths,
-        "per_length": req.per_length,
-        "seed": req.seed,
-        "source": req.source,
-        **({"vocab": vocab} if name == "random" else {}),
-        **({"records": records} if pii_records is not None else {}),
-    }
+    args = dict(model=model, gguf_file=gguf_file, dataset=name, lengths=req.lengths)
+    args.update(per_length=req.per_length, seed=req.seed, source=req.source)
+    if name == "random":
+        args["vocab"] = vocab
+    if pii_records is not None:
+        args["records"] = records
     rows = _columns(samples, name, model, tok_info.tokenizer, tok_info.vocab_size)
     return make_table(rows, args, info)
 
 
+# One sample: (length, document id or None, tokens, PII labels or None).
+Sample = tuple[int, int | None, list[int], list[str | None] | None]
+Labelled = tuple[list[int], list[str | None] | None]
+
+
+def _pick(
+    doc_ids: list[int],
+    lengths: list[int],
+    per_length: int,
+    rng: np.random.Generator,
+    attempt: Callable[[int, int], Labelled | None],
+    bar: Any,
+) -> tuple[list[Sample], int]:
+    """A sample per `attempt(document index, length)` that gives one, and how many reused a
+    document. Documents are tried in one seeded order; each serves at most one sample until
+    none unused fits a length, then seeded passes over all documents reuse them."""
+    order = [int(i) for i in rng.permutation(len(doc_ids))]
+    used = [False] * len(doc_ids)
+    picked: list[Sample] = []
+    reused = 0
+
+    def take(i: int, length: int) -> bool:
+        result = attempt(i, length)
+        if result is not None:
+            picked.append((length, doc_ids[i], *result))
+            bar.update()
+        return result is not None
+
+    for length in lengths:
+        got = 0
+        for i in order:  # unused documents passed over at a shorter length get another try
+            if got == per_length:
+                break
+            if not used[i] and take(i, length):
+                used[i], got = True, got + 1
+        while got < per_length:
+            found = False
+            for i in rng.permutation(len(doc_ids)):
+                if take(int(i), length):
+                    found, got, reused = True, got + 1, reused + 1
+                    if got == per_length:
+                        break
+            if not found:
+                raise DatasetError(f"no document in the source gives a sample of {length} tokens")
+    return picked, reused
+
+
+def random_samples(vocab_size: int, lengths: list[int], per_length: int, seed: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    samples: list[Sample] = []
+    for length in lengths:
+        block = rng.integers(0, vocab_size, size=(per_length, length), dtype=np.int64)
+        samples += [(length, None, row.tolist(), None) for row in block]
+    return samples
+
+
+def whole_record_samples(
+    tok: Any, records: list[dict[str, Any]], lengths: list[int], per_length: int, bar
+) -> tuple[list[Sample], dict[int, int]]:
+    """The authors' privacy set: records whose whole text is one of `lengths` tokens, the first
+    `per_length` of each length in source order (the paper's PII totals count whole records).
+    Returns the samples and, per length, how many records were missing."""
+    wanted = set(lengths)
+    got: dict[int, list[Sample]] = {n: [] for n in lengths}
+    for record in records:
+        if all(len(got[n]) >= per_length for n in lengths):
+            break
+        ids, labels = record_tokens(tok, record)
+        n = len(ids)
+        if n in wanted and len(got[n]) < per_length:
+            got[n].append((n, int(record["id"]), ids, labels))
+            bar.update()
+    short = {n: per_length - len(got[n]) for n in lengths if len(got[n]) < per_length}
+    return [s for n in lengths for s in got[n]], short
+
+
 def _draw(req: _Request, tok_info: TokenizerInfo, loaded: tuple, bar: Any) -> list[Sample]:
-    """The request's samples from its source (`_load_source`'s), noted in the source's info."""
+    """The request's samples from its source (`_load_source`'s), noted in the source's info:
+    seeded random ids, sentences of documents visited in a seeded order, PII records (whole,
+    or prefixes holding PII) or synthetic PII text."""
     (docs, pii_records, info), tok = loaded, tok_info.tokenizer
     lengths, per_length, rng = req.lengths, req.per_length, np.random.default_rng(req.seed)
     info["documents_reused"] = 0
     if req.name == "random":
-        draw = tok_info.vocab_size
-        draw = draw if req.vocab == "model" else min(len(tok), draw)
+        draw = tok_info.vocab_size if req.vocab == "model" else min(len(tok), tok_info.vocab_size)
         samples = random_samples(draw, lengths, per_length, req.seed)
         info["random_vocab"] = f"{req.vocab}: [0, {draw})"
         bar.update(len(lengths) * per_length)
         return samples
     if docs is not None:
-        samples, info["documents_reused"] = nl_samples(tok, docs, lengths, per_length, rng, bar)
+
+        @functools.cache
+        def sentences(i: int) -> list[list[int]]:
+            texts = sources.split_sentences(docs[i].text)
+            ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+            return [list(s) for s in ids]
+
+        def sentence(i: int, length: int) -> Labelled | None:
+            fits = [s for s in sentences(i) if len(s) >= length]
+            return (fits[int(rng.integers(len(fits)))][:length], None) if fits else None
+
+        ids = [d.id for d in docs]
+        samples, info["documents_reused"] = _pick(ids, lengths, per_length, rng, sentence, bar)
         return samples
     if pii_records is None:
-        return synthetic_samples(tok, lengths, per_length, req.seed, bar)
+        gen, samples = SyntheticPii(req.seed), []
+        for length in lengths:
+            for _ in range(per_length):
+                samples.append((length, None, *gen.sample(tok, length)))
+                bar.update()
+        return samples
     if req.records == "prefix":
-        samples, info["documents_reused"] = record_samples(
-            tok, pii_records, lengths, per_length, rng, bar
-        )
+        tokens = functools.cache(lambda i: record_tokens(tok, pii_records[i]))
+
+        def prefix(i: int, length: int) -> Labelled | None:
+            ids, labels = tokens(i)
+            if len(ids) < length or all(label is None for label in labels[:length]):
+                return None
+            return ids[:length], labels[:length]
+
+        ids = [int(r["id"]) for r in pii_records]
+        samples, info["documents_reused"] = _pick(ids, lengths, per_length, rng, prefix, bar)
         info["records"] = "prefixes of records"
         return samples
     samples, short = whole_record_samples(tok, pii_records, lengths, per_length, bar)
@@ -348,32 +403,17 @@ def _draw(req: _Request, tok_info: TokenizerInfo, loaded: tuple, bar: Any) -> li
     return samples
 
 
-def _faker_version() -> str:
-    from importlib.metadata import version
-
-    return version("faker")
-
-
 def _columns(
     samples: list[Sample], name: str, model: str, tok: Any, vocab_size: int
 ) -> dict[str, list]:
-    rows: dict[str, list] = {c: [] for c in COLUMNS}
+    rows = []
     texts = tok.batch_decode([tokens for _, _, tokens, _ in samples])
-    for sample_id, ((length, doc, tokens, labels), text) in enumerate(
-        zip(samples, texts, strict=True)
-    ):
+    pairs = zip(samples, texts, strict=True)
+    for sample_id, ((length, doc, tokens, labels), text) in enumerate(pairs):
         bad = [t for t in tokens if not 0 <= t < vocab_size]
         if bad:
             raise DatasetError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
         if len(tokens) != length or (labels is not None and len(labels) != length):
             raise AssertionError(f"sample {sample_id} is not {length} tokens long")
-        rows["sample_id"].append(sample_id)
-        rows["dataset"].append(name)
-        rows["tokenizer"].append(model)
-        rows["vocab_size"].append(vocab_size)
-        rows["length"].append(length)
-        rows["tokens"].append(tokens)
-        rows["text"].append(text)
-        rows["pii_labels"].append(labels)
-        rows["document_id"].append(doc)
-    return rows
+        rows.append((sample_id, name, model, vocab_size, length, tokens, text, labels, doc))
+    return dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))

@@ -1,15 +1,12 @@
 """PII text with a label per token: ai4privacy span annotations or a seeded Faker generator.
 
-Labels are ai4privacy pii-masking-400k's 17 public classes (`PII_LABELS`); a token that is not
-personal data has the label None (null in Parquet). A token is labelled when any of its characters
-fall inside a PII span, found through the fast tokenizer's offset mapping; a token touching two
-spans takes the first. Character spans (start, end) are half-open, as in ai4privacy.
-
-The synthetic generator (the offline substitute for ai4privacy) fills short English templates
-with Faker values, recording the character span of every inserted value. Sample i starts with a
-template led by the i-th label of a seeded shuffled cycle through all 17 labels, so every label
-occurs early in the text and survives the cut to L tokens; further templates are appended until
-the text has at least L tokens. The same seed and Faker version give the same text.
+Labels are ai4privacy pii-masking-400k's 17 public classes (`PII_LABELS`), None (null in
+Parquet) for a token that is not personal data. A token is labelled when any of its characters
+fall inside a (half-open, character) PII span, through the fast tokenizer's offset mapping; a
+token touching two spans takes the first. The synthetic generator (the offline substitute) fills
+English templates with Faker values; sample i starts with a template led by the i-th label of a
+seeded shuffled cycle through all labels, so every label survives the cut to L tokens. The same
+seed and Faker version give the same text.
 """
 
 from __future__ import annotations
@@ -25,24 +22,9 @@ from sodaray.io.files import parse_json
 
 log = logging.getLogger(__name__)
 
-PII_LABELS = (
-    "GIVENNAME",
-    "SURNAME",
-    "USERNAME",
-    "IDCARDNUM",
-    "CITY",
-    "TELEPHONENUM",
-    "SOCIALNUM",
-    "ACCOUNTNUM",
-    "PASSWORD",
-    "EMAIL",
-    "ZIPCODE",
-    "TAXNUM",
-    "STREET",
-    "DRIVERLICENSENUM",
-    "DATEOFBIRTH",
-    "BUILDINGNUM",
-    "CREDITCARDNUMBER",
+PII_LABELS = tuple(
+    "GIVENNAME SURNAME USERNAME IDCARDNUM CITY TELEPHONENUM SOCIALNUM ACCOUNTNUM PASSWORD EMAIL "
+    "ZIPCODE TAXNUM STREET DRIVERLICENSENUM DATEOFBIRTH BUILDINGNUM CREDITCARDNUMBER".split()
 )
 
 # Each label leads at least one template, with only a word or two before its value.
@@ -78,12 +60,6 @@ class Span(NamedTuple):
     label: str
 
 
-def _first_slot(template: str) -> str:
-    match = _SLOT.search(template)
-    assert match is not None
-    return match.group(1)
-
-
 def label_tokens(
     tokenizer: Any, text: str, spans: Iterable[Span]
 ) -> tuple[list[int], list[str | None]]:
@@ -92,28 +68,11 @@ def label_tokens(
         raise DatasetError("PII labels need a fast tokenizer (one with an offset mapping)")
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ordered = sorted(spans)
-    labels: list[str | None] = []
-    for start, end in enc["offset_mapping"]:
-        label = None
-        if end > start:
-            label = next((s.label for s in ordered if start < s.end and end > s.start), None)
-        labels.append(label)
+    labels: list[str | None] = [
+        next((s.label for s in ordered if end > start and start < s.end and end > s.start), None)
+        for start, end in enc["offset_mapping"]
+    ]
     return list(enc["input_ids"]), labels
-
-
-def spans_from_privacy_mask(mask: Any) -> list[Span]:
-    """ai4privacy's `privacy_mask` (a list of {label, start, end}, or that as JSON) as spans;
-    labels outside `PII_LABELS` are dropped."""
-    if isinstance(mask, str):
-        mask = parse_json(mask, "privacy_mask") if mask.strip() else []
-    spans = []
-    for item in mask or ():
-        label = str(item.get("label", "")).upper()
-        if label in PII_LABELS:
-            spans.append(Span(int(item["start"]), int(item["end"]), label))
-        else:
-            log.debug("ignoring PII label %r", label)
-    return spans
 
 
 class SyntheticPii:
@@ -127,7 +86,7 @@ class SyntheticPii:
         self.random = self.fake.random  # one seeded stream for values and template choices
         self._cycle: list[str] = []
         self._leading = {
-            label: [t for t in TEMPLATES if _first_slot(t) == label] for label in PII_LABELS
+            label: [t for t in TEMPLATES if _SLOT.findall(t)[0] == label] for label in PII_LABELS
         }
         missing = [label for label, ts in self._leading.items() if not ts]
         assert not missing, f"no template starts with {missing}"
@@ -165,20 +124,13 @@ class SyntheticPii:
     def sentence(self, lead: str | None = None, offset: int = 0) -> tuple[str, list[Span]]:
         """One filled template (led by `lead` when given); spans start at `offset`."""
         template = self.random.choice(self._leading[lead] if lead else TEMPLATES)
-        parts: list[str] = []
-        spans: list[Span] = []
-        pos = offset
-        last = 0
-        for match in _SLOT.finditer(template):
-            literal = template[last : match.start()]
-            value = self._makers[match.group(1)]()
-            parts += [literal, value]
-            pos += len(literal)
-            spans.append(Span(pos, pos + len(value), match.group(1)))
-            pos += len(value)
-            last = match.end()
-        parts.append(template[last:])
-        return "".join(parts), spans
+        pieces = _SLOT.split(template)  # literal, label, literal, ..., literal
+        text, spans = pieces[0], []
+        for label, literal in zip(pieces[1::2], pieces[2::2], strict=True):
+            value = self._makers[label]()
+            spans.append(Span(offset + len(text), offset + len(text) + len(value), label))
+            text += value + literal
+        return text, spans
 
     def sample(self, tokenizer: Any, length: int) -> tuple[list[int], list[str | None]]:
         """Exactly `length` tokens of synthetic PII text and their labels."""
@@ -195,6 +147,16 @@ class SyntheticPii:
 
 
 def record_tokens(tokenizer: Any, record: dict[str, Any]) -> tuple[list[int], list[str | None]]:
-    """Token ids and labels of one ai4privacy record (`source_text`, `privacy_mask`)."""
-    spans = spans_from_privacy_mask(record["privacy_mask"])
+    """Token ids and labels of one ai4privacy record: `source_text`, and `privacy_mask` (a list
+    of {label, start, end}, or that as JSON; labels outside `PII_LABELS` are dropped)."""
+    mask = record["privacy_mask"]
+    if isinstance(mask, str):
+        mask = parse_json(mask, "privacy_mask") if mask.strip() else []
+    spans = []
+    for item in mask or ():
+        label = str(item.get("label", "")).upper()
+        if label in PII_LABELS:
+            spans.append(Span(int(item["start"]), int(item["end"]), label))
+        else:
+            log.debug("ignoring PII label %r", label)
     return label_tokens(tokenizer, record["source_text"], spans)

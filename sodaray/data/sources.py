@@ -1,17 +1,12 @@
 """Documents for the natural-language and PII datasets: the Hugging Face hub or a local file.
 
-Hub sources (`--source hf`) are streamed, so only the first documents of a large corpus are
-fetched (`HUB_SOURCES` names repository, split and text field). They fail fast with
-`HubUnreachable` when `HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` is set (a dataset already in the
-local `datasets` cache is then still used) or a short metadata request cannot reach the hub.
-
-Local files, by extension:
-
-- `.jsonl` / `.json` (one JSON object per line): field `text`; PII records take `source_text`
-  and `privacy_mask` (ai4privacy's format: a list, or JSON string, of {label, start, end}).
-- `.csv`: the first of the columns `text`, `Comment`, `comment`, `body`, else the column holding
-  the most characters; quoted multi-line fields are read whole.
-- anything else: plain text, one document per block separated by blank lines.
+Hub sources (`--source hf`, `HUB_SOURCES`) are streamed, so only the first documents of a large
+corpus are fetched. They fail fast with `HubUnreachable` when `HF_HUB_OFFLINE` /
+`HF_DATASETS_OFFLINE` is set (a dataset already in the local `datasets` cache is then still
+used) or a short metadata request cannot reach the hub. Local files by extension: `.jsonl` /
+`.json` (a JSON object per line: `text`, or for PII records `source_text` and `privacy_mask`),
+`.csv` (the first of `CSV_TEXT_COLUMNS`, else the column holding the most characters), anything
+else plain text, one document per blank-line-separated block.
 
 Each document keeps its position in the source (line, row, block or stream index, empty ones
 counted) as its id, so every sample can be traced back to the text it came from.
@@ -60,30 +55,23 @@ class HubSource:
     repo: str
     split: str
     field: str | None  # None: no single text field (PII records)
-    offline_hint: str  # what to pass instead when the hub is out of reach
+    example: str | None  # a local copy to pass instead when the hub is out of reach
+
+    def unreachable(self, why: str) -> HubUnreachable:
+        """The error for the hub out of reach, saying what to pass instead."""
+        hint = "pass --source synthetic for Faker-generated PII text"
+        if self.example is not None:
+            hint = "pass --source PATH with a local JSONL/CSV/text file"
+            hint += f" (e.g. ../shared/data/{self.example})"
+        return HubUnreachable(
+            f"cannot reach the Hugging Face hub for {self.repo} ({why}); {hint}", why
+        )
 
 
 HUB_SOURCES = {
-    "nl-id": HubSource(
-        "roneneldan/TinyStories",
-        "validation",
-        "text",
-        "pass --source PATH with a local JSONL/CSV/text file "
-        "(e.g. ../shared/data/tinystories_valid.jsonl)",
-    ),
-    "nl-ood": HubSource(
-        "sentence-transformers/reddit",
-        "train",
-        "body",
-        "pass --source PATH with a local JSONL/CSV/text file "
-        "(e.g. ../shared/data/reddit_comments.csv)",
-    ),
-    "privacy": HubSource(
-        "ai4privacy/pii-masking-400k",
-        "validation",
-        None,
-        "pass --source synthetic for Faker-generated PII text",
-    ),
+    "nl-id": HubSource("roneneldan/TinyStories", "validation", "text", "tinystories_valid.jsonl"),
+    "nl-ood": HubSource("sentence-transformers/reddit", "train", "body", "reddit_comments.csv"),
+    "privacy": HubSource("ai4privacy/pii-masking-400k", "validation", None, None),
 }
 
 
@@ -190,33 +178,20 @@ def read_local_pii_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 # ---- the hub -----------------------------------------------------------------------------------
-def hub_offline() -> bool:
-    """Whether the environment asks for offline mode."""
-    return any(
-        os.environ.get(name, "").strip().upper() in _OFFLINE_VALUES
-        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
-
-
-def _unreachable(hub: HubSource, why: str) -> HubUnreachable:
-    return HubUnreachable(
-        f"cannot reach the Hugging Face hub for {hub.repo} ({why}); {hub.offline_hint}", why
-    )
-
-
 def _open_hub(hub: HubSource):
     """An iterable over the split's rows: streamed, or from the local cache in offline mode."""
     import datasets
 
-    if hub_offline():
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    if any(os.environ.get(name, "").strip().upper() in _OFFLINE_VALUES for name in names):
         # `datasets` reads the offline switch at import; only then is a cache-only load safe from
         # touching the network.
         if not datasets.config.HF_HUB_OFFLINE:
-            raise _unreachable(hub, "offline mode")
+            raise hub.unreachable("offline mode")
         try:
             return datasets.load_dataset(hub.repo, split=hub.split)
         except Exception as exc:  # not cached: any error means the same thing here
-            raise _unreachable(hub, "offline mode, not in the local cache") from exc
+            raise hub.unreachable("offline mode, not in the local cache") from exc
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -225,7 +200,7 @@ def _open_hub(hub: HubSource):
     except RepositoryNotFoundError as exc:
         raise DatasetError(f"dataset {hub.repo} not found on the Hugging Face hub") from exc
     except Exception as exc:
-        raise _unreachable(hub, first_line(exc)) from exc
+        raise hub.unreachable(first_line(exc)) from exc
     return datasets.load_dataset(hub.repo, split=hub.split, streaming=True)
 
 
@@ -243,7 +218,7 @@ def read_hub_rows(hub: HubSource, limit: int, *, english_only: bool = False) -> 
     except DatasetError:
         raise
     except Exception as exc:  # the stream broke off: network errors come in many types
-        raise _unreachable(hub, first_line(exc)) from exc
+        raise hub.unreachable(first_line(exc)) from exc
     if not rows:
         raise DatasetError(f"no rows in {hub.repo} [{hub.split}]")
     return rows

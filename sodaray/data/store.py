@@ -1,34 +1,22 @@
 """The dataset file: a Parquet table with a fixed schema, a content hash and build metadata.
 
-Columns, one row per sample, in `sample_id` order:
-
-| column      | type             | meaning                                                   |
-| ----------- | ---------------- | --------------------------------------------------------- |
-| sample_id   | int64            | 0..N-1                                                    |
-| dataset     | string           | random, nl-id, nl-ood or privacy                          |
-| tokenizer   | string           | the model id or path the build was given                  |
-| vocab_size  | int64            | the model's vocabulary size; every token is below it      |
-| length      | int32            | number of tokens                                          |
-| tokens      | list<int64>      | the input token ids (no BOS or other special tokens)      |
-| text        | string           | tokenizer.decode(tokens)                                  |
-| pii_labels  | list<string>     | privacy only: a label per token, null items for non-PII   |
-| document_id | int64 (nullable) | nl, and privacy from hub/file: the source document index  |
-
-Schema metadata (byte strings): `sodaray.dataset.version` ("1"), `sodaray.dataset.args` (the
-build arguments as JSON), `sodaray.dataset.info` (JSON: the source read, documents reused, ...)
-and `sodaray.dataset.hash`: the SHA-256 hex digest of the rows, each written as the compact JSON
-list of its column values in the order above, followed by a newline. The hash depends on the
-values only, not on the Parquet encoding; the file bytes are reproducible too, for the same
-pyarrow version, since nothing time-dependent is written.
+One row per sample, in `sample_id` order, with the columns of `SCHEMA` (their meaning: the table
+in docs/datasets.md). Schema metadata (byte strings): `sodaray.dataset.version` ("1"),
+`sodaray.dataset.args` (the build arguments as JSON), `sodaray.dataset.info` (JSON: the source
+read, documents reused, ...) and `sodaray.dataset.hash`: the SHA-256 hex digest of the rows, each
+written as the compact JSON list of its column values in schema order, followed by a newline. The
+hash depends on the values only, not on the Parquet encoding; the file bytes are reproducible
+too, for the same pyarrow version, since nothing time-dependent is written.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -72,20 +60,22 @@ def content_hash(table: pa.Table) -> str:
     digest = hashlib.sha256()
     columns = [table.column(name).to_pylist() for name in COLUMNS]
     for row in zip(*columns, strict=True):
-        digest.update(_dumps(list(row)).encode("utf-8"))
-        digest.update(b"\n")
+        digest.update(_dumps(list(row)).encode("utf-8") + b"\n")
     return digest.hexdigest()
 
 
 def make_table(rows: dict[str, list], args: dict[str, Any], info: dict[str, Any]) -> pa.Table:
     """The dataset table from column lists, with version, arguments, info and hash attached."""
     table = pa.Table.from_pydict(rows, schema=SCHEMA)
-    metadata = {
-        VERSION_KEY: FORMAT_VERSION.encode(),
-        ARGS_KEY: _dumps(args).encode("utf-8"),
-        INFO_KEY: _dumps(info).encode("utf-8"),
-        HASH_KEY: content_hash(table).encode(),
-    }
+    meta = {VERSION_KEY: FORMAT_VERSION.encode(), ARGS_KEY: _dumps(args).encode("utf-8")}
+    return _stamped(table.replace_schema_metadata({**meta, INFO_KEY: _dumps(info).encode("utf-8")}))
+
+
+def _stamped(table: pa.Table) -> pa.Table:
+    """`table` with the format version (unless set) and its rows' hash in its metadata."""
+    metadata = dict(table.schema.metadata or {})
+    metadata.setdefault(VERSION_KEY, FORMAT_VERSION.encode())
+    metadata[HASH_KEY] = content_hash(table).encode()  # always matches the rows
     return table.replace_schema_metadata(metadata)
 
 
@@ -95,22 +85,15 @@ def dataset_hash(table: pa.Table) -> str:
 
 
 def dataset_metadata(table: pa.Table) -> dict[str, Any]:
-    """The build arguments and info recorded in the table's metadata, decoded."""
+    """The build arguments and info recorded in the table's metadata, decoded (each a JSON
+    object, bounded as any JSON read)."""
     meta = table.schema.metadata or {}
-    return {
-        "version": meta.get(VERSION_KEY, b"").decode(),
-        "args": _json_object(meta.get(ARGS_KEY, b"{}"), ARGS_KEY),
-        "info": _json_object(meta.get(INFO_KEY, b"{}"), INFO_KEY),
-        "hash": meta.get(HASH_KEY, b"").decode(),
-    }
-
-
-def _json_object(text: bytes, key: bytes) -> dict[str, Any]:
-    """A metadata value that holds a JSON object (the file's own: bounded as any JSON read)."""
-    value = parse_json(text, f"dataset metadata {key.decode()}")
-    if not isinstance(value, dict):
-        raise DatasetError(f"dataset metadata {key.decode()}: not a JSON object")
-    return value
+    out: dict[str, Any] = {"version": meta.get(VERSION_KEY, b"").decode()}
+    for name, key in (("args", ARGS_KEY), ("info", INFO_KEY)):
+        out[name] = parse_json(meta.get(key, b"{}"), f"dataset metadata {key.decode()}")
+        if not isinstance(out[name], dict):
+            raise DatasetError(f"dataset metadata {key.decode()}: not a JSON object")
+    return {**out, "hash": dataset_hash(table)}
 
 
 def write_dataset(
@@ -122,23 +105,10 @@ def write_dataset(
     nothing may be a link (default: the file's folder)."""
     out = Path(path)
     check_rows(table, f"the dataset for {out}")
-    metadata = dict(table.schema.metadata or {})
-    metadata.setdefault(VERSION_KEY, FORMAT_VERSION.encode())
-    metadata[HASH_KEY] = content_hash(table).encode()  # always matches what is written
-    table = table.replace_schema_metadata(metadata)
-
-    def parquet(f: BinaryIO) -> None:
-        pq.write_table(
-            table,
-            f,
-            compression="zstd",
-            compression_level=3,
-            use_dictionary=True,
-            write_statistics=True,
-            row_group_size=1 << 20,
-            version="2.6",
-        )
-
+    table = _stamped(table)
+    settings = dict(compression="zstd", compression_level=3, use_dictionary=True, version="2.6")
+    settings.update(write_statistics=True, row_group_size=1 << 20)
+    parquet = functools.partial(pq.write_table, table, **settings)
     write_file(out.parent if base is None else base, out, parquet)
     return out
 
@@ -199,6 +169,5 @@ def check_rows(table: pa.Table, where: str) -> None:
         )
     ids = table.column("sample_id")
     if pc.count_distinct(ids).as_py() != len(ids):
-        counts = pc.value_counts(ids)
-        repeated = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
+        repeated = next(v["values"] for v in pc.value_counts(ids).to_pylist() if v["counts"] > 1)
         raise DatasetError(f"{where}: sample_id {repeated} repeats")

@@ -1,9 +1,5 @@
-"""The tokenizer and vocabulary size of a model, without loading its weights.
-
-Datasets only need token ids in [0, vocab_size) and the tokenizer that maps text to them, so a
-build never touches the (possibly large) weight files: the config gives `vocab_size`, and a
-folder with only a tokenizer falls back to the tokenizer's length.
-"""
+"""The tokenizer and vocabulary size of a model, without loading its weights: the config gives
+`vocab_size`, and a folder with only a tokenizer falls back to the tokenizer's length."""
 
 from __future__ import annotations
 
@@ -46,16 +42,13 @@ def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[s
 def load_tokenizer(
     name_or_path: str, *, gguf_file: str | None = None, trust_remote_code: bool = False
 ) -> TokenizerInfo:
-    """Tokenizer and vocabulary size for a hub id, local folder or GGUF file (no weights).
-
-    As in `sodaray.load_model`, a path ending in `.gguf` is split into folder and file.
-    """
+    """Tokenizer and vocabulary size for a hub id, local folder or GGUF file (no weights); as in
+    `sodaray.load_model`, a path ending in `.gguf` is split into folder and file."""
     from transformers import AutoConfig, AutoTokenizer
 
     name_or_path, gguf_file = check_model_path(name_or_path, gguf_file)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
+    kwargs.update({"gguf_file": gguf_file} if gguf_file is not None else {})
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -66,8 +59,7 @@ def load_tokenizer(
         raise DatasetError(f"cannot load a tokenizer{why}") from exc
     vocab_size = None
     try:
-        config = AutoConfig.from_pretrained(name_or_path, **kwargs)
-        vocab_size = getattr(config, "vocab_size", None)
+        vocab_size = getattr(AutoConfig.from_pretrained(name_or_path, **kwargs), "vocab_size", None)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.debug("no model config for %s: %s", name_or_path, exc)
     if not vocab_size:

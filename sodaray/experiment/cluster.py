@@ -20,7 +20,6 @@ from typing import Any
 
 from sodaray.errors import first_line
 from sodaray.experiment import stops
-from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.waits import CHECK_SECONDS, within
 
 log = logging.getLogger(__name__)
@@ -31,14 +30,13 @@ TOKEN_HINT = (
     "the cluster uses token authentication: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or "
     "RAY_AUTH_TOKEN_PATH) to the head's token, which `ray get-auth-token` prints on the head"
 )
-# Ray's own connect loop tries a cluster's GCS 20 times by default, about a second each when
-# it answers and refuses (a missing auth token) and half a minute each when it does not: an
-# attach to a cluster whose port is open gets this many tries instead, so a refusal is one line
-# within seconds. A GCS that answers takes one try.
+# Ray's connect loop tries a GCS 20 times, up to half a minute each: an attach to an open port gets
+# this many, so a refusal (a missing auth token) is one line within seconds.
 CONNECT_TRIES = 4
-# How long a run waits while none of its replicas can be placed when `--wait-for-nodes` is 0:
-# placement on a node with room takes well under a second, so this is other work's to free.
+# How long a run waits with none of its replicas placed when `--wait-for-nodes` is 0 (placing on
+# a node with room takes well under a second: this is for other work to free room).
 PLACE_GRACE_S = 30.0
+CLUSTER_REST = "; the rest start if nodes join or others' work ends"
 RESOURCE_STEP = 1e-4  # Ray's resolution for resource amounts: 0.3 GPU three times fits 1
 
 
@@ -60,9 +58,8 @@ def recorded_address() -> tuple[str, Path] | None:
     """The address `auto` attaches to on this machine, and the file it is read from: the one
     the last `ray start --head` recorded in Ray's temporary folder (`ray.init` documents
     /tmp/ray/ray_current_cluster; Ray takes RAY_TMPDIR, else on Linux TMPDIR, over /tmp)."""
-    base = os.environ.get("RAY_TMPDIR")
-    if not base and sys.platform.startswith("linux"):
-        base = os.environ.get("TMPDIR")
+    linux = sys.platform.startswith("linux")
+    base = os.environ.get("RAY_TMPDIR") or (linux and os.environ.get("TMPDIR")) or None
     if not base:
         base = "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
     path = Path(base) / "ray" / "ray_current_cluster"
@@ -75,12 +72,9 @@ def recorded_address() -> tuple[str, Path] | None:
 
 def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
     """The cluster the run would attach to (`cluster_address`) must accept a connection and
-    answer as a gRPC server (as Ray's GCS and Ray Client do) within `timeout` seconds all told
-    (`sodaray.experiment.waits`): Ray itself retries for minutes, printing as it goes, and a port
-    that
-    accepts and never answers held it three. `auto` is checked at the address `ray start`
-    recorded on this machine, when there is one (else Ray looks for a running cluster and says
-    in one line if there is none)."""
+    answer as Ray's GCS or Ray Client does within `timeout` seconds all told (Ray itself retries
+    for minutes). `auto` is checked at the address `ray start` recorded on this machine, when
+    there is one (else Ray says in one line that no cluster runs)."""
     target = cluster_address(address)
     if target is None:
         return
@@ -108,9 +102,7 @@ def check_address(address: str | None, timeout: float = CHECK_SECONDS) -> None:
 
 
 # One call each kind of Ray server answers (any status but UNIMPLEMENTED: a token refused is
-# Ray's to say): the GCS at HOST:PORT, Ray Client's server at ray://HOST:PORT. A gRPC server of
-# another kind (another service, the other port of the two) held Ray's connect loop 50 s
-# (ray://) to 180 s (HOST:PORT), retrying.
+# Ray's to say): the GCS at HOST:PORT, Ray Client's server at ray://HOST:PORT.
 RAY_CALLS = {
     "": (
         "/ray.rpc.NodeInfoGcsService/GetClusterId",
@@ -162,12 +154,8 @@ def init_ray(address: str | None) -> None:
     one-line error within seconds when the cluster cannot be reached or refuses us."""
     import ray
 
-    options: dict[str, Any] = {
-        "include_dashboard": False,
-        "log_to_driver": False,
-        # Ray's own start-up lines only when our caller logs at INFO (`-v`)
-        "logging_level": logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR,
-    }
+    level = logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR  # Ray's lines: -v
+    options = dict(include_dashboard=False, log_to_driver=False, logging_level=level)
     target = cluster_address(address)
     if target is None:
         with _signals_kept():
@@ -175,26 +163,27 @@ def init_ray(address: str | None) -> None:
         return
     check_address(address)
     where, hint = _where(address)
-    held: list[str] = []
+    tries = "RAY_gcs_server_port_wait_time_s"  # read by `ray.init` as it joins
+    ours = tries not in os.environ  # else the user's own
+    os.environ.setdefault(tries, str(CONNECT_TRIES))
     try:
-        with _signals_kept(), _connect_tries(CONNECT_TRIES), _stderr_held(held):
+        with _signals_kept(), _stderr_held():
             ray.init(address=target, **options)
     except (ConnectionError, RuntimeError, ray.exceptions.AuthenticationError) as exc:
         raise ValueError(
             f"cannot connect to a Ray cluster at {target} (from {where}): {first_line(exc)}; "
             f"{connect_hint(exc, hint)}"
         ) from exc
-    if held and held[0]:  # joined: what Ray printed while connecting is the user's to read
-        sys.stderr.write(held[0])
+    finally:
+        if ours:
+            os.environ.pop(tries, None)
 
 
 @contextmanager
 def _signals_kept() -> Iterator[None]:
-    """`ray.init` under sodaray's stop rule. While it runs, Ray's own Python handler for SIGTERM
-    is in force (`sys.exit`, or its node's, which ends the node's processes first): a SystemExit
-    out of the block is that signal, raised as `stops.Stop` after Ray is shut down. Other stop
-    signals are only noted (`stops.deferred`) and raised once Ray is up, so that the caller's
-    cleanup shuts it down. After the block sodaray's handlers are back in force."""
+    """`ray.init` under sodaray's stop rule: a SystemExit out of the block is Ray's own SIGTERM
+    handler, raised as `stops.Stop` once Ray is shut down; other stop signals are raised once
+    Ray is up (`stops.deferred`). After the block sodaray's handlers are back in force."""
     os.environ.setdefault(stops.NO_NATIVE_HANDLER, "1")  # for an import of ray not yet made
     try:
         with stops.deferred():
@@ -210,25 +199,10 @@ def _signals_kept() -> Iterator[None]:
 
 
 @contextmanager
-def _connect_tries(tries: int) -> Iterator[None]:
-    """Ray's GCS connect attempts for the block (RAY_gcs_server_port_wait_time_s, read by
-    `ray.init` as it joins), unless the user set their own."""
-    name = "RAY_gcs_server_port_wait_time_s"
-    if name in os.environ:
-        yield
-        return
-    os.environ[name] = str(tries)
-    try:
-        yield
-    finally:
-        os.environ.pop(name, None)
-
-
-@contextmanager
-def _stderr_held(held: list[str]) -> Iterator[None]:
-    """What is written to file descriptor 2 in the block, appended to `held` when it ends and
-    kept from the terminal: Ray's core prints a warning there per failed connect attempt, below
-    Python's logging, and the one-line error says what they meant."""
+def _stderr_held() -> Iterator[None]:
+    """What is written to file descriptor 2 in the block (Ray's core, a warning per failed
+    connect attempt), written out once the block has ended well; dropped after an error, which
+    the one-line error says in its stead."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -242,8 +216,8 @@ def _stderr_held(held: list[str]) -> Iterator[None]:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-            sink.seek(0)
-            held.append(sink.read(1 << 20).decode("utf-8", errors="replace"))
+        sink.seek(0)
+        sys.stderr.write(sink.read(1 << 20).decode("utf-8", errors="replace"))
 
 
 def connect_hint(exc: BaseException, otherwise: str = ADDRESS_HINT) -> str:
@@ -254,24 +228,18 @@ def connect_hint(exc: BaseException, otherwise: str = ADDRESS_HINT) -> str:
 
     seen: BaseException | None = exc
     for _ in range(8):  # a cause chain is short; a cycle is not followed
-        if seen is None:
-            break
-        text = str(seen).lower()
-        if isinstance(seen, ray.exceptions.AuthenticationError) or "token" in text:
+        if isinstance(seen, ray.exceptions.AuthenticationError) or "token" in str(seen).lower():
             return TOKEN_HINT
-        seen = seen.__cause__ or seen.__context__
+        seen = seen and (seen.__cause__ or seen.__context__)
     return otherwise
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """The Ray a run uses and how it treats failures and room there, as `sweep run` and `tune`
-    take them. `address`: the cluster to attach to (`cluster_address`: else RAY_ADDRESS, else a
-    fresh local Ray of the run's own). `max_attempts`: the tries a unit of work gets before it
-    fails for good (one whose input is at fault fails at its first; `experiment.group`).
-    `wait_for_nodes`: seconds a run on a cluster waits while none of a model's replicas can be
-    placed (`Placement`). A record that breaks these is never made: max_attempts below 1, or
-    wait_for_nodes negative or not finite, is a one-line ValueError naming the option."""
+    """The Ray a run uses and how it treats failures and room there (`sweep run`, `tune`).
+    `address`: the cluster to attach to (`cluster_address`). `max_attempts`: the tries a unit of
+    work gets (one whose input is at fault fails at its first; `experiment.group`).
+    `wait_for_nodes`: see `Placement`. Values out of range are a one-line ValueError."""
 
     address: str | None = None
     max_attempts: int = 3
@@ -287,12 +255,11 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Placement:
-    """How a run's replicas meet the Ray they run on. `local`: a Ray this run started, where no
-    node joins and nothing else takes resources, so replicas beyond what it holds are not made;
-    on a cluster they are, and start when room appears. `wait_for_nodes`: seconds a run on a
-    cluster waits while none of its replicas can be placed (an autoscaler adding nodes, other
-    work holding the resources); 0: a model no node can hold stops the run at once, and one
-    that waits for room stops it after `PLACE_GRACE_S`."""
+    """How a run's replicas meet the Ray they run on. `local`: a Ray this run started, where
+    replicas beyond what it holds are not made (on a cluster they wait for room).
+    `wait_for_nodes`: seconds a run on a cluster waits while none of its replicas can be placed;
+    0: a model no node can hold stops the run at once, one waiting for room after
+    `PLACE_GRACE_S`."""
 
     local: bool = False
     wait_for_nodes: float = 0.0
@@ -306,11 +273,9 @@ class Placement:
 @contextmanager
 def ray_session(requests: list[tuple[str, float, float]], cluster: Cluster) -> Iterator[Placement]:
     """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: a fresh
-    local instance started here unless `cluster.address`/RAY_ADDRESS names a cluster or Ray
-    already runs in this process, and then shut down after it. Yields how replicas are placed
-    there. Requests are checked before a local Ray starts (it would wait forever for what the
-    machine lacks); on a cluster each actor group counts what the nodes hold
-    (`replicas_to_make`)."""
+    local instance unless `cluster.address`/RAY_ADDRESS names a cluster or Ray already runs
+    here, shut down after it; requests checked first (a local Ray would wait forever for what
+    the machine lacks). Yields how replicas are placed there."""
     import ray
 
     own = not ray.is_initialized()
@@ -326,40 +291,20 @@ def ray_session(requests: list[tuple[str, float, float]], cluster: Cluster) -> I
                 room_for(label, cpus, gpus, placement)
         yield placement
     finally:
-        if own:
-            # A stop signal during the shutdown waits for its end: cut short, it left Ray's
-            # processes running after the command had gone.
+        if own:  # a stop signal waits for the shutdown's end (cut short, it left processes)
             with stops.deferred():
                 ray.shutdown()
 
 
 def end_groups(groups: list[Any], seconds: float = CHECK_SECONDS) -> None:
-    """Each actor group's replicas ended (`ActorGroup.kill`), each within `seconds`: a stop
-    signal sent to the whole process group (Slurm's, `timeout`'s) ends Ray's raylet too, and
-    removing a placement group then waited in Ray's core for ever, where no signal handler
-    runs. One that does not end in time is left to Ray's shutdown, with a warning."""
+    """Each actor group's replicas ended (`ActorGroup.kill`), each within `seconds` (with Ray's
+    raylet gone, removing a placement group waits for ever); one late is left to Ray's
+    shutdown, with a warning."""
     for group in groups:
         try:
             within(group.kill, "Ray, ending a model's replicas", seconds)
         except TimeoutError as exc:
             log.warning("%s: going on to shut Ray down", exc)
-
-
-def actor_options(model: ModelSpec, concurrency: int, reserved: Any) -> dict[str, Any]:
-    """Ray's options for a replica of `model`: its entry's resources, in the placement group
-    `reserved` for it, up to `concurrency` calls at once (threads), restarted whenever it dies.
-    Ray never re-runs a call itself: the caller decides what a failed call means
-    (`experiment.group`)."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return {
-        "num_cpus": model.num_cpus,
-        "num_gpus": model.num_gpus,
-        "max_restarts": -1,
-        "max_task_retries": 0,
-        "max_concurrency": concurrency,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(reserved),
-    }
 
 
 def check_resources(requests: list[tuple[str, float, float]]) -> None:
@@ -397,12 +342,8 @@ def replicas_fit(cpus: float, gpus: float) -> tuple[int, str]:
         have = node.get("Resources") or {}
         node_cpus, node_gpus = float(have.get("CPU", 0.0)), float(have.get("GPU", 0.0))
         shown.append(f"{node_cpus:g} CPU" + (f", {node_gpus:g} GPU" if node_gpus else ""))
-        room = [
-            math.floor(amount / need + RESOURCE_STEP)
-            for amount, need in ((node_cpus, cpus), (node_gpus, gpus))
-            if need > 0
-        ]
-        fit += min(room)  # num_cpus is above 0: never an empty list
+        pairs = ((node_cpus, cpus), (node_gpus, gpus))  # num_cpus is above 0: never empty
+        fit += min(math.floor(amount / need + RESOURCE_STEP) for amount, need in pairs if need > 0)
     nodes = "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
     return fit, f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({nodes or 'none'})"
 
@@ -423,35 +364,19 @@ def room_for(label: str, cpus: float, gpus: float, placement: Placement) -> tupl
 
 
 def replicas_to_make(label: str, cpus: float, gpus: float, asked: int, placement: Placement) -> int:
-    """How many of `asked` replicas of a model to make, said in a warning when fewer than asked
-    can run now (`room_for`'s error when none can). On a local Ray this run started, those that
-    fit (nothing will join); on a cluster all of them, since nodes may join (an autoscaler) and
-    others' work ends: those that cannot be placed wait, and the group runs on the others
-    (`experiment.group`)."""
+    """How many of `asked` replicas of a model to make, with a warning when fewer can run now
+    (`room_for`'s error when none can): on a local Ray those that fit; on a cluster all (nodes
+    may join, others' work ends), those not placed waiting while the group runs on the others."""
     fit, asks = room_for(label, cpus, gpus, placement)
-    where = "this machine" if placement.local else "the cluster"
     if fit >= asked:
         return asked
-    if fit == 0:
-        log.warning(
-            "no node of %s can hold a replica of %s now (%s): waiting up to %.0f s for nodes "
-            "to join (--wait-for-nodes)",
-            where,
-            label,
-            asks,
-            placement.wait_for_nodes,
+    if fit == 0:  # on a cluster, with --wait-for-nodes (else `room_for` refused it)
+        said = (
+            f"no node of the cluster can hold a replica of {label} now ({asks}): waiting up to "
+            f"{placement.wait_for_nodes:.0f} s for nodes to join (--wait-for-nodes)"
         )
-        return asked
-    if placement.local:
-        log.warning("%d of %d replicas of %s fit (%s): running on %d", fit, asked, label, asks, fit)
-        return fit
-    log.warning(
-        "%d of %d replicas of %s fit on the cluster's nodes (%s): running on %d; the rest "
-        "start if nodes join or others' work ends",
-        fit,
-        asked,
-        label,
-        asks,
-        fit,
-    )
-    return asked
+    else:
+        on, rest = ("", "") if placement.local else (" on the cluster's nodes", CLUSTER_REST)
+        said = f"{fit} of {asked} replicas of {label} fit{on} ({asks}): running on {fit}{rest}"
+    log.warning("%s", said)
+    return fit if placement.local else asked

@@ -1,11 +1,9 @@
 """Whether a model entry's inputs fit its context, decided on the driver from the model's files
 (its `config.json`, and its tokenizer only where one BOS decides), without loading weights.
 
-Why here: a sweep whose dataset held inputs longer than the model's context was accepted by
-`sweep plan`, and `sweep run` started its replicas, loaded the model and failed every shard
-there, as a five-line failure per shard. Checked before any actor starts, it is one line and
-exit code 2. A hub id (no local config) or a GGUF file is not checked here: the replica's own
-check (`sodaray.config.capacity.check_context`) still holds for them.
+Checked before any actor starts, a too-long input is one line and exit code 2, not a failure
+per shard. A hub id (no local config) or a GGUF file is left to the replica's own check
+(`sodaray.config.capacity.check_context`).
 """
 
 from __future__ import annotations
@@ -33,29 +31,27 @@ def local_config(model: ModelSpec) -> dict[str, Any] | None:
     return read_json_object(path, "model config")
 
 
-def config_context(model: ModelSpec) -> int | None:
-    """The longest sequence `model` takes, from its local `config.json` (a multimodal wrapper's
-    `text_config` too); None when no local config says."""
-    config = local_config(model)
-    for section in (config, (config or {}).get("text_config")):
-        if not isinstance(section, dict):
-            continue
-        for key in CONTEXT_KEYS:
+def _config_count(model: ModelSpec, keys: tuple[str, ...], text_first: bool) -> int | None:
+    """The first positive whole number under `keys` in `model`'s local `config.json`, its own
+    section and a multimodal wrapper's `text_config` (first when `text_first`); None if none."""
+    config = local_config(model) or {}
+    sections = [config, config.get("text_config")]
+    for section in reversed(sections) if text_first else sections:
+        for key in keys if isinstance(section, dict) else ():
             value = section.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
 
 
+def config_context(model: ModelSpec) -> int | None:
+    """The longest sequence `model` takes, from its local config; None when none says."""
+    return _config_count(model, CONTEXT_KEYS, text_first=False)
+
+
 def config_vocab(model: ModelSpec) -> int | None:
-    """The vocabulary `model` has, from its local `config.json` (a multimodal wrapper's
-    `text_config` first); None when no local config says."""
-    config = local_config(model) or {}
-    for section in (config.get("text_config"), config):
-        value = section.get("vocab_size") if isinstance(section, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    """The vocabulary `model` has, from its local config; None when none says."""
+    return _config_count(model, ("vocab_size",), text_first=True)
 
 
 def _tokenizer_adds_bos(model: ModelSpec) -> int:
@@ -67,9 +63,7 @@ def _tokenizer_adds_bos(model: ModelSpec) -> int:
         model.location, gguf_file=model.gguf_file, trust_remote_code=model.trust_remote_code
     ).tokenizer
     bos_id = getattr(tokenizer, "bos_token_id", None)
-    if bos_id is None:
-        return 0
-    ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    ids = [] if bos_id is None else tokenizer("a", add_special_tokens=True)["input_ids"]
     return int(bool(ids) and ids[0] == bos_id)
 
 

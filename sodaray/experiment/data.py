@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,37 +45,26 @@ def dataset_identity(table: pa.Table) -> DatasetIdentity:
     )
 
 
+ROW_COLUMNS = ("sample_id", "length", "tokens", "text", "pii_labels")  # those a unit carries
+
+
 def select_rows(
     table: pa.Table, samples_per_length: int | None, limit: int | None
 ) -> dict[str, list[Any]]:
     """The job's samples: the first `samples_per_length` of each length (dataset order), then
     at most `limit` in all, taken evenly across lengths so a quick look covers every length."""
-    cols = [
-        c
-        for c in ("sample_id", "length", "tokens", "text", "pii_labels")
-        if c in table.column_names
-    ]
-    records = table.select(cols).to_pylist()
-    records.sort(key=lambda r: r["sample_id"])
-    rank: dict[int, int] = {}
+    cols = [c for c in ROW_COLUMNS if c in table.column_names]
+    records = sorted(table.select(cols).to_pylist(), key=lambda r: r["sample_id"])
+    rank: Counter[int] = Counter()
     ranked = []
     for r in records:
-        k = rank.get(r["length"], 0)
-        rank[r["length"]] = k + 1
-        if samples_per_length is None or k < samples_per_length:
+        k = rank[r["length"]] = rank[r["length"]] + 1  # its place among its length's
+        if samples_per_length is None or k <= samples_per_length:
             ranked.append((k, r))
     if limit is not None:
-        ranked.sort(key=lambda kr: (kr[0], kr[1]["length"]))
-        ranked = ranked[:limit]
+        ranked = sorted(ranked, key=lambda kr: (kr[0], kr[1]["length"]))[:limit]
     chosen = sorted((r for _, r in ranked), key=lambda r: r["sample_id"])
     return {c: [r[c] for r in chosen] for c in cols}
-
-
-# Built datasets are cached in `root/.sodaray/datasets/` as `*.pq`: hidden from result readers
-# (pandas, pyarrow, `datasets` skip hidden folders) and not matched by `**/*.parquet` (DuckDB's
-# glob enters hidden folders), so a results folder reads as result rows alone.
-DATASET_CACHE = Path(".sodaray", "datasets")
-DATASET_SUFFIX = ".pq"
 
 
 def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
@@ -88,10 +78,7 @@ def dataset_lengths(spec: DatasetSpec) -> dict[int, int]:
         per_length = int(spec.build.get("per_length", 1))
         return {n: per_length for n in parse_lengths(str(spec.build.get("lengths", "1-10")))}
     assert spec.location is not None
-    counts: dict[int, int] = {}
-    for n in read_dataset(spec.location).column("length").to_pylist():
-        counts[int(n)] = counts.get(int(n), 0) + 1
-    return counts
+    return dict(Counter(int(n) for n in read_dataset(spec.location).column("length").to_pylist()))
 
 
 CACHE_KEY = b"sodaray.dataset.cache_key"  # what build a cached dataset is, in its metadata
@@ -107,7 +94,7 @@ def dataset_table(
     their hash and whose metadata names this build (`CACHE_KEY`); another (a file another
     seed's build put there, one cut short, one from a sodaray that recorded no key) is moved
     aside with a warning and built again."""
-    from sodaray.data.store import read_dataset
+    from sodaray.data.store import read_dataset, write_dataset
 
     if spec.location is not None:
         return read_dataset(spec.location)
@@ -115,9 +102,8 @@ def dataset_table(
 
     build = dict(spec.build or {})
     key = config_hash({"model": model.weights(), "build": build, "name": spec.name})
-    path = inside(
-        root, *DATASET_CACHE.parts, f"{model.label}-{spec.name}-{key[:8]}{DATASET_SUFFIX}"
-    )
+    # A hidden folder, `*.pq`: result readers (and DuckDB's `**/*.parquet`) pass over the cache.
+    path = inside(root, ".sodaray", "datasets", f"{model.label}-{spec.name}-{key[:8]}.pq")
     out = OutputFolder(Path(root).parent) if out is None else out
     if path.exists() or path.is_symlink():
         table, why = _cached(path, key)
@@ -127,12 +113,10 @@ def dataset_table(
         out.move(path, aside)  # the name itself, never through a link
         log.warning("%s: %s; moved to %s, building it again", path, why, aside.name)
     from sodaray.data.build import build_dataset
-    from sodaray.data.store import write_dataset
 
     log.info("building dataset %s for %s", spec.name, model.label)
-    # A local model by its real path, links and `..` resolved: the rows name the tokenizer they
-    # came from (the dataset's content hash takes it), and a model named by another path must
-    # build the same rows, or every shard searched on them would be taken for another dataset's.
+    # A local model by its real path: the rows (and the content hash) name the tokenizer, and
+    # the model named by another path must build the same rows.
     where = model.location
     table = build_dataset(
         os.path.realpath(where) if model.is_local() else where,

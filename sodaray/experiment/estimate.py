@@ -2,16 +2,11 @@
 `tuner.plan`) alike: one model's workload, every sample running its whole budget, and its time.
 
 A workload is samples per input length, each running its step budget at each length it may try
-(`length: auto` tries every length up to `max_length`, priced at the longest), split evenly over
-the replicas it can keep busy. Its time, by one rule (`price`):
-- at a rate in sample-steps per second per replica, when one is given (`--rate`);
-- else a GPU workload by measured device costs (`sodaray.costs.devices`: the H100's by default,
-  or a costs file of kind gpu): each replica's samples in waves of its batch, taken in length
-  order (the order sweeps submit), each step a floor per pass plus the samples' FLOPs at the
-  device's rate;
-- else a CPU workload by a costs file of kind cpu when given, or at a rate measured here by a
-  short calibration (`calibrate`), or not at all: no time is made up.
-Searches stop a sample once it is found (and a pruner a trial), so every time is an upper bound.
+(`length: auto`: priced at the longest), split evenly over the replicas it can keep busy. Its
+time, by one rule (`price`): at a given rate (`--rate`, sample-steps per second per replica);
+else a GPU workload by measured device costs (`sodaray.costs.devices`: the H100's by default);
+else a CPU workload by a costs file of kind cpu, or a rate measured by a short calibration
+(`calibrate`), or not at all. Searches stop a sample once found, so every time is an upper bound.
 """
 
 from __future__ import annotations
@@ -69,13 +64,6 @@ class Workload:
         return "gpu" if self.model.num_gpus > 0 else "cpu"
 
     @property
-    def precision(self) -> str:
-        """The arithmetic its steps run in: its model's dtype, or its search's `precision`."""
-        if self.model.dtype != "float32":
-            return self.model.dtype
-        return str(getattr(self.search, "precision", "float32"))
-
-    @property
     def candidates(self) -> int:
         """Forward passes a sample-step adds beyond the gradient step (GCG's candidates)."""
         return int(getattr(self.search, "num_candidates", 0))
@@ -87,8 +75,7 @@ class Workload:
     def sample_flops(self, length: int) -> float:
         assert self.shape is not None
         bos = self.model.bos is not False  # unknown: count one token, the common case
-        outputs = self.objective.output_tokens
-        return sample_flops(self.shape, length, outputs, bos, self.candidates)
+        return sample_flops(self.shape, length, self.objective.output_tokens, bos, self.candidates)
 
     @property
     def flops(self) -> float | None:
@@ -104,13 +91,15 @@ class Workload:
     def device_time(self, costs: DeviceCosts) -> DeviceTime:
         """Its time on `costs`'s device (`device_costs.device_time`), summed over its replicas."""
         assert self.shape is not None
+        dtype = self.model.dtype  # the arithmetic its steps run in, else its search's precision
+        precision = dtype if dtype != "float32" else getattr(self.search, "precision", "float32")
         shares: dict[int, float] = {}
         for n, k in self.samples_by_length.items():
             at = self.priced_length(n)
             shares[at] = shares.get(at, 0.0) + k / self.replicas
         return device_time(
             costs,
-            self.precision,
+            str(precision),
             self.shape.layers,
             shares,
             self.max_steps * self.lengths_per_sample,
@@ -127,20 +116,13 @@ class Workload:
 
 def calibrate(work: Workload, model: Any, steps: int = CALIBRATION_STEPS) -> float:
     """Sample-steps per second for `work` on this machine (`sodaray.costs.flops.measure_rate`) at
-    its
-    middle length, batched as it batches, on `model` (its `ModelSpec.load_here`); a CPU
-    replica's threads, as Ray gives them."""
-    lengths = sorted(work.samples_by_length)
+    its middle length, batched as it batches, on `model` (its `ModelSpec.load_here`), with a
+    CPU replica's threads."""
+    middle = sorted(work.samples_by_length)[len(work.samples_by_length) // 2]
     batch = max(1, min(work.batch_size, max(work.samples_by_length.values())))
     threads = max(1, int(work.model.num_cpus)) if work.model.num_gpus == 0 else None
     rate = measure_rate(
-        model,
-        work.search,
-        work.objective,
-        lengths[len(lengths) // 2],
-        batch,
-        steps=steps,
-        threads=threads,
+        model, work.search, work.objective, middle, batch, steps=steps, threads=threads
     )
     log.info("calibration %s: %.1f sample-steps/s", work.name, rate)
     return rate
@@ -173,16 +155,13 @@ class Price:
 
     def fields(self) -> dict[str, Any]:
         """Its fields in a plan's JSON (`sweep plan --json`'s rows, `tune --dry-run`'s estimate)."""
-        t = self.time
+        parts = ("floor_seconds", "work_seconds", "batch_steps", "passes")
         return {
             "priced_by": self.priced_by,
             "rate": self.rate,
             "device_seconds": self.device_seconds,
             "wall_seconds": self.wall_seconds,
-            "floor_seconds": None if t is None else t.floor_seconds,
-            "work_seconds": None if t is None else t.work_seconds,
-            "batch_steps": None if t is None else t.batch_steps,
-            "passes": None if t is None else t.passes,
+            **{k: getattr(self.time, k, None) for k in parts},  # None: not priced by costs
             "estimate": "-" if self.wall_seconds is None else format_duration(self.wall_seconds),
         }
 
@@ -205,9 +184,7 @@ def price(
     elif rate is None and work.kind == "cpu" and measured is not None:
         here = measured()
         priced_by = "calibration" if here is not None else "-"
-    seconds = time.seconds if time is not None else None
-    if seconds is None and here:
-        seconds = work.sample_steps / here
+    seconds = time.seconds if time is not None else work.sample_steps / here if here else None
     wall = None if seconds is None else seconds / work.replicas
     return Price(priced_by, here, seconds, wall, time)
 
@@ -233,9 +210,7 @@ class Totals:
         if cost.device_seconds is None or cost.wall_seconds is None:
             self.unpriced += 1
             return
-        if work.kind == "gpu":
-            self.gpu_hours += cost.device_seconds / 3600
-        else:
-            self.cpu_hours += cost.device_seconds / 3600
+        hours = f"{work.kind}_hours"  # gpu_hours or cpu_hours
+        setattr(self, hours, getattr(self, hours) + cost.device_seconds / 3600)
         self.wall_seconds += cost.wall_seconds + startup
         self.startup_seconds += startup

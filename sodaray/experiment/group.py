@@ -1,27 +1,17 @@
 """A model's replicas on Ray and the units in flight on them: the one execution loop under sweeps
 and studies.
 
-Each replica is a threaded Ray actor (`ReplicaWorker`) that takes units as they come; the group
-keeps enough of them in flight on each (at least `min_units`, and samples for `fill` batches)
-that its engine's batch refills from the next unit while the last one's slow samples run. Units
-stream back checkpoints, the rows of searches ended so far and at the end all rows (`Checkpoint`,
-`Kept`, `Finished`), and a replica's progress
-(`Progress`, on one of its units' streams). One failure policy: a unit whose
-own input is bad (a ValueError or TypeError raised for it) fails at once, alone; a unit lost
-with its replica (the actor died; Ray restarts it) or to another error is tried again, up to
-`max_attempts` tries. A unit's failure that is not its input's fault asks every replica whether
-it is there: one whose engine thread has died is restarted by Ray (a fresh process, a fresh
-engine) instead of failing every unit it gets; one that Ray says is dead for good gets no more
-units, and when all are (the driver's Ray node is gone: killed, crashed, interrupted) the group
-raises `ReplicasLost` rather than fail every unit left in turn at once, so the caller stops with
-its unfinished work still to do on a resume.
+Each replica is a threaded Ray actor (`ReplicaWorker`) kept with enough units in flight (at
+least `min_units`, and samples for `fill` batches) that its engine's batch refills from the next
+unit while the last one's slow samples run. Units stream back `Checkpoint`, `Kept`, `Finished`
+and the replica's `Progress`. One failure policy: a unit whose own input is bad (a ValueError or
+TypeError raised for it) fails at once, alone; one lost with its replica or to another error is
+tried again, up to `max_attempts` tries, after every replica is asked whether it is there: one
+whose engine thread died is restarted by Ray, one dead for good gets no more units, and when all
+are the group raises `ReplicasLost`, leaving the work for a resume.
 
-Each replica runs in a placement group of its own (one bundle: its CPUs and GPUs), and gets
-units only once Ray has placed it: a replica the cluster has no room for holds no work, and the
-group runs on the others. A run none of whose replicas is placed for `Placement.stall_s`
-seconds stops (`NotPlaced`) with its work left for a resume, instead of waiting forever. Ray
-places the actors and moves the work; this module only decides which replica gets the next
-unit.
+Each replica runs in a placement group of its own and gets units only once Ray has placed it; a
+run none of whose replicas is placed for `Placement.stall_s` seconds stops (`NotPlaced`).
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sodaray.errors import last_line
-from sodaray.experiment.cluster import Placement, actor_options, describe, replicas_to_make
+from sodaray.experiment.cluster import Placement, describe, replicas_to_make
 from sodaray.experiment.replica import EngineStopped, ReplicaWorker
 from sodaray.experiment.spec import ModelSpec
 from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
@@ -87,26 +77,27 @@ class ActorGroup:
     ) -> None:
         import ray
         from ray.util import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy as InGroup
 
         self.model = spec.label
         self.request = describe(spec.num_cpus, spec.num_gpus)
         self.placement = placement or Placement()
         asked = spec.replicas if replicas is None else replicas
-        count = replicas_to_make(
-            f"model {self.model}", spec.num_cpus, spec.num_gpus, asked, self.placement
-        )
+        count = replicas_to_make(*spec.request(), asked, self.placement)
         bundle = {"CPU": spec.num_cpus, **({"GPU": spec.num_gpus} if spec.num_gpus else {})}
-        # A placement group per replica: Ray says when each is placed (`placing`), apart from
-        # the model load that follows, and keeps its resources while Ray restarts it.
+        # A placement group per replica: Ray says when it is placed, and keeps it over restarts.
         self.reserved: list[Any] = [placement_group([bundle]) for _ in range(count)]
         remote = ray.remote(ReplicaWorker)
-        # Local paths made absolute once, here where they were checked: an actor on another
-        # node starts in that node's working directory.
-        on_actors = spec.resolved()
+        sent = spec.resolved()  # paths made absolute here, where they were checked
+        options = {  # restarted whenever it dies; a failed call is ours to judge, never re-run
+            "num_cpus": spec.num_cpus,
+            "num_gpus": spec.num_gpus,
+            "max_restarts": -1,
+            "max_task_retries": 0,
+            "max_concurrency": MAX_UNITS + 4,  # + cancel, health
+        }
         self.actors = [
-            remote.options(**actor_options(spec, MAX_UNITS + 4, pg)).remote(  # + cancel, health
-                on_actors, spec.num_cpus
-            )
+            remote.options(**options, scheduling_strategy=InGroup(pg)).remote(sent, spec.num_cpus)
             for pg in self.reserved
         ]
         self.placing: dict[Any, int] = {pg.ready(): i for i, pg in enumerate(self.reserved)}
@@ -117,8 +108,7 @@ class ActorGroup:
         self.running: dict[Any, tuple[Unit, int]] = {}  # a call's stream -> (unit, replica)
         self.attempts: dict[str, int] = {}
         self.dead: set[int] = set()  # replicas Ray says will not come back
-        # Those with room are placed within moments: the first units are then spread over all
-        # of them, not handed to whichever was placed first.
+        # Those with room are placed within moments: the first units then spread over them all.
         self.wait_placed(min(PLACE_SETTLE_S, self.placement.stall_s))
 
     def __len__(self) -> int:
@@ -139,15 +129,11 @@ class ActorGroup:
         return any(self._takes(i, unit) for i in range(len(self.actors)))
 
     def _takes(self, replica: int, unit: Unit) -> bool:
-        if replica not in self.serving:
-            return False
         units = [u for u, i in self.running.values() if i == replica]
-        samples = sum(u.samples for u in units)
-        if len(units) >= MAX_UNITS:
+        if replica not in self.serving or len(units) >= MAX_UNITS:
             return False
-        return len(units) < self.min_units or samples + unit.samples <= self.fill * (
-            unit.search.max_batch_size
-        )
+        samples = sum(u.samples for u in units) + unit.samples
+        return len(units) < self.min_units or samples <= self.fill * unit.search.max_batch_size
 
     def dispatch(self) -> None:
         """Hand waiting units to replicas with room, the least loaded first."""
@@ -213,18 +199,14 @@ class ActorGroup:
         try:
             output = ray.get(next(stream))
         except StopIteration:
-            self._ended(stream)
-            return None
+            output = None
         except ray.exceptions.RayError as exc:
             self.running.pop(stream, None)
             return unit, self._failed(unit, exc)
-        if isinstance(output, Finished):
-            self._ended(stream)
-        return unit, output
-
-    def _ended(self, stream: Any) -> None:
-        self.running.pop(stream, None)
-        self.dispatch()
+        if output is None or isinstance(output, Finished):  # the call has ended
+            self.running.pop(stream, None)
+            self.dispatch()
+        return None if output is None else (unit, output)
 
     def _failed(self, unit: Unit, exc: BaseException) -> Failure:
         tries = self.attempts[unit.key] = self.attempts.get(unit.key, 0) + 1
@@ -240,14 +222,11 @@ class ActorGroup:
         return Failure(unit.key, tries, message, final)
 
     def _check_replicas(self, key: str, message: str) -> None:
-        """Ask every placed replica whether it can work, within `RESTART_WAIT_S` (a restarting
-        one reloads its model; one Ray calls unavailable is restarting and is asked again).
-        One whose engine thread has died is restarted (Ray brings it back with a fresh engine,
-        in its placement group) and waited for, rather than fail each unit it gets. One that
-        Ray says is dead for good gets no more units and gives back its resources, and when
-        every placed replica is, with none waiting for room, the group raises `ReplicasLost`.
-        One that is only slow to answer (a large model reloading on a far node) is still
-        counted on: Ray holds the retry until it is back."""
+        """Ask every placed replica whether it can work, within `RESTART_WAIT_S`. One whose
+        engine thread has died is restarted and waited for; one Ray says is dead for good gets
+        no more units and gives back its resources, and when every placed replica is, with none
+        waiting for room, the group raises `ReplicasLost`. One only slow to answer (reloading)
+        is still counted on: Ray holds the retry until it is back."""
         import ray
         from ray.util import remove_placement_group
 
@@ -303,15 +282,14 @@ class ActorGroup:
             )
 
     def pids(self) -> list[int]:
-        """Each placed replica's process id, once it answers (for callers that watch it)."""
+        """Each placed replica's process id, once it answers."""
         import ray
 
         calls = [self.actors[i].pid.remote() for i in sorted(self.serving)]
         return [int(pid) for pid in ray.get(calls)]
 
     def kill(self) -> None:
-        """End the replicas and give their resources back to Ray; a second call does
-        nothing."""
+        """End the replicas and give their resources back to Ray; a second call does nothing."""
         import ray
         from ray.util import remove_placement_group
 
@@ -334,14 +312,10 @@ def _check_placement(groups: list[ActorGroup]) -> float | None:
         for group in live:
             group.waiting_since = now
         return None
-    left = None
     for group in live:
-        waited = now - group.waiting_since
-        if waited >= group.placement.stall_s:
+        if now - group.waiting_since >= group.placement.stall_s:
             raise NotPlaced(group.not_placed())
-        remaining = group.placement.stall_s - waited
-        left = remaining if left is None else min(left, remaining)
-    return left
+    return min((g.placement.stall_s - (now - g.waiting_since) for g in live), default=None)
 
 
 def next_event(
@@ -365,8 +339,7 @@ def next_event(
                 "the command again to resume"
             )
         return None
-    if left is not None:
-        timeout = left if timeout is None else min(timeout, left)
+    timeout = min((t for t in (timeout, left) if t is not None), default=None)
     ready, _ = ray.wait([*owner, *placing], num_returns=1, timeout=timeout)
     if not ready:
         _check_placement(groups)

@@ -1,16 +1,15 @@
 """Who runs a piece of work, and whether that driver still lives: the record a sweep's job lock
 and a tuning study's run entry both hold, and the one judgment of it both apply.
 
-A record names its driver (host, pid, and on Linux the boot and the process's start time) so
-that another driver can tell whether it still runs: a pid reused by an unrelated process, or a
-record left before a reboot, is not taken for a live driver. On another host a pid means
-nothing: there only the record's age tells (a live driver renews it every `REFRESH_SECONDS`;
-one not renewed for `STALE_SECONDS` is over). A leaf of the experiment layer: the runner and
-the tuner both stand on it.
+A record names its driver (host, pid, and on Linux the boot and the process's start time), so
+that a reused pid or a record from before a reboot is not taken for a live driver. On another
+host only the record's age tells (a live driver renews it every `REFRESH_SECONDS`; one not
+renewed for `STALE_SECONDS` is over).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import sys
@@ -66,22 +65,13 @@ def pid_alive(pid: int) -> bool:
 def me() -> dict[str, Any]:
     """This process's record: host, pid, since, and (Linux) boot and start; `command`, what
     runs, for a person reading it."""
-    record: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "since": time.time(),
-    }
+    record: dict[str, Any] = dict(host=socket.gethostname(), pid=os.getpid(), since=time.time())
     boot, start = boot_id(), process_start(os.getpid())
     if boot is not None and start is not None:
         record.update(boot=boot, start=start)
-    # The program and its arguments up to the first option (an option's value may be a
-    # credential: `--mlflow http://user:secret@host`).
-    words = [Path(sys.argv[0]).name if sys.argv else "?"]
-    for arg in sys.argv[1:]:
-        if arg.startswith("-"):
-            break
-        words.append(arg)
-    record["command"] = " ".join(words)[:200]
+    # The arguments up to the first option (its value may be a credential: `--mlflow URI`).
+    words = itertools.takewhile(lambda arg: not arg.startswith("-"), sys.argv[1:])
+    record["command"] = " ".join([Path(sys.argv[0]).name if sys.argv else "?", *words])[:200]
     return record
 
 
@@ -103,12 +93,9 @@ def record_problem(record: Any) -> str | None:
 
 def describe_owner(record: dict[str, Any]) -> str:
     """`host pid N since YYYY-MM-DD HH:MM:SS`, for a message about who holds a thing."""
-    since = record.get("since")
-    when = (
-        time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
-        if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0
-        else ""
-    )
+    since, when = record.get("since"), ""
+    if isinstance(since, (int, float)) and not isinstance(since, bool) and since > 0:
+        when = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(since))
     return f"{record.get('host', '?')} pid {record.get('pid', '?')}{when}"
 
 

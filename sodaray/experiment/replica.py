@@ -4,15 +4,22 @@ CPU), one engine stepping every sample of every unit in flight together, and the
 The actor is threaded: each unit in flight is one call, a streaming generator that submits the
 unit's samples to the shared engine and yields its checkpoints, the rows of its searches that
 have ended (every `Unit.keep_every` seconds, where set) and then all its rows, so the engine's
-batches draw on all of them at once (sweep shards of any job and length, study trials). About
-once a second one of the streams also carries the progress of every unit in flight
-(`experiment.reporter`).
+batches draw on all of them at once (sweep shards of any job and length, study trials).
+
+Progress: the engine calls `ProgressReporter.on_batch` on its stepping thread at every step.
+Once `EVERY_SECONDS` have passed since the last report, or the engine has stepped a `PARTS`-th of
+the smallest step budget in flight (never sooner than `MIN_SECONDS` after the last), it reads
+every unit's counts there (nothing moves on that thread meanwhile) and puts one `Progress` item
+in the stream of the oldest unit in flight: a 100,000-step shard moves the driver's bar every
+second, a 2,000-step one still twenty times. A unit stops being reported on (`done`) from its
+work's `on_done`, on that thread and before its stream's end is queued.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import socket
@@ -23,9 +30,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sodaray.errors import first_line
-from sodaray.experiment.reporter import ProgressReporter
 from sodaray.experiment.spec import ModelSpec
-from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit
+from sodaray.experiment.work import Checkpoint, Finished, Kept, Progress, Unit, UnitProgress
 from sodaray.io.modelfiles import ModelLoadError
 from sodaray.model.loaded import LoadedModel
 
@@ -35,6 +41,9 @@ TARGET_CACHE = 8  # target sets kept for units that come back with the same rows
 ENGINE_EXIT_S = 10.0  # for the engine's thread to record its error once it has handed it out
 ENGINE_POLL_S = 1.0  # how often a unit waiting on its engine checks that its thread lives
 _QUIET = object()  # no event within ENGINE_POLL_S
+EVERY_SECONDS = 1.0  # a progress report at least this often while the engine steps
+MIN_SECONDS = 0.1  # and at most ten a second
+PARTS = 20  # a report per twentieth of the smallest step budget in flight
 
 
 class EngineStopped(RuntimeError):
@@ -44,36 +53,21 @@ class EngineStopped(RuntimeError):
 def load_replica(spec: ModelSpec, num_cpus: float = 1.0) -> LoadedModel:
     """`spec`'s model on this process's Ray GPU if it has one, else the CPU, where torch keeps
     to the `num_cpus` slots Ray gave the actor (else every actor would use every core)."""
+    import ray
     import torch
 
-    from sodaray.model.load import load_model
-
-    try:
-        import ray
-
-        gpus = ray.get_gpu_ids() if ray.is_initialized() else []
-    except ImportError:
-        gpus = []
+    gpus = ray.get_gpu_ids() if ray.is_initialized() else []
     device = "cuda" if gpus and torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(max(1, int(num_cpus)))
     where = spec.source or spec.location
-    if spec.source is not None and not os.path.exists(spec.source):
-        # Resolved on the driver (`ModelSpec.resolved`), absent on this node: say so in one line
-        # rather than transformers' hub lookup of a path.
+    if spec.source is not None and not os.path.exists(spec.source):  # not on this node
         raise ModelLoadError(
             f"model {spec.id} is {spec.source} on the driver, which node {socket.gethostname()} "
             "does not have: put the model at the same path on every node (a shared mount), or "
             "give a hub id"
         )
-    model = load_model(
-        where,
-        gguf_file=spec.gguf_file,
-        device=device,
-        dtype=spec.dtype,
-        bos=spec.bos,
-        trust_remote_code=spec.trust_remote_code,
-    )
+    model = spec.load_here(where, device=device)
     log.info("worker %d loaded %s on %s", os.getpid(), where, device)
     return model
 
@@ -100,6 +94,69 @@ def replica_rows(
         return values if values is None or picked is None else [values[i] for i in picked]
 
     return result_rows(results, run, true_texts=column("text"), pii_labels=column("pii_labels"))
+
+
+def _occupancy(engine: Any) -> tuple[int, int, int]:
+    """The engine's slot-steps, capacity-steps and steps since its last output."""
+    took = engine.take_occupancy()
+    return took.slot_steps, took.capacity_steps, took.steps
+
+
+@dataclasses.dataclass(eq=False)
+class _Watched:
+    work: Any  # sodaray.search.engine.loop.Work
+    events: Any  # the unit's stream: a queue.Queue its generator yields from
+    budget: int  # steps per length
+
+    def counts(self, key: str, taken: int) -> UnitProgress:
+        """The unit's counts, given the sample-steps its work has `taken` (engine thread)."""
+        plans, results = self.work.plans, self.work.results
+        most = self.budget * sum(len(plan) for plan in plans)
+        found = 0
+        for row, result in results.items():  # a finished sample's bound is what it took
+            most -= self.budget * len(plans[row]) - result.steps
+            found += bool(result.found)
+        return UnitProgress(key, taken, len(results), found, most)
+
+
+class ProgressReporter:
+    """The progress of one replica's units in flight; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None  # the Engine that calls `on_batch` (set once it exists)
+        self._units: dict[str, _Watched] = {}  # in arrival order: the oldest carries the item
+        self._lock = threading.Lock()  # `watch` comes from the units' threads
+        self._last = time.monotonic()
+        self._steps = 0  # engine steps since the last report
+        self._every = math.inf  # steps per report by budget (PARTS)
+
+    def watch(self, key: str, work: Any, events: Any) -> None:
+        """Report on `work` (unit `key`) into `events` until `done(key)`."""
+        budget = work.config.step_budget()
+        with self._lock:
+            self._units[key] = _Watched(work, events, budget)
+            self._every = min(self._every, max(1, budget // PARTS))
+
+    def done(self, key: str) -> None:
+        with self._lock:
+            self._units.pop(key, None)
+
+    def on_batch(self, active: int) -> None:
+        """The engine's per-step hook (its stepping thread): report when it is time."""
+        self._steps += 1
+        now = time.monotonic()
+        since = now - self._last
+        if since < MIN_SECONDS or (since < EVERY_SECONDS and self._steps < self._every):
+            return
+        self._last, self._steps = now, 0
+        with self._lock:
+            units = list(self._units.items())
+            self._every = min((max(1, w.budget // PARTS) for _, w in units), default=math.inf)
+        if not units or self.engine is None:
+            return
+        taken = self.engine.steps_taken()
+        counts = tuple(w.counts(key, taken.get(w.work, 0)) for key, w in units)
+        units[0][1].events.put(Progress(counts, os.getpid(), *_occupancy(self.engine)))
 
 
 class ReplicaWorker:
@@ -176,18 +233,12 @@ class ReplicaWorker:
 
         self._check_engine()
         start = time.perf_counter()
-        length = (
-            None
-            if unit.length == "fixed"
-            else "auto"
-            if unit.length == "auto"
-            else int(unit.length)
-        )
+        named = {"fixed": None, "auto": "auto"}  # else an assumed length
+        length = named[unit.length] if unit.length in named else int(unit.length)
+        inverter = unit.search.algorithm == "inverter"  # one forward pass, no step-wise search
         with self.engine.lock:  # no step runs on the model while targets are built
             targets = self.targets(unit)
-            inverted = None
-            if unit.search.algorithm == "inverter":  # one forward pass, no step-wise search
-                inverted = invert(self.model, targets, unit.search, length=length)
+            inverted = invert(self.model, targets, unit.search, length=length) if inverter else None
         if inverted is not None:
             yield self._finished(unit, inverted, list(range(len(inverted))), start, False)
             return
@@ -196,12 +247,7 @@ class ReplicaWorker:
 
         def checkpoint(index: int, step: int) -> None:  # on the engine thread, in step order
             done = {r: work.results[r] for r in finished if work.results[r].steps <= step}
-            found = sum(r.found for r in done.values())
-            exact = sum(bool(r.exact) for r in done.values())
-            losses, shares = at_checkpoint(unit, done, work.marks.pop(index, {}))
-            events.put(
-                Checkpoint(unit.key, index, step, found, exact, unit.samples, losses, shares)
-            )
+            events.put(at_checkpoint(unit, index, step, done, work.marks.pop(index, {})))
 
         def ended() -> None:  # on the engine thread: no progress item after the end
             self.reporter.done(unit.key)
@@ -231,15 +277,9 @@ class ReplicaWorker:
                 if item is None:
                     break
                 ended_now = len(finished)  # appended on the engine thread: read once
-                if (
-                    unit.keep_every is not None
-                    and ended_now > kept
-                    and time.monotonic() - kept_at >= unit.keep_every
-                ):
-                    picked = finished[kept:ended_now]
-                    yield Kept(
-                        unit.key, self._rows(unit, [work.results[r] for r in picked], picked)
-                    )
+                due = unit.keep_every is not None and time.monotonic() - kept_at >= unit.keep_every
+                if due and ended_now > kept:
+                    yield Kept(unit.key, self._rows(unit, work.results, finished[kept:ended_now]))
                     kept, kept_at = ended_now, time.monotonic()
                 if item is not _QUIET:
                     yield item
@@ -249,79 +289,56 @@ class ReplicaWorker:
             if not work.done:
                 self.engine.cancel(work)
         if work.error is not None:  # only a dying engine hands a work its error
-            # Its thread records the error right after: the health check that this unit's
-            # failure prompts must find it.
-            self._thread.join(ENGINE_EXIT_S)
+            self._thread.join(ENGINE_EXIT_S)  # so that the health check this prompts finds it
             raise EngineStopped(f"the engine stopped: {first_line(work.error)}") from work.error
         rows = sorted(work.results)
-        results = [work.results[r] for r in rows]
-        yield self._finished(unit, results, rows, start, work.cancelled, work.sample_steps())
+        yield self._finished(unit, work.results, rows, start, work.cancelled, work.sample_steps())
 
     def targets(self, unit: Unit) -> Any:
         """The unit's target set, built once for rows and an observation seen before (a study's
         trials share their rows; their objectives differ in the loss only)."""
         from sodaray.objective.targets import make_targets
 
-        objective = unit.objective
-        key = (
-            tuple(unit.rows["sample_id"]),
-            tuple(map(tuple, unit.rows["tokens"])),
-            objective.shape(),
-            objective.atol,
-            objective.rtol,
-        )
+        obj, ids = unit.objective, tuple(unit.rows["sample_id"])
+        key = (ids, tuple(map(tuple, unit.rows["tokens"])), obj.shape(), obj.atol, obj.rtol)
         targets = self._targets.pop(key, None)
         if targets is None:
-            targets = make_targets(self.model, unit.rows["tokens"], objective=objective)
-            targets.sample_ids = list(unit.rows["sample_id"])
+            targets = make_targets(self.model, unit.rows["tokens"], objective=obj)
+            targets.sample_ids = list(ids)
         self._targets[key] = targets
         while len(self._targets) > TARGET_CACHE:
             self._targets.popitem(last=False)
-        return dataclasses.replace(targets, objective=objective)
+        return dataclasses.replace(targets, objective=obj)
 
-    def _rows(self, unit: Unit, results: list[Any], rows: list[int]) -> Any:
-        """The result rows of `results`, the unit's samples at `rows`."""
-        return replica_rows(
-            self.model,
-            self.spec,
-            results,
-            unit.objective,
-            unit.rows,
-            rows,
-            length_mode=unit.length_mode,
-            **unit.context,
-        )
+    def _rows(self, unit: Unit, results: Any, rows: list[int]) -> Any:
+        """The result rows of the unit's samples at `rows` (`results`: theirs, by row)."""
+        got = [results[r] for r in rows]
+        context = {"length_mode": unit.length_mode, **unit.context}
+        return replica_rows(self.model, self.spec, got, unit.objective, unit.rows, rows, **context)
 
     def _finished(
         self,
         unit: Unit,
-        results: list[Any],
+        results: Any,
         rows: list[int],
         start: float,
         cancelled: bool,
         sample_steps: int | None = None,
     ) -> Finished:
-        table = self._rows(unit, results, rows)
-        took = self.engine.take_occupancy()
+        table, seconds = self._rows(unit, results, rows), time.perf_counter() - start
+        steps = sum(results[r].steps for r in rows) if sample_steps is None else sample_steps
         return Finished(
-            unit.key,
-            table,
-            time.perf_counter() - start,
-            os.getpid(),
-            cancelled,
-            took.slot_steps,
-            took.capacity_steps,
-            took.steps,
-            sum(r.steps for r in results) if sample_steps is None else sample_steps,
+            unit.key, table, seconds, os.getpid(), cancelled, *_occupancy(self.engine), steps
         )
 
 
 def at_checkpoint(
-    unit: Unit, done: dict[int, Any], marks: dict[int, tuple[float, list[int]]]
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each sample's loss and share of its true tokens at a checkpoint: a finished one's
-    (`done`, by row) at its end, a running one's at the checkpoint's step (`marks`, by row).
-    A candidate of another length than the true input holds none of its tokens."""
+    unit: Unit, index: int, step: int, done: dict[int, Any], marks: dict[int, Any]
+) -> Checkpoint:
+    """Checkpoint `index` at `step`: the samples finished by then (`done`, by row) counted, and
+    each sample's loss and share of its true tokens, a finished one's at its end, a running
+    one's at the step (`marks`, by row). A candidate of another length than the true input
+    holds none of its tokens."""
     losses, shares = [], []
     for row, true in enumerate(unit.rows["tokens"]):
         if row in done:
@@ -333,4 +350,6 @@ def at_checkpoint(
         losses.append(float(loss))
         right = sum(a == b for a, b in zip(tokens, true, strict=True)) if same else 0
         shares.append(right / len(true) if same else 0.0)
-    return tuple(losses), tuple(shares)
+    found = sum(r.found for r in done.values())
+    exact = sum(bool(r.exact) for r in done.values())
+    return Checkpoint(unit.key, index, step, found, exact, unit.samples, (*losses,), (*shares,))

@@ -1,11 +1,9 @@
 """Entries shared by sweep and tuning files, parsed once into dataclasses.
 
-A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and the two
-places a model's preset, or its family's defaults when it names none (`model_defaults`), meets
-an algorithm entry's parameters (`algorithm_config`) and an objective entry's fields
-(`objective_config`). Every check raises through a `fail(where,
-message)` the caller makes with `failer`, so an error is one line naming the file and the field,
-whichever file kind it came from.
+A model entry (`ModelSpec`), a dataset entry (`DatasetSpec`), an objective mapping, and where a
+model's preset, or its family's defaults (`model_defaults`), meets an algorithm's parameters
+(`algorithm_config`) and an objective's fields (`objective_config`). Every check raises through
+the `fail(where, message)` of `failer`: one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -14,18 +12,13 @@ import contextlib
 import functools
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from sodaray.api import make_config
-from sodaray.config.families import (
-    Defaults,
-    defaults_for,
-    model_type_of,
-    starting_objective,
-    starting_params,
-)
+from sodaray.config import families
 from sodaray.config.fields import (
     Fail,
     check_grid,
@@ -84,14 +77,10 @@ class ModelSpec:
     executor: Literal["eager", "graph"] = "graph"
     # Sweeps only: the dataset entries (by name) this model runs on; empty: every one.
     datasets: list[str] = field(default_factory=list, hash=False)
-    # Not a file field: where actors load the model from, set on the driver by `resolved()` to
-    # the absolute path of the local folder or file `id` names (None: a hub id). An actor on
-    # another node runs in that node's working directory, where `../models/x` is another folder
-    # or none; `id` itself stays as given, since job hashes and result rows carry it.
+    # Not file fields. `source`: the absolute path actors load a local model from (`resolved()`:
+    # another node's working directory differs; `id`, which job hashes carry, stays as given).
+    # `base`: the folder relative paths are read from (`in_file`; None: the current directory).
     source: str | None = None
-    # Not a file field: the folder of the file that named this entry, which its relative paths
-    # (`id`, `preset_file`) are read from (`sodaray.io.paths.in_file`); None: the command line's
-    # (`--model`), read from the current directory. Not part of what the entry is.
     base: str | None = field(default=None, compare=False)
 
     @functools.cached_property  # frozen: asked for every job of a plan
@@ -116,15 +105,8 @@ class ModelSpec:
     def with_id(self, model: str) -> ModelSpec:
         """Another model (`--model`) on this entry's resources and dtype; presets dropped, so
         it gets its own family's defaults (`model_defaults`)."""
-        return ModelSpec(
-            id=model,
-            num_gpus=self.num_gpus,
-            num_cpus=self.num_cpus,
-            replicas=self.replicas,
-            dtype=self.dtype,
-            mix_lengths=self.mix_lengths,
-            executor=self.executor,
-        )
+        kept = ("num_gpus", "num_cpus", "replicas", "dtype", "mix_lengths", "executor")
+        return ModelSpec(id=model, **{k: getattr(self, k) for k in kept})
 
     def resolved(self) -> ModelSpec:
         """This entry as it crosses to Ray actors, resolved here on the driver, where its paths
@@ -136,17 +118,18 @@ class ModelSpec:
             preset_file=local_path(self.preset_location) or self.preset_file,
         )
 
-    def load_here(self) -> Any:
-        """The model, loaded in this process from its `location` (a plan's calibration and
-        shape; replicas load theirs with `load_replica`): on CUDA when there is one, else CPU."""
+    def load_here(self, where: str | None = None, **options: Any) -> Any:
+        """The model, loaded in this process from `where` (default: its `location`) with the
+        entry's options and `options` (`device`: default CUDA when there is one, else CPU)."""
         from sodaray.model.load import load_model
 
         return load_model(
-            self.location,
+            where or self.location,
             gguf_file=self.gguf_file,
             dtype=self.dtype,
             bos=self.bos,
             trust_remote_code=self.trust_remote_code,
+            **options,
         )
 
     def request(self) -> tuple[str, float, float]:
@@ -167,10 +150,8 @@ class ModelSpec:
     def is_local(self) -> bool:
         """Whether `id` names a local folder or file (written as a path, or one that exists)
         rather than a hub id."""
-        if looks_local(self.id):
-            return True
         try:
-            return os.path.exists(in_file(self.id, self.base))
+            return looks_local(self.id) or os.path.exists(in_file(self.id, self.base))
         except ValueError:  # an unset variable: not a hub id either
             return True
 
@@ -178,19 +159,15 @@ class ModelSpec:
         """What decides results (resources do not). The executor only where it is not the
         default: on a GPU a replayed step may round otherwise than an eager one, and on a CPU the
         two are the same step (jobs from before it existed keep their hashes)."""
-        identity = self.weights()
-        if self.executor != "graph":
-            identity["executor"] = self.executor
-        return identity
+        executor = {} if self.executor == "graph" else {"executor": self.executor}
+        return {**self.weights(), **executor}
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
     name: str  # label in results: random, nl-id, nl-ood, privacy, or your own
     path: str | None = None  # a built dataset Parquet file
-    build: dict[str, Any] | None = (
-        None  # or a build spec: dataset, lengths, per_length, seed, source
-    )
+    build: dict[str, Any] | None = None  # or a build spec: dataset, lengths, per_length, seed, ...
     # Not a file field: the folder `path` and a build's `source` are read from (as ModelSpec's).
     base: str | None = field(default=None, compare=False)
 
@@ -208,9 +185,7 @@ class DatasetSpec:
         return in_file(source, self.base)
 
     def identity(self) -> dict[str, Any]:
-        """What the entry says (its folder aside: where it was read from decides nothing), its
-        paths by one spelling (`same_spelling`: `data/x.parquet` and `./data//x.parquet` are one
-        file)."""
+        """What the entry says (not its folder), its paths by one spelling (`same_spelling`)."""
         build = self.build
         source = (build or {}).get("source")
         if isinstance(source, str) and source not in SOURCE_KEYWORDS:
@@ -233,10 +208,9 @@ def places(model: ModelSpec, dataset: DatasetSpec) -> dict[str, str]:
             found["model"] = os.path.realpath(model.location)
         if dataset.location is not None and os.path.isfile(dataset.location):
             found["path"] = os.path.realpath(dataset.location)
-        if dataset.build is not None:
-            source = dataset.source_location()
-            if source is not None and os.path.isfile(source):
-                found["source"] = os.path.realpath(source)
+        source = dataset.source_location()  # None without a build
+        if source is not None and os.path.isfile(source):
+            found["source"] = os.path.realpath(source)
     return found
 
 
@@ -267,9 +241,7 @@ def check_top(
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise fail("name", f"use letters, digits, '.', '_' or '-', not {brief(name)}")
     name = path_name(name, "name", fail)
-    if name.startswith((".", "_")):
-        # The name is the folder the rows go in: pyarrow's dataset discovery and DuckDB pass
-        # over a folder named `.x` or `_x` as hidden, and every row in it would go unread.
+    if name.startswith((".", "_")):  # the rows' folder: readers would pass over it as hidden
         raise fail(
             "name",
             f"must not start with '.' or '_' ({name!r}): readers (pyarrow, DuckDB) take such "
@@ -278,28 +250,23 @@ def check_top(
     return fail, name
 
 
-def _coerce_objective(entry: dict[str, Any], where: str, fail) -> dict[str, Any]:
-    """Objective fields (and their grid values) as the field types say; NaN refused."""
+@contextlib.contextmanager
+def _failing(fail: Fail, where: str, errors: Any = ValueError) -> Iterator[None]:
+    """An error of the block (`errors`) raised again as `fail(where, its message)`."""
     try:
-        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
-        if entry.get("grid"):
-            out["grid"] = {
-                k: [coerce_fields(Objective, {k: v})[k] for v in values]
-                for k, values in entry["grid"].items()
-            }
-    except ValueError as exc:
+        yield
+    except errors as exc:
         raise fail(where, str(exc)) from exc
-    return out
 
 
-def model_defaults(model: ModelSpec) -> Defaults | None:
+def model_defaults(model: ModelSpec) -> families.Defaults | None:
     """The defaults of a model entry that names no preset: its family's, by the `model_type`
     its config gives, read on the driver from the model's files (`sodaray.config.families`; weights
     never loaded). None when the entry names a preset, which is then used alone."""
     if model.preset is not None or model.preset_file is not None:
         return None
     try:
-        return defaults_for(model_type_of(model.location, model.gguf_file))
+        return families.defaults_for(families.model_type_of(model.location, model.gguf_file))
     except ValueError as exc:
         raise ValueError(f"model {model.label}: {first_line(exc)}") from exc
 
@@ -314,22 +281,18 @@ def algorithm_config(
     defaults: bool = True,
     base: dict[str, Any] | None = None,
 ) -> SearchConfig:
-    """The one place presets are applied: the model entry's preset (SODA's knobs), or with
-    none its family's (`model_defaults`), then the entry's own parameters, then the file's
-    step budget and seed; validated. `defaults=False` leaves the family out: a file's own
-    values are checked when it is read, before any model file is (every family's values are
-    valid, `tests/test_families.py`). `base`: `preset_base(algorithm, model, defaults)`,
-    when the caller made it already (a sweep's jobs share one per algorithm and model: each
-    read the model's config and the preset file again)."""
-    if base is None:
-        base = preset_base(algorithm, model, defaults)
+    """The one place presets are applied: the model entry's preset, or with none its family's
+    (`model_defaults`), then the entry's own parameters, then the file's step budget and seed;
+    validated. `defaults=False` leaves the family out (a file's own values are checked before
+    any model file is read). `base`: `preset_base(algorithm, model, defaults)`, made already."""
+    base = preset_base(algorithm, model, defaults) if base is None else base
     return make_config(algorithm, {**base, **params, "max_steps": steps, "seed": seed})
 
 
 def preset_base(algorithm: str, model: ModelSpec, defaults: bool = True) -> dict[str, Any]:
     """What `algorithm_config` starts from for `model`: its preset's values, or its family's."""
     family = model_defaults(model) if defaults else None
-    return starting_params(algorithm, family, model.preset, model.preset_location)
+    return families.starting_params(algorithm, family, model.preset, model.preset_location)
 
 
 def objective_config(
@@ -339,7 +302,8 @@ def objective_config(
     `objective:` (e.g. `space: centred`), or with no preset its family's space (`defaults`, as
     in `algorithm_config`), then the objective entry's own fields, which win; validated."""
     family = model_defaults(model) if defaults else None
-    return make_objective({**starting_objective(entry, family, model.preset_location), **entry})
+    start = families.starting_objective(entry, family, model.preset_location)
+    return make_objective({**start, **entry})
 
 
 def parse_model(
@@ -383,13 +347,17 @@ def parse_objective(entry: Any, where: str, fail: Fail) -> dict[str, Any]:
         raise fail(where, "a mapping of objective fields")
     known_fields(entry, OBJECTIVE_KEYS, where, fail)
     check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
-    entry = _coerce_objective(entry, where, fail)
-    for objective in expand_objective(entry):
-        try:
+    with _failing(fail, where):  # by field type, grid values too; NaN refused
+        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
+        if entry.get("grid"):
+            out["grid"] = {
+                k: [coerce_fields(Objective, {k: v})[k] for v in values]
+                for k, values in entry["grid"].items()
+            }
+    for objective in expand_objective(out):
+        with _failing(fail, where, (TypeError, ValueError)):
             make_objective(objective)  # with finite, non-negative tolerances
-        except (TypeError, ValueError) as exc:
-            raise fail(where, str(exc)) from exc
-    return entry
+    return out
 
 
 def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
@@ -398,32 +366,24 @@ def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_model(spec: ModelSpec, where: str, fail) -> None:
-    try:
-        location = spec.location
-        preset_file = spec.preset_location
-    except ValueError as exc:
-        raise fail(where, str(exc)) from exc
+    with _failing(fail, where):
+        location, preset_file = spec.location, spec.preset_location
     if looks_local(spec.id) and not Path(location).exists():
         raise fail(f"{where}.id", f"no such model folder or file: {looked_for(spec.id, spec.base)}")
-    try:  # a folder without a model in it fails here, not on every replica
+    with _failing(fail, f"{where}.id"):  # a folder without a model fails here, not on replicas
         check_model_files(location, spec.gguf_file)
-    except ValueError as exc:
-        raise fail(f"{where}.id", str(exc)) from exc
     if spec.preset is not None and spec.preset not in PRESETS:
-        raise fail(
-            f"{where}.preset", f"unknown preset {spec.preset!r} (choose {', '.join(PRESETS)})"
-        )
+        choose = ", ".join(PRESETS)
+        raise fail(f"{where}.preset", f"unknown preset {spec.preset!r} (choose {choose})")
     if spec.preset is not None and spec.preset_file is not None:
         raise fail(where, "give `preset` or `preset_file`, not both")
     if preset_file:
         if not Path(preset_file).is_file():
             shown = looked_for(str(spec.preset_file), spec.base)
             raise fail(f"{where}.preset_file", f"no such preset file: {shown}")
-        try:
+        with _failing(fail, f"{where}.preset_file", (OSError, ValueError)):
             check_preset_params(load_preset_file(preset_file), preset_file)
             load_preset_objective(preset_file)
-        except (OSError, ValueError) as exc:
-            raise fail(f"{where}.preset_file", str(exc)) from exc
 
 
 def check_preset_params(params: dict[str, Any], path: str | Path) -> None:
@@ -449,10 +409,8 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
         raise fail(where, "give exactly one of `path` (a built dataset) or `build` (a spec)")
     if spec.path is not None and not isinstance(spec.path, str):
         raise fail(f"{where}.path", f"a file name, not {brief(spec.path)}")
-    try:
+    with _failing(fail, f"{where}.path"):
         location = spec.location
-    except ValueError as exc:
-        raise fail(f"{where}.path", str(exc)) from exc
     if location is not None and not Path(location).exists():
         raise fail(
             f"{where}.path",
@@ -460,10 +418,8 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
             "(build it with `sodaray data build`, or give a `build` spec)",
         )
     if location is not None:
-        try:  # a directory or a FIFO: say what it is
+        with _failing(fail, f"{where}.path"):  # a directory or a FIFO: say what it is
             regular_file(location, "dataset file")
-        except ValueError as exc:
-            raise fail(f"{where}.path", str(exc)) from exc
     if spec.build is not None:
         if not isinstance(spec.build, dict):
             raise fail(f"{where}.build", "must be a mapping")

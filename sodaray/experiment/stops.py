@@ -5,8 +5,7 @@ all three; the command prints its one "interrupted" line and exits `exit_code()`
 signal's number (130, 143, 129), as a shell reports a process the signal ended.
 
 `ray.init` installs Ray's own handlers for SIGTERM in the driver: `reinstall()`, called once Ray
-is up, puts this module's handlers back. A leaf: every layer may
-import it.
+is up, puts this module's handlers back. A leaf: every layer may import it.
 """
 
 from __future__ import annotations
@@ -28,10 +27,8 @@ NO_NATIVE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 
 
 def stop_signals() -> tuple[signal.Signals, ...]:
-    """The signals that stop a command cleanly, those this platform has (no SIGHUP on
-    Windows)."""
-    names = ("SIGINT", "SIGTERM", "SIGHUP")
-    return tuple(getattr(signal, n) for n in names if hasattr(signal, n))
+    """The signals that stop a command cleanly, those this platform has (no SIGHUP on Windows)."""
+    return tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 class Stop(KeyboardInterrupt):
@@ -52,17 +49,21 @@ def _raise(signum: int, frame: FrameType | None) -> None:
     raise Stop(signum)
 
 
-def _recorded(handler: Handler) -> Handler:
+def _install(handler: Handler) -> None:
+    for sig in stop_signals():
+        signal.signal(sig, handler)
+
+
+def _push(handler: Handler) -> Handler:
+    """`handler` in force, innermost, noting the signals it gets; returns what was installed."""
+
     def record(signum: int, frame: FrameType | None) -> Any:
         _received.append(signum)
         return handler(signum, frame)
 
+    _handlers.append(record)
+    _install(record)
     return record
-
-
-def _install(handler: Handler) -> None:
-    for sig in stop_signals():
-        signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -76,9 +77,7 @@ def handled(handler: Handler = _raise) -> Iterator[None]:
     if not _handlers:
         _received.clear()
     previous = {sig: signal.getsignal(sig) for sig in stop_signals()}
-    wrapped = _recorded(handler)
-    _handlers.append(wrapped)
-    _install(wrapped)
+    wrapped = _push(handler)
     try:
         yield
     finally:
@@ -105,9 +104,7 @@ def deferred() -> Iterator[None]:
         return
     noted: list[int] = []
     outer = _handlers[-1]
-    held = _recorded(lambda signum, frame: noted.append(signum))
-    _handlers.append(held)
-    _install(held)
+    held = _push(lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:

@@ -1,13 +1,9 @@
 """The one rule for waits on something outside sodaray: a check of a tracking URI (`--mlflow`), a
 cluster address (`--address`) or a lock ends within about `CHECK_SECONDS`, in one line.
 
-Why: `sweep run ... --mlflow http://127.0.0.1:1` was still retrying after 120 s (MLflow retries
-a request 7 times, backing off), an `--address` whose port accepts connections and never
-answers took Ray three minutes to give up on, a FIFO named as a study's journal made `tune`
-wait for ever, and anything in the place of the journal's lock 30 s. A check runs its call in
-a daemon thread and stops waiting for it after `CHECK_SECONDS`: whatever the library does
-meanwhile (a name lookup, a retry loop), the command ends with one line. A leaf: every layer
-may import it.
+Libraries retry for minutes (MLflow's requests, Ray's connect loop) or wait for ever (a FIFO as
+a journal): a check runs its call in a daemon thread and stops waiting for it after
+`CHECK_SECONDS`, so the command ends with one line. A leaf: every layer may import it.
 """
 
 from __future__ import annotations

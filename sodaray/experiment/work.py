@@ -14,11 +14,10 @@ from sodaray.search.engine.base import SearchConfig
 
 @dataclass(frozen=True)
 class Unit:
-    """Samples to invert with one config: the dataset rows themselves (token ids, ids, texts, PII
-    labels: replicas need no shared filesystem), how long to search each (`length`: "fixed",
-    "auto" or an assumed length such as "3"), the steps at which to report progress
-    (`checkpoints`), and the context the result rows carry (`sodaray.results.RunContext` fields:
-    dataset, sweep, job, config_hash, shard, model_name and the dataset's identity)."""
+    """Samples to invert with one config: the dataset rows themselves (replicas need no shared
+    filesystem), how long to search each (`length`: "fixed", "auto" or an assumed length such
+    as "3"), the steps at which to report (`checkpoints`), and the context the result rows
+    carry (`sodaray.results.RunContext` fields)."""
 
     key: str  # unique among the units of one run
     rows: dict[str, list[Any]]
@@ -28,8 +27,7 @@ class Unit:
     max_length: int = 10
     checkpoints: tuple[int, ...] = ()
     context: dict[str, Any] = field(default_factory=dict)
-    # Seconds between `Kept` items: the rows of searches that ended since the last one (None:
-    # none; a sweep keeps them, so a shard outliving its driver loses only its running searches).
+    # Seconds between `Kept` items, the rows of searches ended since the last one (None: none).
     keep_every: float | None = None
 
     @property
@@ -49,10 +47,9 @@ class Unit:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Every sample of a unit has finished or taken `step` steps: the counts of those that
-    finished within `step` steps, and each sample's loss and share of its true tokens there
-    (its last step's for one that finished, else at `step`: `search.work.Work.marks`); all of
-    it the same whatever else shared the replica's batch."""
+    """Every sample of a unit has finished or taken `step` steps: the counts of those finished
+    within `step` steps, and each sample's loss and share of its true tokens there (its last
+    step's for one that finished); the same whatever else shared the replica's batch."""
 
     key: str
     index: int
@@ -66,10 +63,9 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class UnitProgress:
-    """One unit's counts so far: the sample-steps its samples have taken (finished ones
-    included), the samples finished and found, and `most`, the most sample-steps it can come to
-    (finished samples at the steps they took, the rest at their whole budget at every length
-    they may try): it shrinks as samples finish early, and equals `sample_steps` at the end."""
+    """One unit's counts so far: the sample-steps its samples have taken, the samples finished
+    and found, and `most`, the most sample-steps it can come to (finished samples at the steps
+    they took, the rest at their whole budget): it equals `sample_steps` at the end."""
 
     key: str
     sample_steps: int
@@ -80,10 +76,9 @@ class UnitProgress:
 
 @dataclass(frozen=True)
 class Progress:
-    """A replica's units in flight, every second or so while its engine steps (how often:
-    `experiment.reporter`): one item per replica, on the stream of one of its units (its
-    oldest), holding every unit's counts, so the driver's load does not grow with the units in
-    flight. The occupancy counts are as `Finished`'s: the replica's since its previous output."""
+    """A replica's units in flight, every second or so while its engine steps
+    (`experiment.replica`): one item on the stream of its oldest unit, holding every unit's
+    counts. The occupancy counts are as `Finished`'s: the replica's since its previous output."""
 
     units: tuple[UnitProgress, ...]
     pid: int
@@ -103,10 +98,9 @@ class Kept:
 
 @dataclass(frozen=True)
 class Finished:
-    """A unit's result rows (a pyarrow Table): all of them, or, for a cancelled unit, those that
-    finished before. `seconds` is the unit's time on the replica; the occupancy counts are the
-    replica's since its previous output (any unit's): searches stepped (`slot_steps`) against
-    the slots its batches offered (`capacity_steps`), over `batch_steps` steps."""
+    """A unit's result rows (a pyarrow Table): all of them, or for a cancelled unit those that
+    finished before; `seconds`, its time on the replica. The occupancy counts are the replica's
+    since its previous output: searches stepped against the slots its batches offered."""
 
     key: str
     table: Any

@@ -19,7 +19,7 @@ from sodaray.objective.targets import TargetSet
 from sodaray.search.engine.base import InversionResult, SearchConfig
 
 if TYPE_CHECKING:  # transformers loads only when an inverter runs
-    from sodaray.inverter.model import InverterMeta
+    from sodaray.inverter.train import InverterMeta
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def run_inverter(
     lengths: list[int],
     on_result: Callable[[InversionResult], None] | None = None,
 ) -> list[InversionResult]:
-    from sodaray.inverter.model import load_inverter
-    from sodaray.inverter.train import generate
+    from sodaray.inverter.train import generate, load_inverter
 
     net, meta = load_inverter(config.checkpoint)
     if meta.llm_vocab_size != model.vocab_size:
@@ -74,14 +73,10 @@ def run_inverter(
             "targets observe %d positions, the inverter was trained on %d", m, meta.output_tokens
         )
     params = {k: v for k, v in config.to_dict().items() if k != "seed"}
-    params["init"] = meta.init
-    params["shape"] = meta.shape
-    params["observation"] = meta.observation
+    params.update(init=meta.init, shape=meta.shape, observation=meta.observation)
     results: list[InversionResult | None] = [None] * len(targets)
-    by_length: dict[int, list[int]] = {}
-    for row, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(row)
-    for n, rows in sorted(by_length.items()):
+    for n in sorted(set(lengths)):
+        rows = [row for row, k in enumerate(lengths) if k == n]
         for start in range(0, len(rows), config.max_batch_size):
             chunk = rows[start : start + config.max_batch_size]
             t0 = time.perf_counter()
@@ -92,20 +87,20 @@ def run_inverter(
             found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
             per = (time.perf_counter() - t0) / len(chunk)
             for j, row in enumerate(chunk):
-                true = targets.true_tokens[row] if targets.true_tokens is not None else None
+                true = None if targets.true_tokens is None else list(targets.true_tokens[row])
                 res = InversionResult(
                     sample_id=targets.sample_ids[row],
                     tokens=pred[j],
                     text=model.decode(pred[j]),
                     found=bool(found[j]),
-                    exact=None if true is None else pred[j] == list(true),
+                    exact=None if true is None else pred[j] == true,
                     steps=1,
                     seconds=per,
                     final_loss=float("nan"),
                     predicted_length=n,
                     algorithm="inverter",
                     seed=config.seed,
-                    true_tokens=None if true is None else list(true),
+                    true_tokens=true,
                     lengths_tried=[n],
                     params=params,
                 )

@@ -3,16 +3,11 @@ a configuration file (YAML or JSON: sweep, tuning, include, preset, costs, job a
 is read only up to `MAX_CONFIG_BYTES`, and nothing parsed (those files, `KEY=VALUE` overrides,
 JSON in a dataset's or result file's metadata and columns) nests deeper than `MAX_NESTING`.
 
-Why: `Path.is_file()` is false for a directory, `/dev/zero` and a FIFO alike, none of which is
-"no such file"; and opening a FIFO or a device blocks or never ends. `regular_file` says what
-the path is instead, before anything opens it. A large YAML file costs seconds and hundreds of
-MB to parse: `read_config` holds every configuration file to one limit, reading at most one
-byte past it whatever the file's size claims (a file may grow between `stat` and `read`).
-
-Nesting: the JSON parser recurses per level, so a deeply nested text (a `job.lock` holding
-`'[' * 100000 + ']' * 100000`) would end in a RecursionError. `parse_json` counts a text's
-brackets before `json.loads` sees it, in a loop that does not recurse; YAML is held to the same
-bound as it is composed (`yamltext.yaml_load`). Past either bound the error is one line.
+Why: opening a FIFO or a device blocks or never ends, and `Path.is_file()` cannot tell them
+from "no such file": `regular_file` says what the path is before anything opens it. A large
+YAML file costs seconds and hundreds of MB to parse. The JSON parser recurses per level, so
+`parse_json` counts a text's brackets first, in a loop; YAML is held to the same bound as it
+is composed (`yamltext.yaml_load`). Past any bound the error is one line.
 """
 
 from __future__ import annotations
@@ -32,6 +27,8 @@ MAX_CONFIG_BYTES = 4 << 20  # a configuration file larger than this is not a con
 MAX_NESTING = 64
 
 _KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISLNK, "a symbolic link"),
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
@@ -45,37 +42,26 @@ def what_is(path: str | os.PathLike) -> str | None:
     regular file", or the kind of thing that is not one ("a directory", "a FIFO (named pipe)",
     "a character device", ...)."""
     try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
+        return kind_of(os.stat(path).st_mode)
+    except (OSError, ValueError):  # nothing there, a name too long, a NUL byte, a loop of links
         return None
-    except (OSError, ValueError):  # a name too long, a NUL byte, a loop of links
-        return None
-    return kind_of(mode)
 
 
 def kind_of(mode: int) -> str:
     """What a `stat` mode names: "a regular file", "a symbolic link" (from `lstat`), "a
     directory", "a FIFO (named pipe)", ..."""
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def regular_file(
-    path: str | os.PathLike,
-    what: str,
-    error: type[Exception] = ValueError,
-    where: str = "",
+    path: str | os.PathLike, what: str, error: type[Exception] = ValueError, where: str = ""
 ) -> Path:
     """`path` (with `~` expanded) when it names a regular file; else `error`, one line saying
     what is there instead: "no such sweep file: x.yaml", "/dev/zero is a character device,
     not a sweep file". `where` is added to the message ("(included by a.yaml)")."""
     p = Path(path).expanduser()
-    kind = what_is(p)
     suffix = f" {where}" if where else ""
-    if kind is None:
+    if (kind := what_is(p)) is None:
         raise error(f"no such {what}: {path}{suffix}")
     if kind != "a regular file":
         raise error(f"{path} is {kind}, not {_article(what)}{suffix}")
@@ -104,8 +90,7 @@ def read_config(
         with os.fdopen(fd, "rb") as f:
             info = os.fstat(f.fileno())
             if not stat.S_ISREG(info.st_mode):
-                kind = f"not a regular file once opened: not {_article(what)}"
-                raise error(f"{path}: {kind}{suffix}")
+                raise error(f"{path}: not a regular file once opened: not {_article(what)}{suffix}")
             if info.st_size > limit:
                 raise error(
                     f"{path}: {info.st_size:,} bytes is not {_article(what)} "
@@ -135,19 +120,15 @@ def json_depth(text: str, limit: int = MAX_NESTING) -> int:
     """How deep `text`'s JSON lists and objects nest (brackets inside strings aside), counted
     in one loop without recursion; it stops early once past `limit`. Brackets are counted, not
     matched: for valid JSON this is its depth, for invalid JSON at least as much."""
-    if text.count("[") + text.count("{") <= limit:
-        return text.count("[") + text.count("{")  # too few to matter: no scan
+    if (brackets := text.count("[") + text.count("{")) <= limit:
+        return brackets  # too few to matter: no scan
     depth = deepest = 0
     for match in _JSON_TOKENS.finditer(text):
         token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    break
-        elif token in "]}":
-            depth -= 1
+        depth += 1 if token in "[{" else -1 if token in "]}" else 0
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
     return deepest
 
 
@@ -157,8 +138,7 @@ def parse_json(text: str | bytes, what: str = "JSON") -> Any:
     it. A ValueError of one line (prefixed by `what`) for bad or over-deep JSON."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
-    depth = json_depth(text)
-    if depth > MAX_NESTING:
+    if (depth := json_depth(text)) > MAX_NESTING:
         raise ValueError(f"{what}: {nesting_problem(depth)}")
     try:
         return json.loads(text)
@@ -166,15 +146,10 @@ def parse_json(text: str | bytes, what: str = "JSON") -> Any:
         raise ValueError(f"{what}: not valid JSON ({first_line(exc)})") from exc
 
 
-def read_json(
-    path: str | os.PathLike,
-    what: str,
-    error: type[Exception] = ValueError,
-    limit: int = MAX_CONFIG_BYTES,
-) -> Any:
+def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError) -> Any:
     """A JSON file's value, read by `read_config`'s rule; bad or over-deep JSON is one line
     naming it (`parse_json`)."""
-    text = read_config(path, what, error, limit=limit)
+    text = read_config(path, what, error)
     try:
         return parse_json(text, str(path))
     except ValueError as exc:
@@ -195,13 +170,10 @@ def check_sqlite_url(url: str, what: str, error: type[Exception] = ValueError) -
     """A `sqlite:///PATH` URL (a tracking store, a study's storage) whose PATH exists must be
     a regular file: SQLite opens a FIFO and then waits on it, or fails on a directory with
     "disk I/O error". Other URLs pass."""
-    if not url.startswith("sqlite:///"):
-        return
     path = url.removeprefix("sqlite:///").split("?", 1)[0]
-    if path in ("", ":memory:"):
+    if not url.startswith("sqlite:///") or path in ("", ":memory:"):
         return
-    kind = what_is(path)
-    if kind not in (None, "a regular file"):
+    if (kind := what_is(path)) not in (None, "a regular file"):
         raise error(f"{what} {url}: {path} is {kind}, not a database file")
 
 
@@ -224,8 +196,7 @@ def check_model_files(
     if gguf_file is None and location.endswith(".gguf"):
         regular_file(location, "GGUF model file", error)
         return
-    kind = what_is(location)
-    if kind is None:
+    if (kind := what_is(location)) is None:
         return
     if kind == "a regular file":
         raise error(
@@ -240,8 +211,7 @@ def check_model_files(
         return
     if not contents:
         return
-    config = what_is(folder / "config.json")
-    if config is None:
+    if (config := what_is(folder / "config.json")) is None:
         raise error(f"{location} holds no config.json: not a model folder")
     if config != "a regular file":
         raise error(f"{folder / 'config.json'} is {config}, not a model's config file")
@@ -253,8 +223,7 @@ def check_model_files(
 
 
 # A model config's sizes, each a whole number from 1 to its bound when given: far above any
-# model (the largest have ~130 layers, ~260k tokens, a width of ~30k, contexts of ~1M), far
-# below what hangs or exhausts memory while transformers builds the empty model (a
+# model, far below what hangs or exhausts memory while transformers builds the empty model (a
 # `num_hidden_layers` of 10**9 runs for minutes; a negative `vocab_size` is a traceback).
 CONFIG_SIZES = {
     "vocab_size": 1 << 24,
@@ -286,8 +255,7 @@ def check_model_config(
         parts.append(("text_config.", config["text_config"]))
     for prefix, part in parts:
         for key, bound in CONFIG_SIZES.items():
-            value = part.get(key)
-            if value is None:
+            if (value := part.get(key)) is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
                 raise error(

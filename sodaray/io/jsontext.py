@@ -1,11 +1,9 @@
 """JSON for people and their tools: what `--json` prints and the `.json` files users read.
 
-Python's `json.dumps` writes a float that is not finite as `NaN`, `Infinity` or `-Infinity`,
-tokens no JSON parser but Python's and JavaScript's `eval` accepts (`jq`, Go, Rust and strict
-parsers refuse the whole document). A loss that diverged or a statistic over no trials is such
-a float, so every JSON sodaray prints goes through `dumps`: each non-finite float becomes
-`null` (no value), and the text is then held to strict JSON (`allow_nan=False`). A leaf: every
-layer may import it.
+Python's `json.dumps` writes a float that is not finite as `NaN` or `Infinity`, which strict
+parsers (`jq`, Go, Rust) refuse. Every JSON sodaray prints goes through `dumps`: each
+non-finite float becomes `null`, and the text is held to strict JSON. A leaf: every layer may
+import it.
 """
 
 from __future__ import annotations

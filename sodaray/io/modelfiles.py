@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.errors import first_line
+from sodaray.io.files import parse_json, read_config, what_is
 
 
 class ModelLoadError(ValueError):
@@ -31,30 +32,22 @@ class _Cut(Exception):
 
 
 def check_gguf_file(path: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:
-    """Refuse, in one `error` line naming `path`, a file that is not a whole GGUF model: one
-    without the GGUF magic bytes, one cut short (an interrupted download: the header, or the
-    tensor data it describes, runs past the file's end), or one whose header is damaged. Only
-    the header is read (a few MB at most for a 50K-token vocabulary), never the weights; the
-    loop is bounded by the file's size, as every count is checked against the bytes left.
-    A file that passed once is not read again while its size and time stamp stay the same.
-
-    Why: the GGUF readers transformers uses unpack the header with `struct` and numpy views,
-    and a cut file ended in a `struct.error` traceback or a numpy reshape error naming no
-    file."""
+    """Refuse, in one `error` line naming `path`, a file that is not a whole GGUF model: no
+    GGUF magic bytes, cut short (the header or the tensor data it describes runs past the
+    end), or a damaged header. Only the header is read, every count checked against the bytes
+    left; a file that passed is not read again while its size and time stamp stay the same.
+    Why: transformers' GGUF readers end a cut file in a traceback naming no file."""
     import mmap
 
     p = Path(path).expanduser()
     try:
         info = p.stat()
-    except OSError as exc:
-        raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
-    key = (str(p.resolve()), info.st_size, info.st_mtime_ns)
-    if key in _GGUF_CHECKED:
-        return
-    size = info.st_size
-    if size < 4:
-        raise error(f"{path}: {size} bytes, not a GGUF model file (empty or cut short)")
-    try:
+        size = info.st_size
+        key = (str(p.resolve()), size, info.st_mtime_ns)
+        if key in _GGUF_CHECKED:
+            return
+        if size < 4:
+            raise error(f"{path}: {size} bytes, not a GGUF model file (empty or cut short)")
         with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data[:4] != b"GGUF":
                 raise error(
@@ -95,44 +88,33 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
     pos = 4
     order = "<"  # little-endian, as nearly every GGUF file; a big-endian one's version says so
 
-    def take(fmt: str) -> Any:
-        nonlocal pos
-        width = struct.calcsize(order + fmt)
-        if pos + width > size:
-            raise _Cut
-        value = struct.unpack_from(order + fmt, data, pos)
-        pos += width
-        return value[0] if len(value) == 1 else value
-
     def skip(count: int, width: int) -> None:
         nonlocal pos
         if count * width > size - pos:
             raise _Cut
         pos += count * width
 
+    def take(fmt: str) -> int:  # one number
+        skip(1, width := struct.calcsize(order + fmt))
+        return struct.unpack_from(order + fmt, data, pos - width)[0]
+
     def skip_string() -> bytes:
-        nonlocal pos
-        length = take("Q")
-        if length > size - pos:
-            raise _Cut
-        pos += length
+        skip(length := take("Q"), 1)
         return bytes(data[pos - length : pos])
 
     def skip_value(kind: int, depth: int = 0) -> Any:
         if kind in _GGUF_SIZES:  # read as unsigned: only general.alignment's value is used
             return take({1: "B", 2: "H", 4: "I", 8: "Q"}[_GGUF_SIZES[kind]])
         if kind == _GGUF_STRING:
-            skip_string()
-            return None
+            return skip_string()
         if kind == _GGUF_ARRAY and depth < 4:
             inner, count = take("I"), take("Q")
             if inner in _GGUF_SIZES:
-                skip(count, _GGUF_SIZES[inner])
-            else:
-                if count > size - pos:  # each element takes at least a byte
-                    raise _Cut
-                for _ in range(count):
-                    skip_value(inner, depth + 1)
+                return skip(count, _GGUF_SIZES[inner])
+            if count > size - pos:  # each element takes at least a byte
+                raise _Cut
+            for _ in range(count):
+                skip_value(inner, depth + 1)
             return None
         raise error(f"{path}: damaged GGUF header (value type {kind} at byte {pos:,})")
 
@@ -147,9 +129,7 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
         raise _Cut
     alignment = 32
     for _ in range(fields):
-        name = skip_string()
-        kind = take("I")
-        value = skip_value(kind)
+        name, value = skip_string(), skip_value(take("I"))
         if name == b"general.alignment" and isinstance(value, int) and value > 0:
             alignment = value
     end = 0
@@ -164,58 +144,49 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
         except (ValueError, KeyError) as exc:
             raise error(f"{path}: damaged GGUF header (tensor type {kind})") from exc
-        count = math.prod(shape)
-        end = max(end, offset + count // block * block_bytes)
-    start = -(-pos // alignment) * alignment
-    return start + end
+        end = max(end, offset + math.prod(shape) // block * block_bytes)
+    return -(-pos // alignment) * alignment + end  # the data starts aligned after the header
 
 
 def check_weight_files(folder: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:
-    """Refuse, in one `error` line naming the file, a `*.safetensors` file directly in a local
-    model `folder` whose header is damaged or that is cut short (its header describes more
-    data than the file holds): only each header is read, never the tensors. A hub id or a
-    folder without safetensors files is left to the loader."""
+    """Refuse, in one `error` line naming the file, a weight file directly in a local model
+    `folder` that is damaged or cut short: a `*.bin` in torch's zip format whose zip directory
+    (at its end) cannot be read, or a `*.safetensors` whose header is damaged or describes more
+    data than the file holds. Only headers and directories are read. A hub id is left alone."""
+    import zipfile
+
     root = Path(folder).expanduser()
     if not root.is_dir():
         return
-    _check_bin_files(root, error)
-    try:
-        from safetensors import SafetensorError, safe_open
-    except ImportError:  # transformers reads .bin files without it
-        return
-    for file in sorted(root.glob("*.safetensors")):
-        if not file.is_file():
-            continue
-        try:
-            with safe_open(str(file), framework="pt"):
-                pass
-        except (SafetensorError, OSError) as exc:
-            raise error(
-                f"cannot load model {file}: not a readable safetensors file ({first_line(exc)}): "
-                "damaged or an interrupted download"
-            ) from exc
 
-
-def _check_bin_files(root: Path, error: type[Exception]) -> None:
-    """A `*.bin` weight file in torch's zip format whose zip directory cannot be read (it sits
-    at the end, so a cut download loses it): one `error` line naming the file, where torch
-    would raise a RuntimeError from its zip reader. Only the directory is read."""
-    import zipfile
+    def unreadable(file: Path, what: str, exc: BaseException) -> Exception:
+        return error(
+            f"cannot load model {file}: not a readable {what} file ({first_line(exc)}): "
+            "damaged or an interrupted download"
+        )
 
     for file in sorted(root.glob("*.bin")):
-        if not file.is_file():
-            continue
         try:
+            if not file.is_file():
+                continue
             with file.open("rb") as f:
                 if f.read(4) != b"PK\x03\x04":  # torch's older format: left to the loader
                     continue
             with zipfile.ZipFile(file):
                 pass
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            raise error(
-                f"cannot load model {file}: not a readable torch weight file "
-                f"({first_line(exc)}): damaged or an interrupted download"
-            ) from exc
+            raise unreadable(file, "torch weight", exc) from exc
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:  # transformers reads .bin files without it
+        return
+    for file in sorted(root.glob("*.safetensors")):
+        try:
+            if file.is_file():
+                with safe_open(str(file), framework="pt"):
+                    pass
+        except (SafetensorError, OSError) as exc:
+            raise unreadable(file, "safetensors", exc) from exc
 
 
 def weight_file_errors() -> tuple[type[BaseException], ...]:
@@ -236,8 +207,6 @@ TOKENIZER_JSON = (
     "vocab.json",
     "added_tokens.json",
 )
-
-
 TOKENIZER_FILES = (*TOKENIZER_JSON, "tokenizer.model", "spiece.model", "merges.txt", "vocab.txt")
 
 
@@ -247,17 +216,12 @@ def check_tokenizer_files(
     """A tokenizer file in a local model `folder` that is there but is not a regular file (a
     FIFO, whose read would block; a directory; a dangling link), refused in one `error` line
     naming it before anything reads it."""
-    from sodaray.io.files import what_is
-
     root = Path(folder).expanduser()
     if not root.is_dir():
         return
     for name in TOKENIZER_FILES:
         path = root / name
-        if not os.path.lexists(path):
-            continue
-        kind = what_is(path)
-        if kind != "a regular file":
+        if os.path.lexists(path) and (kind := what_is(path)) != "a regular file":
             raise error(
                 f"cannot load the tokenizer: {path} is {kind or 'a dangling link'}, not a "
                 "tokenizer file"
@@ -267,11 +231,8 @@ def check_tokenizer_files(
 def damaged_tokenizer_file(folder: str | os.PathLike) -> str | None:
     """Which of a local model folder's tokenizer files is damaged, as "PATH: why" (one of
     `TOKENIZER_FILES` there that is not a regular file, else the first of `TOKENIZER_JSON`
-    that is not a JSON object), or None: a hub id, a folder without
-    tokenizer files, or one whose JSON files all parse (a loader's complaint is then about
-    something else). Read within the configuration files' size limit."""
-    from sodaray.io.files import parse_json, read_config
-
+    that is not a JSON object), or None: a hub id, or no damaged file (a loader's complaint is
+    then about something else)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         return None

@@ -2,11 +2,9 @@
 runner and tuner write lies under the output folder, and the one rule for relative paths that
 sweep and tuning files name (`in_file`).
 
-A sweep's, study's, model entry's or dataset's `name` becomes a folder or file name. Without a
-rule, `name: ".."` put a sweep's jobs beside `--out` instead of in it, and `name: /etc/x` wrote a
-dataset cache at an absolute path. `component` refuses such names where they are read (one line
-naming the file's field); `inside` checks every path built from them before anything is written,
-so a name that reaches a path some other way still cannot leave the folder.
+A `name` read from a file becomes a folder or file name, and `name: ".."` or `/etc/x` would
+leave the output folder: `component` refuses such names where they are read, and `inside`
+checks every path built from them before anything is written.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def inside(base: Path | str, *parts: str) -> Path:
     resolved as far as the path exists."""
     base = Path(base)
     path = base.joinpath(*parts)
-    root = base.resolve()
-    if not path.resolve().is_relative_to(root):
+    if not path.resolve().is_relative_to(base.resolve()):
         raise PathEscape(f"{path} would be written outside {base}")
     return path
 
@@ -74,8 +71,7 @@ def expand_path(path: str) -> str:
     """`path` with `~` and `$NAME` / `${NAME}` expanded, so a file can name a model folder
     that lies elsewhere on each machine. An unset variable is an error, not a literal `$`."""
     expanded = os.path.expandvars(os.path.expanduser(path))
-    unset = re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
-    if unset:
+    if unset := re.search(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded):
         raise ValueError(f"environment variable {unset.group(1)} is not set (in {path})")
     return expanded
 
@@ -90,23 +86,18 @@ def local_path(path: str | None) -> str | None:
 
 
 # ---- relative paths in sweep and tuning files -------------------------------------------------
-# One rule, for every path a file names (model folders and .gguf files, `preset_file`, a
-# dataset's `path` and build `source`, `start_from`, and `include:`): a relative path is read
-# from the folder of the file that names it, so a sweep runs the same from any directory. Paths
-# on the command line (`--model`, `--source`) are read from the current directory, as any
-# command's are.
+# Every path a file names (model folders, `preset_file`, a dataset's `path` and `source`,
+# `start_from`, `include:`) is read, when relative, from the folder of the file that names it,
+# so a sweep runs the same from any directory; command-line paths from the current directory.
 RELATIVE_RULE = "a relative path in a sweep or tuning file is read from the file's folder"
 _warned: set[tuple[str, str]] = set()
 
 
 def in_file(path: str, folder: str | Path | None) -> str:
     """Where `path`, named in a file in `folder`, lies: `~` and `$NAME` expanded, an absolute
-    path as it is, a relative one joined to `folder` (None: a path from the command line, read
-    from the current directory).
-
-    A path missing from the file's folder but present from the current directory (a file
-    written to be run from elsewhere) is still taken, with a warning that says how to write it;
-    where both exist the file's folder wins."""
+    path as it is, a relative one joined to `folder` (None: the command line's, read from the
+    current directory). A path found only from the current directory is still taken, with a
+    warning that says how to write it; where both exist the file's folder wins."""
     expanded = expand_path(path)
     if folder is None or os.path.isabs(expanded):
         return expanded
@@ -145,16 +136,11 @@ def same_spelling(path: str, folder: str | Path | None = None) -> str:
     Where dropping a `name/..` would name another place (`name` a link elsewhere), the path keeps
     its `..` and loses only its trailing `/`. A spelling already in this form is returned as it
     is, so what hashes it (a job, a study) keeps its hash."""
-    if not path:
-        return path
-    short = os.path.normpath(path)
-    if short == path:
+    if not path or (short := os.path.normpath(path)) == path:
         return path
     if ".." in Path(path).parts:
         try:
-            same = os.path.realpath(in_file(short, folder)) == os.path.realpath(
-                in_file(path, folder)
-            )
+            same = len({os.path.realpath(in_file(p, folder)) for p in (short, path)}) == 1
         except ValueError:  # an unset variable: nothing to compare on this machine
             same = False
         if not same:

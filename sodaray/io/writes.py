@@ -1,27 +1,20 @@
 """The one rule for files sodaray writes, removes and renames.
 
 Why: a results folder that was copied or shared can carry links, and an `--out` can name a
-device node: a plain open would write through a link at `.sodaray/jobs/<job>/job.json` to the
-file it points to, or replace `/dev/null` with a Parquet file. Every write sodaray makes goes
-through `write_file`, and every removal or rename inside an output folder through `remove_file`
-and `move_file`:
+device node: a plain open would write through a link to the file it points to, or replace
+`/dev/null` with a Parquet file. Every write goes through `write_file`, every removal or rename
+inside an output folder through `remove_file` and `move_file`:
 
-- `base` is the folder the user gave (`--out DIR`, or the folder of `--out FILE`). It may be
-  a link the user chose (`results -> /data/results`) and is followed; nothing beneath it is.
-  Each folder below it is opened with O_NOFOLLOW | O_DIRECTORY from its parent's descriptor
-  (and made there when missing), so a link, a file or a FIFO where a folder should be is
-  refused, and what was checked is what is written into: no name is looked up twice.
-- At the file's own name only a regular file (or nothing) may be: a link, a device, a FIFO,
-  a socket or a folder there is refused, in one line naming the path and what is there.
+- `base` is the folder the user gave (`--out DIR`, or the folder of `--out FILE`), followed if
+  a link; nothing beneath it is. Each folder below it is opened with O_NOFOLLOW | O_DIRECTORY
+  from its parent's descriptor (made there when missing): a link, a file or a FIFO where a
+  folder should be is refused, and no name is looked up twice.
+- At the file's own name only a regular file (or nothing) may be; anything else is refused in
+  one line naming the path and what is there.
 - The file is written under a temporary name in its folder, synced, then renamed over the
-  name between descriptors: a reader never sees half a file, a crash leaves the old file or
-  the new one, and a rename replaces a name, never writes through it.
-- A path outside `base` (`..`, another absolute path) is refused (`PathEscape`).
-
-`UnsafeWrite` and `PathEscape` are ValueErrors: the CLI's one line and exit code 2.
-
-`OutputFolder` binds `base` once: a run holds one and writes through its methods, which are
-these functions with its `base`.
+  name: a reader never sees half a file, and a rename replaces a name, never writes through it.
+- A path outside `base` is refused (`PathEscape`). `UnsafeWrite` and `PathEscape` are
+  ValueErrors: the CLI's one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from sodaray.io.files import kind_of
 from sodaray.io.paths import PathEscape
@@ -60,14 +53,10 @@ def write_file(
     *,
     exclusive: bool = False,
 ) -> bool:
-    """Write `path` (a path under `base`, as `base / ...` builds it) atomically by the rule
-    above; its missing folders are made. `content`: bytes, text (UTF-8), or a function that
-    writes to the open binary file (`pq.write_table`, `savefig`). With `exclusive`, only when
-    nothing is at `path` (a lock): False, and nothing written, when something is. True when
-    written."""
-    top, parts = _parts(base, path)
-    name = parts[-1]
-    with _folder(top, parts[:-1], create=True) as fd:
+    """Write `path` (under `base`) atomically by the rule above, its missing folders made.
+    `content`: bytes, text (UTF-8), or a function that writes to the open binary file. With
+    `exclusive`, only when nothing is at `path` (a lock). True when written."""
+    with _folder(base, path, create=True) as (fd, name):
         if not exclusive:
             _check_replaceable(fd, name, path)
         # Cut in bytes, not characters: 100 wide characters would pass NAME_MAX.
@@ -89,32 +78,26 @@ def write_file(
 
 
 def check_places(base: str | os.PathLike, paths: Iterable[str | os.PathLike]) -> None:
-    """Refuse now what `write_file` would refuse later at any of `paths` (a folder on the way
-    that is a link or not a folder, anything but a regular file at the name), so that a
-    command fails before its work, not after it. Nothing is made; a missing folder is fine
-    (made by the rule when written)."""
+    """Refuse now what `write_file` would refuse later at any of `paths`, so that a command
+    fails before its work, not after it. Nothing is made; a missing folder is fine."""
     for path in paths:
-        top, parts = _parts(base, path)
-        with contextlib.suppress(FileNotFoundError), _folder(top, parts[:-1], False) as fd:
-            _check_replaceable(fd, parts[-1], path)
+        with contextlib.suppress(FileNotFoundError), _folder(base, path, False) as (fd, name):
+            _check_replaceable(fd, name, path)
 
 
 def make_folder(base: str | os.PathLike, path: str | os.PathLike) -> Path:
     """Make `path` (a folder under `base`, or `base` itself) and its missing parents by the
     rule: a link or a non-folder on the way is refused."""
-    top = Path(os.path.abspath(base))
-    _, parts = _parts(base, path, allow_base=True)
-    with _folder(top, parts, create=True):
+    with _folder(base, path, create=True, whole=True):
         return Path(path)
 
 
 def remove_file(base: str | os.PathLike, path: str | os.PathLike) -> bool:
     """Remove the name `path` under `base` (a link there is removed itself, never followed;
     no folder on the way may be a link). False when nothing was there."""
-    top, parts = _parts(base, path)
     try:
-        with _folder(top, parts[:-1], create=False) as fd:
-            os.unlink(parts[-1], dir_fd=fd)
+        with _folder(base, path, create=False) as (fd, name):
+            os.unlink(name, dir_fd=fd)
     except FileNotFoundError:
         return False
     return True
@@ -123,45 +106,39 @@ def remove_file(base: str | os.PathLike, path: str | os.PathLike) -> bool:
 def move_file(base: str | os.PathLike, src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Rename `src` to `dst`, both under `base` (whatever `src` is, it is moved itself; at
     `dst` only a regular file or nothing may be; `dst`'s missing folders are made)."""
-    top, src_parts = _parts(base, src)
-    _, dst_parts = _parts(base, dst)
     with (
-        _folder(top, src_parts[:-1], create=False) as src_fd,
-        _folder(top, dst_parts[:-1], create=True) as dst_fd,
+        _folder(base, src, create=False) as (src_fd, src_name),
+        _folder(base, dst, create=True) as (dst_fd, dst_name),
     ):
-        _check_replaceable(dst_fd, dst_parts[-1], dst)
-        os.replace(src_parts[-1], dst_parts[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        _check_replaceable(dst_fd, dst_name, dst)
+        os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
 
 def touch_file(base: str | os.PathLike, path: str | os.PathLike) -> None:
     """Set a regular file's modification time to now (a lock's refresh); anything else at
     `path`, or nothing, is left alone (a link's target never changes)."""
-    top, parts = _parts(base, path)
-    with contextlib.suppress(FileNotFoundError), _folder(top, parts[:-1], False) as fd:
-        if _kind(parts[-1], fd) == REGULAR:
-            os.utime(parts[-1], dir_fd=fd, follow_symlinks=False)
+    with contextlib.suppress(FileNotFoundError), _folder(base, path, False) as (fd, name):
+        if _kind(name, fd) == REGULAR:
+            os.utime(name, dir_fd=fd, follow_symlinks=False)
 
 
 def what_is_at(base: str | os.PathLike, path: str | os.PathLike) -> str | None:
     """What is at `path` itself (a link is "a symbolic link", not its target), its folders
     checked by the rule; None when nothing."""
-    top, parts = _parts(base, path)
     try:
-        with _folder(top, parts[:-1], create=False) as fd:
-            return _kind(parts[-1], fd)
+        with _folder(base, path, create=False) as (fd, name):
+            return _kind(name, fd)
     except FileNotFoundError:
         return None
 
 
 def prepare_file(base: str | os.PathLike, path: str | os.PathLike) -> Path:
     """`path` made ready for a library that opens it by name itself (Optuna's journal): its
-    folders made by the rule, and an empty regular file created unless one is there. Checked
-    here, before it is handed over; the library's own opens are outside the rule."""
-    top, parts = _parts(base, path)
-    with _folder(top, parts[:-1], create=True) as fd:
-        _check_replaceable(fd, parts[-1], path)
+    folders made and an empty regular file created unless one is there, by the rule."""
+    with _folder(base, path, create=True) as (fd, name):
+        _check_replaceable(fd, name, path)
         with contextlib.suppress(FileExistsError):
-            os.close(os.open(parts[-1], _NEW, 0o666, dir_fd=fd))
+            os.close(os.open(name, _NEW, 0o666, dir_fd=fd))
     return Path(path)
 
 
@@ -174,6 +151,14 @@ def refusal(path: str | os.PathLike, kind: str, folder: bool = False) -> str:
     return f"{path} is {kind}; sodaray replaces only regular files"
 
 
+def _under_base(function: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: OutputFolder, *args: Any, **kwargs: Any) -> Any:
+        return function(self.base, *args, **kwargs)
+
+    method.__doc__ = f"`{function.__name__}` under this folder."
+    return method
+
+
 @dataclass(frozen=True)
 class OutputFolder:
     """The folder the user gave (`base` above), bound once: each method is the module's
@@ -182,52 +167,22 @@ class OutputFolder:
 
     base: Path
 
-    def write(
-        self,
-        path: str | os.PathLike,
-        content: bytes | str | Callable[[BinaryIO], None],
-        *,
-        exclusive: bool = False,
-    ) -> bool:
-        """`write_file` under this folder."""
-        return write_file(self.base, path, content, exclusive=exclusive)
-
-    def make_folder(self, path: str | os.PathLike) -> Path:
-        """`make_folder` under this folder."""
-        return make_folder(self.base, path)
-
-    def remove(self, path: str | os.PathLike) -> bool:
-        """`remove_file` under this folder."""
-        return remove_file(self.base, path)
-
-    def move(self, src: str | os.PathLike, dst: str | os.PathLike) -> None:
-        """`move_file` under this folder."""
-        move_file(self.base, src, dst)
-
-    def touch(self, path: str | os.PathLike) -> None:
-        """`touch_file` under this folder."""
-        touch_file(self.base, path)
-
-    def what_is_at(self, path: str | os.PathLike) -> str | None:
-        """`what_is_at` under this folder."""
-        return what_is_at(self.base, path)
-
-    def prepare(self, path: str | os.PathLike) -> Path:
-        """`prepare_file` under this folder."""
-        return prepare_file(self.base, path)
-
-    def check(self, paths: Iterable[str | os.PathLike]) -> None:
-        """`check_places` under this folder."""
-        check_places(self.base, paths)
+    write = _under_base(write_file)
+    make_folder = _under_base(make_folder)
+    remove = _under_base(remove_file)
+    move = _under_base(move_file)
+    touch = _under_base(touch_file)
+    what_is_at = _under_base(what_is_at)
+    prepare = _under_base(prepare_file)
+    check = _under_base(check_places)
 
 
 # ---- the walk -----------------------------------------------------------------------------------
 def _parts(
     base: str | os.PathLike, path: str | os.PathLike, allow_base: bool = False
 ) -> tuple[Path, list[str]]:
-    """`base` made absolute, and `path`'s components below it. Both are made absolute without
-    following links: a `..` is taken by name, and a path that then lies outside `base` is
-    refused. (By name is safe: no folder below `base` may be a link.)"""
+    """`base` made absolute, and `path`'s components below it; a `..` is taken by name (safe:
+    no folder below `base` may be a link), and a path then outside `base` is refused."""
     for given in (base, path):
         if "\0" in os.fspath(given):  # the OS refuses it only later, in a line naming nothing
             raise UnsafeWrite(f"{os.fspath(given)!r}: a path cannot hold a NUL byte")
@@ -240,8 +195,7 @@ def _parts(
         raise UnsafeWrite(f"{path} is the folder {base} itself, not a file in it")
     for part in Path(os.path.abspath(path)).parts:
         # Refused before any work: the OS says only "File name too long", after the search.
-        size = len(os.fsencode(part))
-        if size > NAME_MAX:
+        if (size := len(os.fsencode(part))) > NAME_MAX:
             raise UnsafeWrite(
                 f"{path}: the name {part[:40]}... is {size:,} bytes; a file or folder name "
                 f"is at most {NAME_MAX}"
@@ -250,9 +204,14 @@ def _parts(
 
 
 @contextlib.contextmanager
-def _folder(top: Path, parts: list[str], create: bool) -> Iterator[int]:
-    """A descriptor of the folder `top/parts...`: `top` followed as given, each part opened
-    from its parent's descriptor, never through a link (made first with `create`)."""
+def _folder(
+    base: str | os.PathLike, path: str | os.PathLike, create: bool, whole: bool = False
+) -> Iterator[tuple[int, str]]:
+    """A descriptor of `path`'s folder (of `path` itself, `whole`) and `path`'s name in it:
+    `base` followed as given, each part below it opened from its parent's descriptor, never
+    through a link (made first with `create`)."""
+    top, parts = _parts(base, path, allow_base=whole)
+    parts, name = (parts, "") if whole else (parts[:-1], parts[-1])
     fd = _open_base(top, create)
     try:
         here = top
@@ -269,7 +228,7 @@ def _folder(top: Path, parts: list[str], create: bool) -> Iterator[int]:
                 raise UnsafeWrite(refusal(here, _kind(part, fd) or "nothing", True)) from None
             os.close(fd)
             fd = child
-        yield fd
+        yield fd, name
     finally:
         os.close(fd)
 
@@ -298,8 +257,7 @@ def _kind(name: str | os.PathLike, dir_fd: int | None = None) -> str | None:
 
 
 def _check_replaceable(fd: int, name: str, path: str | os.PathLike) -> None:
-    kind = _kind(name, fd)
-    if kind is not None and kind != REGULAR:
+    if (kind := _kind(name, fd)) not in (None, REGULAR):
         raise UnsafeWrite(refusal(path, kind))
 
 

@@ -1,21 +1,15 @@
 """Attention whose result for a sequence does not depend on how wide the padded batch around it
 is, so that searches of any input length can share one transformer pass bit for bit.
 
-Why: a batch of inputs of different lengths is padded at the end to its longest. Under the
-causal mask a sequence's outputs are its own up to rounding; but PyTorch's fused attention blocks
-and vectorises its key loop by the padded width, so the rounding moves with the longest input in
-the batch, and a search beside a longer neighbour would follow another trajectory.
-
-How: inside `invariant()` (the relaxed gradient pass), attention is plain matmuls on queries,
-keys and values zero-padded to a multiple of `BLOCK` positions, masked with -inf, and a softmax
-over the padded width: the extra keys add exact zeros and every reduction sees the same vector
-layout whatever the width. Outside the block the model's own SDPA runs, unchanged: targets and
-the hard-max check see the model as it is deployed.
-
-It goes in through transformers' public `AttentionInterface` and `AttentionMaskInterface` (as
-`sodaray-invariant`, with SDPA's masks); a model whose attention cannot take it (a class
-without the attention interface, another implementation than SDPA) keeps its own, and its
-searches then share a pass only with searches of their own length (`LoadedModel.invariant`).
+Why: PyTorch's fused attention blocks and vectorises its key loop by the padded width, so a
+sequence's rounding would move with the longest input in its batch. How: inside `invariant()`
+(the relaxed gradient pass), attention is plain matmuls on queries, keys and values zero-padded to
+a multiple of `BLOCK` positions, masked with -inf, and a softmax over the padded width: the extra
+keys add exact zeros and every reduction sees the same vector layout whatever the width. Outside
+the block the model's own SDPA runs, unchanged: targets and the hard-max check see the model as
+deployed. It goes in through transformers' `AttentionInterface` and `AttentionMaskInterface` (as
+`sodaray-invariant`, with SDPA's masks); a model whose attention cannot take it keeps its own, and
+its searches share a pass only with searches of their own length (`LoadedModel.invariant`).
 """
 
 from __future__ import annotations
@@ -28,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from sodaray.model.padding import cached
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +78,16 @@ def _padded_attention(
         per_head = bias.shape[0] * bias.shape[1] > 1  # else one (GW, W) bias for every head
         rows = bias.expand(batch, kv_heads, -1, -1, -1) if per_head else bias
         rows = rows.reshape(-1, groups * width, width)  # (1 or B x kv heads, GW, W)
-        scores = torch.baddbmm(
-            rows,
-            q.reshape(batch * kv_heads, groups * width, dim),
-            k.reshape(batch * kv_heads, width, dim).transpose(1, 2),
-            alpha=scale,
-        )
+        q_rows = q.reshape(batch * kv_heads, groups * width, dim)
+        k_cols = k.reshape(batch * kv_heads, width, dim).transpose(1, 2)
+        scores = torch.baddbmm(rows, q_rows, k_cols, alpha=scale)
     else:
         scores = torch.matmul(q, k.transpose(-1, -2))
         scores = torch.tanh(scores * (scale / softcap)) * softcap
         scores = scores.view(batch, kv_heads, groups, width, width) + bias
     scores = scores.view(batch, kv_heads, groups * width, width)
-    if scores.dtype == torch.float32:
-        probs = torch.softmax(scores, dim=-1)
-    else:  # half precision: the softmax in float32, as the models' own eager attention
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    # Half precision: the softmax in float32, as the models' own eager attention.
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
     out = torch.matmul(probs, v)
     out = out.view(batch, heads, width, dim)[:, :, :length]
     return out.transpose(1, 2).contiguous()
@@ -126,20 +117,15 @@ def _causal_bias(
     -inf (keys past `keys` are padding), once per query head of a key head. Cached: a search
     asks for the same few widths every step (a captured step reads the cached tensor where it
     lies: `executor.pinned_caches` keeps it alive)."""
-    key = (width, offset, keys, groups, str(device), dtype)
-    bias = _BIAS.get(key)
-    if bias is None:
+
+    def make() -> Tensor:
         rows = torch.arange(width, device=device)[:, None] + offset
         cols = torch.arange(width, device=device)[None, :]
         blocked = (cols > rows) | (cols >= keys)
-        bias = torch.zeros(width, width, dtype=dtype, device=device).masked_fill(
-            blocked, -torch.inf
-        )
-        bias = bias.repeat(groups, 1)
-        if len(_BIAS) > 256:
-            _BIAS.clear()
-        _BIAS[key] = bias
-    return bias
+        bias = torch.zeros(width, width, dtype=dtype, device=device)
+        return bias.masked_fill(blocked, -torch.inf).repeat(groups, 1)
+
+    return cached(_BIAS, (width, offset, keys, groups, str(device), dtype), make)
 
 
 def _attention(
@@ -208,19 +194,13 @@ def prepared_mask(
     model: nn.Module, length: int, dtype: torch.dtype, device: torch.device
 ) -> Tensor | None:
     """A (1, 1, L, L) causal mask, cached, that stands in for the one transformers would build
-    for a sequence of `length` positions; None where none can (an implementation other than
-    eager or this module's, or a window shorter than the sequence).
-
-    - Eager attention: transformers' own additive mask, 0 where a query sees a key and the
-      dtype's minimum where it does not; adding the same values gives the same bits.
-    - This module's attention: transformers builds no mask for such a sequence (SDPA's causal
-      skip), so the prepared one is a True-where-visible mask marked as plain, which `_attention`
-      turns back into no mask: the same kernels as before.
-
-    Why: transformers rebuilds its mask on every forward, while a search runs the same few
-    shapes thousands of times. A 4D mask is documented to be used as is
-    (`create_causal_mask`); `LoadedModel` checks once per model that it gives the same logits,
-    bit for bit, and otherwise lets transformers build its own."""
+    (on every forward) for a sequence of `length` positions; None where none can (an
+    implementation other than eager or this module's, or a window shorter than the sequence).
+    Eager: transformers' own additive mask (0 where a query sees a key, else the dtype's
+    minimum). This module's: transformers builds none here (SDPA's causal skip), so the mask
+    is True-where-visible, marked plain, and `_attention` turns it back into no mask. A 4D
+    mask is used as is (`create_causal_mask`); `LoadedModel` checks once per model that it
+    gives the same logits, bit for bit, else lets transformers build its own."""
     implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if implementation not in ("eager", NAME):
         return None
@@ -228,18 +208,14 @@ def prepared_mask(
         window = getattr(model.config, name, None)
         if isinstance(window, int) and 0 < window < length:
             return None
-    key = (implementation, length, dtype, str(device))
-    mask = _PREPARED.get(key)
-    if mask is None:
+
+    def make() -> Tensor:
         positions = torch.arange(length, device=device)
         sees = (positions[None, :] <= positions[:, None])[None, None]
-        if implementation == "eager":
-            blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
-            mask = torch.where(sees, torch.zeros((), dtype=dtype, device=device), blocked)
-        else:
-            mask = sees
-            setattr(mask, _PLAIN, True)
-        if len(_PREPARED) > 256:
-            _PREPARED.clear()
-        _PREPARED[key] = mask
-    return mask
+        if implementation != "eager":
+            setattr(sees, _PLAIN, True)
+            return sees
+        blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+        return torch.where(sees, torch.zeros((), dtype=dtype, device=device), blocked)
+
+    return cached(_PREPARED, (implementation, length, dtype, str(device)), make)

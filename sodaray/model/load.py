@@ -27,14 +27,6 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
 def resolve_model_path(
     name_or_path: str, gguf_file: str | None = None, *, error: type[Exception] = ModelLoadError
 ) -> tuple[str, str | None]:
@@ -45,20 +37,19 @@ def resolve_model_path(
             f"{name_or_path} is a GGUF file and a GGUF file name ({gguf_file}) is given too: "
             "give the .gguf path alone, or its folder and the file name"
         )
-    if name_or_path.endswith(".gguf") and gguf_file is None:
+    if name_or_path.endswith(".gguf"):
         path = Path(name_or_path)
         name_or_path, gguf_file = str(path.parent), path.name
-    looks_local = name_or_path.startswith(("/", "./", "../", "~"))
-    if looks_local and not os.path.exists(os.path.expanduser(name_or_path)):
+    local = os.path.expanduser(name_or_path)
+    if name_or_path.startswith(("/", "./", "../", "~")) and not os.path.exists(local):
         raise error(f"no such model folder or file: {name_or_path}")
-    if gguf_file is None and os.path.isfile(os.path.expanduser(name_or_path)):
+    if gguf_file is None and os.path.isfile(local):
         raise error(
             f"{name_or_path} is a file, not a model folder (give the folder that holds "
             "config.json and the weights, or a .gguf file)"
         )
-    if gguf_file is not None and os.path.isdir(os.path.expanduser(name_or_path)):
-        file = Path(name_or_path).expanduser() / gguf_file
-        if not file.is_file():
+    if gguf_file is not None and os.path.isdir(local):
+        if not os.path.isfile(os.path.join(local, gguf_file)):
             raise error(f"GGUF file {gguf_file!r} not found in {name_or_path}")
         check_gguf_file(Path(name_or_path) / gguf_file, error)  # a cut download, said so
     return name_or_path, gguf_file
@@ -73,16 +64,15 @@ def load_model(
     bos: bool | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load a causal LM by hub id, local folder, or GGUF file, frozen, on `device`.
-
-    `gguf_file` is the file name inside the folder `name_or_path`; a path ending in `.gguf` is
-    split into folder and file for you. `bos` prepends the tokenizer's BOS token as fixed context
-    before the searched input (default: whatever the tokenizer does for plain text).
-    """
+    """Load a causal LM by hub id, local folder, or GGUF file (`gguf_file` inside the folder,
+    or a path ending in `.gguf`), frozen, on `device`. `bos` prepends the tokenizer's BOS token
+    as fixed context before the searched input (default: as the tokenizer does for text)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name_or_path, gguf_file = resolve_model_path(name_or_path, gguf_file)
-    torch_dtype = _resolve_dtype(dtype)
+    if not isinstance(dtype, torch.dtype) and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else DTYPES[dtype]
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

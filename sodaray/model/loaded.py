@@ -4,6 +4,7 @@ own forward), its bfloat16 view for the gradient pass, and `wrap_model` for one 
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,21 +26,17 @@ class LoadedModel:
     tokenizer: object | None
     name: str
     prefix_ids: list[int] = field(default_factory=list)
-    # Set by `__post_init__`: whether base_model + lm_head reproduce the model's logits.
+    # Set by `__post_init__`: whether base_model + lm_head reproduce the model's logits; the
+    # factor the input-embedding module applies to its rows (Gemma: sqrt(d)), which a relaxed
+    # input `p @ embedding_matrix` needs too; whether the relaxed pass's attention is
+    # width-invariant (`sodaray.model.attention`); whether a forward may take `prepared_mask`
+    # and prepared position ids (checked to give the same logits bit for bit).
     split_forward: bool = field(default=False, init=False)
-    # Set by `__post_init__`: the factor the input-embedding module applies to its rows (Gemma
-    # multiplies by sqrt(d) inside it). A relaxed input `p @ embedding_matrix` must be multiplied
-    # by it, or the search optimises a different model than the one the match check runs.
     embed_scale: float = field(default=1.0, init=False)
-    # Set by `__post_init__`: whether the relaxed pass's attention is width-invariant
-    # (`sodaray.model.attention`), so inputs of any length can share a pass bit for bit.
     invariant: bool = field(default=False, init=False)
-    # Set by `__post_init__`: whether a forward may take `prepared_mask` and prepared position
-    # ids instead of building its own (checked to give the same logits bit for bit).
     static_mask: bool = field(default=False, init=False)
     _bf16: LoadedModel | None = field(default=None, init=False, repr=False)
-    # The prefix's ids and embedding rows on a device, made once (keyed by the prefix, which a
-    # caller may change): a search reads them every step.
+    # The prefix's ids and embedding rows per device, keyed by the prefix (a caller may change it).
     _prefix: dict[tuple[Any, ...], Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -58,12 +55,9 @@ class LoadedModel:
         if precision != "bfloat16":
             raise ValueError(f"precision must be float32, tf32 or bfloat16, not {precision!r}")
         if self._bf16 is None:
-            import copy
-
             shadow = copy.deepcopy(self.model).to(torch.bfloat16)
-            self._bf16 = LoadedModel(
-                shadow, self.tokenizer, f"{self.name} (bf16)", list(self.prefix_ids)
-            )
+            name = f"{self.name} (bf16)"
+            self._bf16 = LoadedModel(shadow, self.tokenizer, name, list(self.prefix_ids))
         return self._bf16
 
     # ---- facts -------------------------------------------------------------------------------
@@ -123,9 +117,7 @@ class LoadedModel:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, tokens: list[int]) -> str | None:
-        if self.tokenizer is None:
-            return None
-        return self.tokenizer.decode(tokens)
+        return None if self.tokenizer is None else self.tokenizer.decode(tokens)
 
     # ---- forward ------------------------------------------------------------------------------
     def embed(self, tokens: Tensor) -> Tensor:
@@ -151,24 +143,21 @@ class LoadedModel:
     def hidden(self, inputs_embeds: Tensor, items: int = 0, *, prepadded: bool = False) -> Tensor:
         """Final hidden states (B, L, d); full logits (B, L, V) when the split is unavailable.
         `items`: run as a batch of that many (a static shape; see `pad_rows`). `prepadded`: the
-        inputs already end with those padding items (`scoring.sequence_embeds(items=...)`,
-        `scoring.prepared_sequences`: what they hold is any, no item reads another's), and
-        the states come back with their rows too (a caller that reads only its own rows saves
-        the padding's copy and the slice, and in a backward the two operations undoing it)."""
+        inputs already end with those padding items (`scoring.sequence_embeds(items=...)`;
+        no item reads another's), and the states come back with their rows too (saving the
+        padding's copy and the slice, and in a backward the two operations undoing it)."""
         inputs = inputs_embeds
         if not prepadded:
             inputs = pad_rows(inputs_embeds, inputs_embeds.shape[1], items)
-        prepared = self._prepared(inputs)
         module = self.model.base_model if self.split_forward else self.model
-        out = module(inputs_embeds=inputs, use_cache=False, **prepared)
+        out = module(inputs_embeds=inputs, use_cache=False, **self._prepared(inputs))
         states = out.last_hidden_state if self.split_forward else out.logits
         return states if prepadded else states[: inputs_embeds.shape[0]]
 
     def _prepared(self, inputs: Tensor) -> dict[str, Tensor]:
-        """The forward's `attention_mask` and `position_ids` for inputs (B, L, ...) where
-        prepared ones stand in for the model's own (`sodaray.model.attention.prepared_mask`, and
-        `prepared_positions`: the model's own default, 0 .. L-1 for every row), else nothing.
-        Both or neither: that pair is what `_check_static_mask` compared."""
+        """The forward's prepared `attention_mask` and `position_ids` for inputs (B, L, ...)
+        where they stand in for the model's own, else nothing: both or neither, the pair that
+        `_check_static_mask` compared."""
         if not self.static_mask:
             return {}
         dtype = inputs.dtype if inputs.is_floating_point() else self.dtype
@@ -187,15 +176,11 @@ class LoadedModel:
             # One 2-D matmul: a strided 3-D slice would send F.linear down a batched path that
             # materialises the weight per sample (tens of times slower at V = 50K).
             flat = hidden.reshape(-1, hidden.shape[-1])
-            if (
-                flat.device.type == "cpu"
-                and head.weight.dtype == torch.float32
-                and rows_invariant(len(flat), flat.device)
-            ):
-                # Enough rows: each has its bits of any larger product (what the padding is
-                # for), and a step neither copies the states nor, in its backward, the logits.
-                # CPU only, where that was measured at these shapes (a vocabulary-wide inner
-                # dimension in the backward); on a GPU, cuBLAS picks kernels by M too.
+            # Enough rows keep each row's bits without padding (no copy of the states or, in
+            # the backward, the logits). CPU only, where that was measured at these shapes; on
+            # a GPU, cuBLAS picks kernels by M too.
+            cpu = flat.device.type == "cpu" and head.weight.dtype == torch.float32
+            if cpu and rows_invariant(len(flat), flat.device):
                 logits = head(flat)
             else:
                 logits = head(pad_rows(flat))[: len(flat)]
@@ -222,13 +207,9 @@ class LoadedModel:
     @torch.no_grad()
     def canonical_logits(self, tokens: Tensor, last: int) -> Tensor:
         """Float32 logits (C, last, V) at the last `last` positions of equal-length token rows
-        (C, L), after the prefix, in the canonical shape: each sequence alone, first in its
-        batch (`token_logits` pads it with zero rows).
-
-        Targets are recorded and candidates confirmed through this one computation, so a true
-        input meets its target in the same kernels and reproduces it bit for bit: a GPU picks
-        its matmul kernels by shape, and a CPU on several threads rounds a row by where it
-        falls in its matrix."""
+        (C, L), after the prefix, each sequence alone, first in its batch: targets are recorded
+        and candidates confirmed through this one computation, so a true input meets its
+        target in the same kernels (picked by shape) and reproduces it bit for bit."""
         if not len(tokens):
             return torch.zeros((0, last, self.vocab_size), device=tokens.device)
         return torch.cat([self.token_logits(row[None])[:, -last:].float() for row in tokens])
@@ -303,14 +284,12 @@ def wrap_model(
     bos: bool | None = None,
 ) -> LoadedModel:
     """Wrap an in-memory `transformers` causal LM (e.g. one built from a config in a test)."""
-    prefix: list[int] = []
-    bos_id = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
-    if bos is None and tokenizer is not None and bos_id is not None:
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos is None and bos_id is not None:
         # Follow the tokenizer: prepend BOS only if it adds one to plain text.
         with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
         bos = bool(with_special) and with_special[0] == bos_id
-    if bos:
-        if bos_id is None:
-            raise ValueError("bos=True but the tokenizer has no BOS token")
-        prefix = [int(bos_id)]
+    if bos and bos_id is None:
+        raise ValueError("bos=True but the tokenizer has no BOS token")
+    prefix = [int(bos_id)] if bos else []
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, prefix_ids=prefix)

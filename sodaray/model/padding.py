@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,16 +14,14 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 # Why: a matmul over few rows (how few depends on the inner dimension and the thread count), or
-# over a row count that leaves a remainder by a kernel's block of rows, takes kernels that round
-# differently; an elementwise kernel computes a tensor's last (size mod vector width) elements in
-# scalar code, which rounds SiLU's exp otherwise. So every pass gets zero rows appended, at least
-# one (the tail falls on it) and enough for `row_rule`, and their results are dropped: on one
-# thread a search's arithmetic is then bit for bit the same whatever else is in its batch.
+# over a row count that leaves a remainder by a kernel's block of rows, rounds differently; an
+# elementwise kernel computes a tensor's last (size mod vector width) elements in scalar code. So
+# every pass gets zero rows appended, at least one (the tail falls on it) and enough for
+# `row_rule`: on one thread a search's arithmetic is then the same whatever else is in its batch.
 _ROW_RULES: dict[tuple[str, int], tuple[int, int]] = {}
 PROBE_ROWS = 160  # the largest row count a CPU probe looks at
-# Inner dimensions probed: the threshold grows with it and then levels off; a sample of the
-# widths real models have, a vocabulary's included. Every row count is tried at the narrow ones;
-# the wide ones (most of the probe's time) check the rule found, multiple by multiple.
+# Inner dimensions probed (the threshold grows with it, then levels off): every row count is
+# tried at the narrow ones; the wide ones check the rule found, multiple by multiple.
 PROBE_INNER = (64, 172, 512, 896)
 PROBE_WIDE = (2048, 4096)
 MAX_MULTIPLE = 32
@@ -82,14 +82,12 @@ def row_rule(device: torch.device) -> tuple[int, int]:
 
 
 def invariant_rows(device: torch.device) -> int:
-    """The fewest rows from which a matmul on `device` can give each row its bits of a larger
-    one (`row_rule`)."""
+    """The fewest rows from which a matmul on `device` keeps each row's bits (`row_rule`)."""
     return row_rule(device)[0]
 
 
 def rows_invariant(rows: int, device: torch.device) -> bool:
-    """Whether a matmul over `rows` rows on `device` gives each row its bits of any larger one
-    that also keeps the rule (`row_rule`): the test a caller makes before it skips the padding."""
+    """Whether a matmul over `rows` rows on `device` keeps each row's bits (`row_rule`)."""
     least, multiple = row_rule(device)
     return rows >= least and rows % multiple == 0
 
@@ -116,10 +114,8 @@ _ZEROS: dict[tuple[object, ...], Tensor] = {}
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Zeros of this shape: a view of one buffer per row shape, made once and grown when a
-    request outgrows it (so its memory is the most padding one shape has needed): a search pads
-    the same few shapes every step, and fresh zeros would be one more operation each time. Only
-    ever read: `torch.cat` copies it."""
+    """Zeros of this shape: a view of one buffer per row shape, grown when a request outgrows
+    it (a search pads the same few shapes every step). Only ever read: `torch.cat` copies it."""
     key = (shape[1:], dtype, str(device))
     zeros = _ZEROS.get(key)
     if zeros is None or len(zeros) < shape[0]:
@@ -129,16 +125,21 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return zeros[: shape[0]]
 
 
+def cached(cache: dict[Any, Tensor], key: Any, make: Callable[[], Tensor]) -> Tensor:
+    """`cache[key]`, made on a miss by `make()` (past 256 entries the cache starts afresh)."""
+    if key not in cache:
+        if len(cache) > 256:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
 _POSITIONS: dict[tuple[int, str], Tensor] = {}
 
 
 def prepared_positions(length: int, device: torch.device) -> Tensor:
     """(1, L) position ids 0 .. L-1, made once per length and device: what a transformers model
     makes on every forward when given none (two operations per forward). Only ever read."""
-    key = (length, str(device))
-    positions = _POSITIONS.get(key)
-    if positions is None:
-        if len(_POSITIONS) > 256:
-            _POSITIONS.clear()
-        _POSITIONS[key] = positions = torch.arange(length, device=device)[None]
-    return positions
+    return cached(
+        _POSITIONS, (length, str(device)), lambda: torch.arange(length, device=device)[None]
+    )

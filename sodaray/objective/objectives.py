@@ -20,33 +20,28 @@ from typing import Literal
 ObjectiveKind = Literal["logits", "text"]
 KINDS: tuple[str, ...] = ("logits", "text")
 LossKind = Literal["huber", "mse"]
-# Text objective: "logprob" is the authors' code, mean over output positions of
-# max log-prob - log-prob of the observed token (clamped at 1e-12); "prob" is the paper's Eq. 5,
-# the sum of probability differences. The default is the form that found more on held-out
-# validation inputs.
+# Text loss: "logprob" (the authors' code) is the mean over output positions of max log-prob -
+# the observed token's log-prob, clamped at 1e-12; "prob" is the paper's Eq. 5, the sum of
+# probability differences. The default found more on held-out validation inputs.
 TextLoss = Literal["logprob", "prob"]
 TEXT_LOSSES: tuple[str, ...] = ("logprob", "prob")
-# Fluency penalty: "argmax" is the paper's Eq. 6 and the authors' code, the NLL of the relaxed
-# input's argmax tokens (gradient through the model's predictions only); "relaxed" is the
-# cross-entropy between each relaxed one-hot and the model's prediction.
+# Fluency penalty: "argmax" (paper Eq. 6, the authors' code) is the NLL of the relaxed input's
+# argmax tokens; "relaxed" the cross-entropy of each relaxed one-hot with the prediction.
 FluencyForm = Literal["argmax", "relaxed"]
 FLUENCY_FORMS: tuple[str, ...] = ("argmax", "relaxed")
-# Where observed logits are compared: as the model emits them, with each position's mean over
-# the vocabulary subtracted (TransformerLens' `center_unembed`, which the authors' code loads
-# with), or as log-probabilities (what APIs and llama.cpp show). One place defines each: see
-# `observations.observed_in_space` and `observations.predicted_in_space`.
+# Where observed logits are compared: as emitted, centred (each position's mean subtracted, as
+# TransformerLens' `center_unembed` the authors load with), or as log-probabilities (what APIs
+# and llama.cpp show). Defined in `observations.observed_in_space` / `predicted_in_space`.
 ObservationSpace = Literal["raw", "centred", "logprobs"]
 SPACES: tuple[str, ...] = ("raw", "centred", "logprobs")
 # How a match in centred or log-probability space is confirmed: in that space alone (the
-# authors' code), or also against the raw logits where they are known ("both"): a
-# near-collision can fall inside the tolerance in one space and outside it in the other, and a
-# true input reproduces the raw logits bit for bit, so it passes both. The default is the one
-# that turned down every false find on held-out inputs.
+# authors' code), or also against the raw logits where known ("both"): a near-collision can
+# pass in one space and fail in the other, while a true input reproduces the raw logits bit
+# for bit. The default turned down every false find on held-out inputs.
 Confirm = Literal["space", "both"]
 CONFIRMS: tuple[str, ...] = ("space", "both")
-# The fields that say how a candidate is compared, which a preset file may carry beside SODA's
-# knobs (`sodaray.config.presets`): a setting tuned or chosen for a model. What is observed (kind,
-# top_k, output_tokens) and when a candidate counts as found (atol, rtol) stay the caller's.
+# How a candidate is compared, which a preset file may carry beside SODA's knobs
+# (`sodaray.config.presets`); what is observed and the tolerances stay the caller's.
 PRESET_FIELDS: tuple[str, ...] = ("space", "loss", "huber_delta", "fluency_weight")
 HUBER_DELTA = 1.0  # `huber_delta`'s default (read by `loss: huber` alone)
 
@@ -55,14 +50,11 @@ HUBER_DELTA = 1.0  # `huber_delta`'s default (read by `loss: huber` alone)
 class Objective:
     """How a candidate is scored and when it counts as found.
 
-    `top_k=None` observes all logits. `space` is where logits are compared, by the loss and by
-    the match check alike: `raw`, `centred` (minus each position's mean; over the k observed
-    values for top-k) or `logprobs` (log-softmax over the whole vocabulary). `confirm="both"`
-    also holds a match in centred or log-probability space to the raw logits wherever the
-    targets know them (targets sodaray recorded from known inputs: a file's logits may carry an
-    offset, and are checked in their space); `"space"` checks in the space alone. `atol`/`rtol`
-    default to the paper's tolerance for the model's size (1e-4 under 100M parameters, 1e-3
-    above) when left as None.
+    `top_k=None` observes all logits. `space` is where the loss and the match check compare
+    logits (`centred` over the k observed values for top-k; `logprobs` over the vocabulary).
+    `confirm="both"` also holds a non-raw match to the raw logits where the targets know them
+    (recorded by sodaray; a file's logits may carry an offset). `atol`/`rtol` None: the paper's
+    tolerance for the model's size (1e-4 under 100M parameters, 1e-3 above).
     """
 
     kind: ObjectiveKind = "logits"
@@ -79,17 +71,20 @@ class Objective:
     rtol: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            kinds = " or ".join(repr(k) for k in KINDS)
-            raise ValueError(f"objective must be {kinds}, not {self.kind!r}")
-        if self.loss not in ("huber", "mse"):
-            raise ValueError(f"loss must be 'huber' or 'mse', not {self.loss!r}")
-        if self.output_tokens < 1:
-            raise ValueError(f"output_tokens must be at least 1, not {self.output_tokens}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be at least 1, not {self.top_k}")
-        if self.space not in SPACES:
-            raise ValueError(f"space must be one of {', '.join(SPACES)}, not {self.space!r}")
+        kinds = " or ".join(repr(k) for k in KINDS)
+        for name, choices, said in (
+            ("kind", KINDS, f"objective must be {kinds}"),
+            ("loss", ("huber", "mse"), "loss must be 'huber' or 'mse'"),
+            ("space", SPACES, f"space must be one of {', '.join(SPACES)}"),
+            ("text_loss", TEXT_LOSSES, "text_loss must be logprob or prob"),
+            ("fluency_form", FLUENCY_FORMS, "fluency_form must be argmax or relaxed"),
+            ("confirm", CONFIRMS, "confirm must be space or both"),
+        ):
+            if (value := getattr(self, name)) not in choices:
+                raise ValueError(f"{said}, not {value!r}")
+        for name in ("output_tokens", "top_k"):
+            if (count := getattr(self, name)) is not None and count < 1:
+                raise ValueError(f"{name} must be at least 1, not {count}")
         if self.kind == "text" and self.top_k is not None:
             raise ValueError("top_k applies to the logits objective only")
         if self.kind == "text" and self.space != "raw":
@@ -102,12 +97,6 @@ class Objective:
             raise ValueError("huber_delta must be positive")
         if self.fluency_weight < 0:
             raise ValueError("fluency_weight must be non-negative")
-        if self.text_loss not in TEXT_LOSSES:
-            raise ValueError(f"text_loss must be logprob or prob, not {self.text_loss!r}")
-        if self.fluency_form not in FLUENCY_FORMS:
-            raise ValueError(f"fluency_form must be argmax or relaxed, not {self.fluency_form!r}")
-        if self.confirm not in CONFIRMS:
-            raise ValueError(f"confirm must be space or both, not {self.confirm!r}")
 
     @property
     def confirm_applies(self) -> bool:

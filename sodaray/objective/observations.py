@@ -1,15 +1,13 @@
 """Observation kinds: what an auditor saw, each with how it is recorded from the model's output,
-its relaxed loss, and its exact-match check. A new kind (say, sampled text with probabilities)
-is one class here, one entry in `OBSERVATIONS` and its name in `objectives.KINDS`; targets, the
-search, job names and report labels ask the registry instead of branching on the kind's name.
-The observed rows a search batch holds (`BatchTargets`) live here too.
-
-The observation spaces of logits (raw, centred, log-probabilities) live here too: one place
-defines how observed values and predicted values are moved into each.
+its relaxed loss, and its exact-match check. A new kind is one class here, one entry in
+`OBSERVATIONS` and its name in `objectives.KINDS`: the rest of the package asks the registry.
+Also here: the observed rows a search batch holds (`BatchTargets`), and the one definition of
+how observed and predicted logits are moved into each observation space.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,9 +23,7 @@ from sodaray.objective.objectives import KINDS, Objective
 PROBE_COLUMNS = 8
 # The match check's screen (`scoring.check_sequences`) loosens the test by this fraction of a
 # row's largest observed magnitude: a thousand times what a batch's shape does to a float32
-# forward (rounding, ~1e-6 of it), so the screen never drops a candidate the canonical test
-# would take, yet lets few through to it (stories260K, 64 searches x 100 steps: 36 candidates
-# confirmed for 9 found, against 130 at 1e-2; each costs a forward pass of its own).
+# forward, so it never drops a candidate the canonical test would take, yet lets few through.
 SCREEN_SLACK = 1e-3
 
 
@@ -40,31 +36,21 @@ def screen_slack(model: LoadedModel) -> float:
 class BatchTargets:
     """The observed rows of the targets that sit in a search batch, on the model's device.
 
-    `observed_shift` (B, m) is what was taken from each position's raw logits to put them in
-    the objective's space (NaN: not known; None for text), so observed + shift are the raw
-    logits a confirm in both spaces holds a match to (`Objective.confirm`).
-    `probe_indices`/`probe_values` (B, m, P) are the P largest observed logits of each row:
-    the hard check's cheap first test (see `LogitsObservation.probe`); `probe_allowed` how far
-    a candidate's may be from them and still pass it, computed once when the rows enter.
+    observed + `observed_shift` are the raw logits a confirm in both spaces holds a match to
+    (NaN: not known; None for text). `probe_*` are the P largest observed logits of each row
+    and how far a candidate's may be from them: the hard check's cheap first test
+    (`LogitsObservation.probe`).
     """
 
     continuation: Tensor  # (B, m)
-    observed_values: Tensor | None  # (B, m, k)
-    observed_indices: Tensor | None  # (B, m, k)
+    observed_values: Tensor | None = None  # (B, m, k)
+    observed_indices: Tensor | None = None  # (B, m, k)
     observed_shift: Tensor | None = None  # (B, m)
     probe_indices: Tensor | None = None  # (B, m, P) vocabulary ids
     probe_values: Tensor | None = None  # (B, m, P)
     probe_allowed: Tensor | None = None  # (B, m, P)
 
-    FIELDS: ClassVar[tuple[str, ...]] = (
-        "continuation",
-        "observed_values",
-        "observed_indices",
-        "observed_shift",
-        "probe_indices",
-        "probe_values",
-        "probe_allowed",
-    )
+    FIELDS: ClassVar[tuple[str, ...]]  # the fields' names, in order (set below the class)
 
     @classmethod
     def from_set(
@@ -98,9 +84,10 @@ class BatchTargets:
         return {name: t for name in self.FIELDS if (t := getattr(self, name)) is not None}
 
     def select(self, keep: Tensor) -> BatchTargets:
-        return BatchTargets(
-            *(None if getattr(self, f) is None else getattr(self, f)[keep] for f in self.FIELDS)
-        )
+        return BatchTargets(**{name: t[keep] for name, t in self.fields().items()})
+
+
+BatchTargets.FIELDS = tuple(f.name for f in dataclasses.fields(BatchTargets))
 
 
 # ---- observation spaces -------------------------------------------------------------------------
@@ -157,54 +144,25 @@ class Observation:
 
     def label(self, objective: Objective) -> str:
         """A short name for job folders ("text4", "top10x1-centred")."""
-        raise NotImplementedError
 
     def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
         """The relaxed loss per sample, (B,)."""
-        raise NotImplementedError
 
-    def probe(
-        self,
-        model: LoadedModel,
-        objective: Objective,
-        hidden: Tensor,
-        batch: BatchTargets,
-        rows: Tensor | slice,
-    ) -> Tensor | None:
+    def probe(self, model, objective, hidden, batch: BatchTargets, rows) -> Tensor | None:
         """A cheap necessary condition for `match`, (C,) bool (a candidate it turns down cannot
         match), or None where this observation has none. `rows` may be a slice: `slice(None)`
         is candidate c against row c, without a lookup."""
         return None
 
-    def match(
-        self,
-        model: LoadedModel,
-        objective: Objective,
-        hidden: Tensor,
-        batch: BatchTargets,
-        rows: Tensor | slice,
-        atol: float,
-        rtol: float,
-        slack: float = 0.0,
-    ) -> Tensor:
+    def match(self, model, objective, hidden, batch, rows, atol, rtol, slack=0.0) -> Tensor:
         """Whether each candidate (C,) reproduces its row's observation, (C,) bool, from its
         final hidden states (C, m, d). `slack` loosens the test by that fraction of the row's
         largest observed magnitude (a screen; 0: the exact test)."""
         logits = model.unembed(hidden).float()
         return self.compare(objective, logits, batch, rows, atol, rtol, slack)
 
-    def compare(
-        self,
-        objective: Objective,
-        logits: Tensor,
-        batch: BatchTargets,
-        rows: Tensor | slice,
-        atol: float,
-        rtol: float,
-        slack: float = 0.0,
-    ) -> Tensor:
+    def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
         """`match` on the candidates' full float logits (C, m, V)."""
-        raise NotImplementedError
 
 
 class TextObservation(Observation):
@@ -216,16 +174,14 @@ class TextObservation(Observation):
         return f"text{objective.output_tokens}"
 
     def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
-        if objective.text_loss == "prob":
-            # Eq. 5: sum over positions of max_a p(a) - p(y_i), teacher-forced on y.
-            probs = model.unembed(hidden).float().softmax(-1)
-            p_true = probs.gather(-1, batch.continuation[..., None]).squeeze(-1)
-            return (probs.amax(-1) - p_true).sum(1)
+        # Eq. 5 ("prob"): the sum over positions of max_a p(a) - p(y_i), teacher-forced on y.
         # The authors' form: log-probabilities keep a gradient where p(y_i) is tiny, which the
         # probability difference flattens; the clamp keeps the loss positive once matched.
-        logp = model.unembed(hidden).float().log_softmax(-1)
-        lp_true = logp.gather(-1, batch.continuation[..., None]).squeeze(-1)
-        return (logp.amax(-1) - lp_true).clamp_min(1e-12).mean(1)
+        prob = objective.text_loss == "prob"
+        logits = model.unembed(hidden).float()
+        p = logits.softmax(-1) if prob else logits.log_softmax(-1)
+        gap = p.amax(-1) - p.gather(-1, batch.continuation[..., None]).squeeze(-1)
+        return gap.sum(1) if prob else gap.clamp_min(1e-12).mean(1)
 
     def compare(self, objective, logits, batch, rows, atol, rtol, slack=0.0) -> Tensor:
         observed = batch.continuation[rows]
@@ -259,12 +215,11 @@ class LogitsObservation(Observation):
 
     def loss(self, model: LoadedModel, objective: Objective, hidden: Tensor, batch) -> Tensor:
         pred = predicted_in_space(model, hidden, batch.observed_indices, objective.space)
+        observed = batch.observed_values
         if objective.loss == "huber":
-            per_entry = F.huber_loss(
-                pred, batch.observed_values, reduction="none", delta=objective.huber_delta
-            )
+            per_entry = F.huber_loss(pred, observed, reduction="none", delta=objective.huber_delta)
         else:
-            per_entry = (pred - batch.observed_values).square()
+            per_entry = (pred - observed).square()
         return per_entry.flatten(1).mean(1)
 
     def probe(self, model, objective, hidden, batch, rows) -> Tensor | None:
@@ -285,13 +240,9 @@ class LogitsObservation(Observation):
             return found
         # The confirm in both spaces: where the raw logits are known, the candidate's raw
         # logits must meet them too (a row whose shift is NaN is decided by its space alone).
-        shift = batch.observed_shift[rows]
+        shift, indices = batch.observed_shift[rows], batch.observed_indices
         raw = batch.observed_values[rows] + shift[..., None]
-        at_obs = (
-            logits
-            if batch.observed_indices is None
-            else logits.gather(-1, batch.observed_indices[rows])
-        )
+        at_obs = logits if indices is None else logits.gather(-1, indices[rows])
         close = _close(at_obs, raw, atol, rtol, 0.0).all(1)
         return found & (close | shift.isnan().any(1))
 
@@ -305,7 +256,6 @@ class LogitsObservation(Observation):
         if batch.observed_indices is None:
             return _close(logits, values, atol, rtol, slack).all(1)
         indices = batch.observed_indices[rows]
-        k = indices.shape[-1]
         at_obs = logits.gather(-1, indices)
         if space == "centred":
             at_obs = at_obs - at_obs.mean(-1, keepdim=True)
@@ -313,7 +263,7 @@ class LogitsObservation(Observation):
         if slack:  # a screen: which entries make the top k may swap within the slack
             return close
         # Its own top-k must be the observed set (order-free: ties may swap equal values).
-        own = logits.topk(k, dim=-1).indices.sort(-1).values
+        own = logits.topk(indices.shape[-1], dim=-1).indices.sort(-1).values
         return close & (own == indices.sort(-1).values).flatten(1).all(1)
 
 
@@ -328,13 +278,9 @@ def _close(pred: Tensor, observed: Tensor, atol: float, rtol: float, slack: floa
 
 
 OBSERVATIONS: dict[str, Observation] = {o.kind: o for o in (LogitsObservation(), TextObservation())}
-
-
 assert tuple(OBSERVATIONS) == KINDS  # a new kind: its class here, its name in `objectives.KINDS`
 
 
 def observation(kind: str) -> Observation:
-    if kind not in OBSERVATIONS:
-        kinds = " or ".join(repr(k) for k in OBSERVATIONS)
-        raise ValueError(f"objective must be {kinds}, not {kind!r}")
+    """The kind of an `Objective` (which refuses any other)."""
     return OBSERVATIONS[kind]

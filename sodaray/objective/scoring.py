@@ -12,7 +12,7 @@ transformer compute only; the (rows, V) state of a relaxed search holds no paddi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,36 +58,32 @@ class Layout:
     # steps, and each derivation is a few operations (kernels on a GPU) a step.
     _derived: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def _once(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
+
     def input_index(
         self, prefix: int, item: int | None = None, spare: int = 0
     ) -> tuple[Tensor, Tensor]:
         """(sequence, position) of each packed row after a prefix of `prefix` tokens, and of
         `spare` rows more at positions 0, 1, ... of sequence `item` (a padding item)."""
+        positions = self._once(("input", prefix), lambda: self.row_offset + prefix)
         if not spare:
-            return self.row_slot, self.input_positions(prefix)
-        assert item is not None
-        key = ("input", prefix, item, spare)
-        if key not in self._derived:
-            dev = self.row_slot.device
-            self._derived[key] = (
+            return self.row_slot, positions
+        dev = self.row_slot.device
+        return self._once(
+            ("input", prefix, item, spare),
+            lambda: (
                 torch.cat([self.row_slot, torch.full((spare,), item, device=dev)]),
-                torch.cat([self.input_positions(prefix), torch.arange(spare, device=dev)]),
-            )
-        return self._derived[key]
-
-    def input_positions(self, prefix: int) -> Tensor:
-        """(T,): each packed row's sequence position after a prefix of `prefix` tokens."""
-        key = ("input", prefix)
-        if key not in self._derived:
-            self._derived[key] = self.row_offset + prefix
-        return self._derived[key]
+                torch.cat([positions, torch.arange(spare, device=dev)]),
+            ),
+        )
 
     def observed(self, prefix: int, m: int) -> tuple[Tensor, Tensor]:
         """`observed_positions` of this layout's slots, made once."""
         key = ("observed", prefix, m)
-        if key not in self._derived:
-            self._derived[key] = observed_positions(self.lengths, prefix, m)
-        return self._derived[key]
+        return self._once(key, lambda: observed_positions(self.lengths, prefix, m))
 
     @classmethod
     def uniform(cls, batch: int, length: int, device: torch.device) -> Layout:
@@ -201,8 +197,7 @@ def fluency_penalty(
     if input_probs is None:
         raise ValueError("the fluency penalty needs the relaxed input")
     p = len(model.prefix_ids)
-    first = 0 if p > 0 else 1
-    rows = (layout.row_offset >= first).nonzero().squeeze(1)
+    rows = (layout.row_offset >= (0 if p > 0 else 1)).nonzero().squeeze(1)
     slot = layout.row_slot[rows]
     out = hidden.new_zeros(layout.batch, dtype=torch.float32)
     if len(rows) == 0:
@@ -243,18 +238,6 @@ def check_candidates(
     return check_sequences(model, objective, seq, layout.lengths, batch, slots, atol, rtol)
 
 
-def prepared_sequences(model: LoadedModel, candidates: np.ndarray, device: torch.device) -> Tensor:
-    """Candidates (C, L) token ids as `check_sequences(prepared=True)` reads them: the model's
-    prefix before each, then the zero items `LoadedModel.hidden` would append (their tokens are
-    any: no item's outputs depend on another's), made on the host and sent in one copy."""
-    p = len(model.prefix_ids)
-    count, width = candidates.shape
-    ids = np.zeros((count + padding_items(count, device, p + width), p + width), dtype=np.int64)
-    ids[:count, :p] = model.prefix_ids
-    ids[:count, p:] = candidates
-    return torch.as_tensor(ids, device=device)
-
-
 @torch.no_grad()
 def check_sequences(
     model: LoadedModel,
@@ -262,77 +245,49 @@ def check_sequences(
     sequences: Tensor,
     lengths: Index,
     batch: BatchTargets,
-    rows: Tensor | None,
+    rows: Tensor,
     atol: float,
     rtol: float,
     misses: Sequence[set[bytes]] | None = None,
-    *,
-    prepared: bool = False,
 ) -> Tensor:
     """Whether each candidate reproduces its observed output exactly, (C,) bool. Candidate c is
     `sequences[c]`: its `lengths[c]` input tokens, then its row's continuation but the last
-    observed token, then anything (padding); it is scored against row `rows[c]` of `batch`,
-    and the observation kind's own test decides (`sodaray.objective.observations`).
-    `rows` None: row c.
+    observed token, then anything (padding), scored against row `rows[c]` of `batch` by the
+    observation kind's own test.
 
-    Two stages. A screen, the candidates in one batch of their own shape, with the tolerance
-    loosened past anything a shape does to the arithmetic (`observations.screen_slack`); then
-    the few candidates it lets through are decided in the canonical shape
-    (`LoadedModel.canonical_logits`), where targets were recorded. So a decision does not
-    depend on what shared the batch or on its width, and a true input reproduces its target
-    bit for bit: never missed.
-
-    `misses[c]`, where given, holds the sequences the confirm already turned down for
-    candidate c's search: the canonical computation is deterministic, so one seen there is not
-    computed again, and one turned down now joins it (up to `MISS_MEMORY` a search).
-
-    `prepared`: `sequences` were laid out by `prepared_sequences` (the prefix and the padding
-    items already in place, on the host: the forward's input without a concatenation)."""
+    Two stages: a screen of the candidates in their own batch, the tolerance loosened past
+    anything a shape does to the arithmetic (`observations.screen_slack`); then `confirm` of
+    the few it lets through in the canonical shape, where targets were recorded. So a decision
+    does not depend on what shared the batch, and a true input is never missed. `misses`: as
+    `confirm`'s."""
     kind = observation(objective.kind)
     m, p = objective.output_tokens, len(model.prefix_ids)
     ids = sequences
-    if prepared:
-        sequences = ids[: len(lengths), p:]
-    elif p:
-        prefix = model.prefix_tensor(ids.device).expand(len(ids), -1)
-        ids = torch.cat([prefix, ids], dim=1)
-    hidden = model.hidden(model.embed(ids), prepadded=prepared)
+    if p:
+        ids = torch.cat([model.prefix_tensor(ids.device).expand(len(ids), -1), ids], dim=1)
+    hidden = model.hidden(model.embed(ids))
     where = observed_positions(lengths, p, m)
     if not isinstance(lengths, Tensor):  # planned on the host: sent, not computed
         where = tuple(torch.as_tensor(i, device=ids.device) for i in where)
     observed = hidden[where]
-    # Candidate c against row c needs no lookups: a slice takes views.
-    every: Tensor | slice = slice(None) if rows is None else rows
-
-    def take(candidates: Tensor) -> Tensor:  # the rows of these candidates
-        return candidates if rows is None else rows[candidates]
-
     slack = screen_slack(model)
-    passed = kind.probe(model, objective, observed, batch, every)
+    passed = kind.probe(model, objective, observed, batch, rows)
     probed = passed is not None
     if passed is None:  # no cheap test: the screen on every candidate
-        passed = kind.match(model, objective, observed, batch, every, atol, rtol, slack)
+        passed = kind.match(model, objective, observed, batch, rows, atol, rtol, slack)
     near = passed.nonzero().squeeze(1)
     if len(near) == 0:  # the usual step: all False, so no second tensor
         return passed
     if probed:  # the screen on the candidates the probe let through
-        ok = kind.match(model, objective, observed[near], batch, take(near), atol, rtol, slack)
+        ok = kind.match(model, objective, observed[near], batch, rows[near], atol, rtol, slack)
         near = near[ok]
         if len(near) == 0:
             return torch.zeros_like(passed)
     host, where_near = sequences[near].cpu().numpy(), near.cpu().numpy()
     sizes = lengths[near].cpu().numpy() if isinstance(lengths, Tensor) else lengths[where_near]
     candidates = [host[i, : n + m - 1] for i, n in enumerate(sizes.tolist())]
-    ok = confirm(
-        model,
-        objective,
-        candidates,
-        batch,
-        take(near),
-        atol,
-        rtol,
-        None if misses is None else [misses[c] for c in where_near.tolist()],
-    )
+    seen = None if misses is None else [misses[c] for c in where_near.tolist()]
+    ok = confirm(model, objective, candidates, batch, rows[near], atol, rtol, seen)
     found = torch.zeros_like(passed)
     found[near] = torch.as_tensor(ok, device=found.device)
     return found
@@ -351,23 +306,22 @@ def confirm(
     """The match check's second stage, (C,) bool on the host: candidate c (its input tokens and
     its continuation but the last observed token, on the host) against row `rows[c]` of
     `batch`, in the canonical shape (`LoadedModel.canonical_logits`), where targets were
-    recorded, so a true input reproduces its target bit for bit. `misses[c]` holds
-    the sequences this search's confirm turned down before: the computation is deterministic,
-    so one seen there is not computed again, and one turned down now joins it (up to
-    `MISS_MEMORY` a search)."""
+    recorded. `misses[c]` holds the sequences candidate c's search turned down before: the
+    computation is deterministic, so one seen there is not computed again, and one turned down
+    now joins it (up to `MISS_MEMORY` a search)."""
     kind = observation(objective.kind)
     m = objective.output_tokens
     found = np.zeros(len(candidates), dtype=bool)
     keys = [np.ascontiguousarray(c, dtype=np.int64).tobytes() for c in candidates]
-    fresh = [c for c in range(len(candidates)) if misses is None or keys[c] not in misses[c]]
     by_length: dict[int, list[int]] = {}
-    for c in fresh:
-        by_length.setdefault(len(candidates[c]), []).append(c)
+    for c in range(len(candidates)):
+        if misses is None or keys[c] not in misses[c]:  # a miss seen before is not computed
+            by_length.setdefault(len(candidates[c]), []).append(c)
     for group in by_length.values():
         tokens = torch.as_tensor(np.stack([candidates[c] for c in group]), device=rows.device)
         logits = model.canonical_logits(tokens, m)
-        index = torch.as_tensor(group, device=rows.device)
-        ok = kind.compare(objective, logits, batch, rows[index], atol, rtol).cpu().numpy()
+        index = rows[torch.as_tensor(group, device=rows.device)]
+        ok = kind.compare(objective, logits, batch, index, atol, rtol).cpu().numpy()
         found[group] = ok
         if misses is not None:
             for c, hit in zip(group, ok.tolist(), strict=True):
@@ -389,8 +343,7 @@ def hard_match(
     exactly, (C,) bool; `rows` names the batch rows they belong to (default: all, in order)."""
     if rows is None:
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-    c, n = tokens.shape
-    layout = Layout.uniform(c, n, tokens.device)
+    layout = Layout.uniform(*tokens.shape, tokens.device)
     return check_candidates(model, objective, layout, tokens.reshape(-1), batch, rows, atol, rtol)
 
 

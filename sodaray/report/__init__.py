@@ -17,10 +17,9 @@ from sodaray.io.paths import component
 from sodaray.io.writes import check_places, make_folder, remove_file, write_file
 from sodaray.report import budget, metrics
 from sodaray.report.drawing import save
-from sodaray.report.figures import FIGURES, build_figures
-from sodaray.report.render import FORMATS, RENDERERS, to_markdown
+from sodaray.report.figures import FIGURES
 from sodaray.report.rows import add_cosine, drop_copies, listed, load_frame, tuning_rows
-from sodaray.report.tables import Skipped, Table, build_tables
+from sodaray.report.tables import FORMATS, RENDERERS, Skipped, Table, build_tables, to_markdown
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +33,8 @@ class Report:
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rows: int = 0
-    # Each figure's caption by file name: what its lines, bars and bands are, and each panel's n.
-    captions: dict[str, str] = field(default_factory=dict)
-    # What a reader must know before any number (copies of results counted once): atop the
-    # index, and among `notes`.
+    captions: dict[str, str] = field(default_factory=dict)  # each figure's, by file name
+    # What a reader must know before any number: atop the index, and among `notes`.
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, line: str, prefix: str = "") -> None:
@@ -76,7 +73,11 @@ def build_report(
     out = Path(out)
     make_folder(out, out)  # the folder the user gave; every file in it by the rule for writes
     report.tables, report.skipped = build_tables(df)
-    found = _budget_tables(df, extrapolate, where, report)
+    found = [] if extrapolate is None else budget.groups(df, extrapolate, where=where)
+    if found:
+        report.tables += budget.budget_tables(found, extrapolate)
+    elif extrapolate is not None:
+        report.skipped.append(Skipped("budget", "needs SODA rows with known inputs"))
     tables = [
         (out / f"{t.name}.{RENDERERS[fmt][1]}", RENDERERS[fmt][0], t)
         for t in report.tables
@@ -88,10 +89,27 @@ def build_report(
     for path, render, table in tables:
         write_file(out, path, render(table))
         report.files.append(path)
-    if figures:
-        _draw(df, out, found, extrapolate, report)
+    if figures:  # every figure the rows have data for
+        for name, (draw, need) in FIGURES.items():
+            _add_figure(report, out, name, draw(df), Skipped(name, need))
+        if found:
+            plot = budget.budget_figure(found, extrapolate)
+            _add_figure(report, out, "budget", plot, Skipped("budget figure", NO_FIND))
     _finish(out, report)
     return report
+
+
+NO_FIND = "no group has an exact find"
+
+
+def _add_figure(report: Report, out: Path, name: str, plot, skipped: Skipped) -> None:
+    """`plot` saved as `name`.png in `out`, with its caption; None: `skipped` noted."""
+    if plot is None:
+        report.skipped.append(skipped)
+        return
+    path = save(plot.figure, out / f"{name}.png")
+    report.files.append(path)
+    report.captions[path.name] = plot.caption
 
 
 def _with_cosine(df: pd.DataFrame, embedding_model: str | None, report: Report) -> pd.DataFrame:
@@ -112,39 +130,6 @@ def _with_cosine(df: pd.DataFrame, embedding_model: str | None, report: Report) 
             "each trial is its own configuration, picked by the study, not samples of one rate."
         )
     return df
-
-
-def _budget_tables(
-    df: pd.DataFrame, extrapolate: int | None, where: str, report: Report
-) -> list[budget.Group]:
-    """With `extrapolate`, the budget groups, their tables added to `report`."""
-    if extrapolate is None:
-        return []
-    found = budget.groups(df, extrapolate, where=where)
-    made = budget.budget_tables(found, extrapolate)
-    report.tables += made
-    if not made:
-        report.skipped.append(Skipped("budget", "needs SODA rows with known inputs"))
-    return found
-
-
-def _draw(
-    df: pd.DataFrame, out: Path, found: list[budget.Group], target: int | None, report: Report
-) -> None:
-    """Every figure the rows have data for, and the budget figure of `found`, into `out`."""
-    made, captions, skipped = build_figures(df, out)
-    report.files += made
-    report.captions.update(captions)
-    report.skipped += skipped
-    if not found:
-        return
-    plot = budget.budget_figure(found, target)
-    if plot is None:
-        report.skipped.append(Skipped("budget figure", "no group has an exact find"))
-        return
-    path = save(plot.figure, out / "budget.png")
-    report.files.append(path)
-    report.captions[path.name] = plot.caption
 
 
 def _finish(out: Path, report: Report) -> None:
@@ -175,19 +160,18 @@ def _digest(path: Path) -> str | None:
         return None
 
 
-def _earlier_files(out: Path) -> dict[str, str | None] | None:
-    """The files an earlier report into `out` wrote, by name (None: no report listed any)."""
+def _earlier_files(out: Path) -> dict[str, str | None]:
+    """The files an earlier report into `out` wrote, by name."""
     path = out / MANIFEST
     if what_is(path) is None:
-        return None
+        return {}
     try:
-        info = read_json(path, "report's file list")
-        files = info["files"]
+        files = read_json(path, "report's file list")["files"]
         if not isinstance(files, dict):
             raise TypeError("not a mapping")
     except (OSError, ValueError, TypeError, KeyError) as exc:
         log.warning("%s: not a report's file list (%s); nothing in %s removed", path, exc, out)
-        return None
+        return {}
     out_files: dict[str, str | None] = {}
     for name, sha in files.items():
         try:  # a plain name in `out` (a list edited to name `../x` names nothing)
@@ -208,7 +192,7 @@ def _remove_earlier(out: Path, written: dict[str, str | None]) -> None:
     """The files an earlier report into `out` wrote and this one did not (`written`: name ->
     SHA-256), removed where unchanged since. The manifest first lists both reports' files: a
     report stopped while removing still lists what it has not removed, for the next one."""
-    earlier = _earlier_files(out) or {}
+    earlier = _earlier_files(out)
     _write_manifest(out, {**earlier, **written, INDEX: None})
     for name, sha in earlier.items():
         if name in written or name == INDEX:

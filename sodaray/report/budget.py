@@ -47,16 +47,14 @@ def groups(
     seed: int = 0,
     where: str = "the result rows",
 ) -> list[Group]:
-    """`budget_rows` by model, configuration and input length, each measured and extrapolated to
-    `target` steps. Rows of one group share a step budget (`max_steps` is part of their
-    configuration: `by_setting` splits by it). `where`: the result files or folders the rows
-    came from, named in the error when a group's rows cannot be samples of its budget."""
+    """`budget_rows` by model, configuration and input length (one step budget each: `max_steps`
+    is part of a configuration), each extrapolated to `target` steps. `where`: the result files
+    or folders, named in the error when a group's rows cannot be samples of its budget."""
     out = []
     for model, setting, length, sel in _grouped(df):
         samples = _samples(sel, where)
-        budget = samples.budget
         # One fit per group, evaluated where the table and the figure need it.
-        steps = sorted(set(_targets(target)) | set(_curve_steps(budget, target)))
+        steps = sorted(set(_targets(target)) | set(_curve_steps(samples.budget, target)))
         fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
         out.append(Group(str(model), setting, int(length), sel, fit))
     return out
@@ -149,13 +147,11 @@ def budget_tables(found: list[Group], target: int) -> list[Table]:
         ["Model / length", "budget", "n", *(f"{f} of it" for f in fractions)],
     )
     for g in found:
-        samples = g.fit.samples
-        cells = [Cell(f"{samples.budget:,}", float(samples.budget))]
-        cells.append(Cell(str(samples.n), float(samples.n), n=samples.n))
-        for part in (8, 4, 2, 1):
-            steps = max(1, samples.budget // part)
-            cells.append(Cell.rate(bud.measured(samples, [steps])[steps]))
-        measured.rows.append((g.label, cells))
+        s = g.fit.samples
+        steps = [max(1, s.budget // part) for part in (8, 4, 2, 1)]
+        shares = bud.measured(s, steps)
+        cells = [Cell(f"{s.budget:,}", float(s.budget)), Cell.count(s.n)]
+        measured.rows.append((g.label, cells + [Cell.rate(shares[t]) for t in steps]))
     targets = _targets(target)
     extrapolated = Table(
         "budget_extrapolated",

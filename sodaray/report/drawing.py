@@ -1,11 +1,6 @@
 """How the report draws a figure: its PNG file, axes, legend, titles and the styles that tell
-series apart.
-
-Every series is told apart by colour, marker, dash and its interval's hatching; the legend sits
-beside the axes, never over the data; each panel's title names its n (the samples behind it),
-each caption the n of every panel. "length" is an input's length in tokens, "n" a count of
-samples, everywhere.
-"""
+series apart (colour, marker, dash and hatching). The legend sits beside the axes, never over the
+data; each panel's title names its n (samples), each caption the n of every panel."""
 
 from __future__ import annotations
 
@@ -83,22 +78,12 @@ def integer_axis(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-# Series j gets colour, marker, dash and hatch j: any one of them tells two series apart, so
-# they still differ in greyscale print, for a colour-blind reader, and where two series lie on
-# each other (two lengths both at 0%: hollow markers of different shapes, staggered along x,
-# show both). Hatches of different directions over a pale fill keep overlapping bands readable:
-# where two 95% bands coincide a reader sees both hatchings, each explained by the legend.
+# Series j gets colour, marker, dash and hatch j: any one tells two series apart (in greyscale,
+# for a colour-blind reader, where two lie on each other); hatches of different directions over
+# a pale fill keep coinciding 95% bands readable.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
-DASHES: tuple[Any, ...] = (
-    "-",
-    "--",
-    "-.",
-    ":",
-    (0, (5, 1, 1, 1, 1, 1)),
-    (0, (8, 2)),
-    (0, (1, 1)),
-    (0, (4, 1, 1, 1, 1, 1, 1, 1)),
-)
+_ON_OFF = ((5, 1, 1, 1, 1, 1), (8, 2), (1, 1), (4, 1, 1, 1, 1, 1, 1, 1))  # dash and gap lengths
+DASHES: tuple[Any, ...] = ("-", "--", "-.", ":", *((0, pattern) for pattern in _ON_OFF))
 HATCHES = ("//", "\\\\", "||", "--", "xx", "..", "++", "oo")
 BAND_ALPHA = 0.08  # the band's fill: pale enough that a curve and other hatchings show through
 EDGE_ALPHA = 0.6  # its hatching and outline
@@ -170,10 +155,8 @@ def title(rows: pd.DataFrame, what: str, panel_counts: list[int] | None = None) 
         values = sorted({str(v) for v in rows[column].dropna() if str(v)})
         return ", ".join(values[:3]) + (f" +{len(values) - 3}" if len(values) > 3 else "")
 
-    parts = [names("model_name")]
     sweeps = names("sweep")
-    if sweeps:
-        parts.append(f"sweep {sweeps}")
+    parts = [names("model_name"), f"sweep {sweeps}" if sweeps else ""]
     counts = panel_counts or [known_count(rows)]
     if len(counts) == 1:
         parts.append(f"n={counts[0]}")

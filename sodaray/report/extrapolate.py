@@ -2,37 +2,29 @@
 
 Per sample, a result row's `steps`, `found` and `exact` give the time to an exact find,
 right-censored at the budget where the search ended without one. A search that stopped at another
-input with the same outputs (`found`, not `exact`) stops there at any budget and is never exact:
-the fits leave it out and every extrapolated share is scaled by the share of samples without one
-(`BudgetFit.other` counts them).
+input with the same outputs (`found`, not `exact`) is never exact at any budget: the fits leave it
+out and every extrapolated share is scaled by the share of samples without one.
 
-- Measured (`measured`): the share exact within s steps, for each s up to the budget, with a
-  Wilson 95% interval; no model. A search's first s steps do not depend on its budget, so what
-  was exact by step s stays exact: it is also a lower bound at any larger budget.
+- Measured (`measured`): the share exact within s steps, with a Wilson 95% interval; no model. A
+  search's first s steps do not depend on its budget, so it is a lower bound at any larger one.
 - Extrapolated (`extrapolate`), four ways, each with a 95% percentile interval from a bootstrap
   over samples (every fit redone on each resample):
   - `weibull`: S(t) = exp(-(t/scale)^shape), by maximum likelihood with censoring;
   - `loglogistic`: S(t) = 1 / (1 + (t/scale)^shape), the same way;
   - `weibull_cure`: a Weibull for a share `cure_share` of the inputs, never found for the rest
     (a mixture cure model): the share found by t is cure_share * F(t);
-  - `loglinear`: the measured share against log(steps), a straight line fitted by least
-    squares between the first find and the budget, continued (clipped to [0, 1]).
+  - `loglinear`: the measured share against log(steps), a least-squares line between the first
+    find and the budget, continued (clipped to [0, 1]).
 
 What each assumes: `weibull` and `loglogistic`, that every input is found eventually, at a
-hazard whose shape within the budget holds beyond it (SODA re-draws its state every
-`reinit_period` steps: past a few periods a renewal process with a roughly flat hazard, which a
-fit over the first periods may under- or over-state); `weibull_cure`, that a share of inputs is
-unfindable (within the budget a slow input and an unfindable one look the same, so that share is
-set only by the shape of the finds' times, and its interval is the widest); `loglinear`, that the
-rate gains the same amount per doubling of the budget. Each bootstrap interval is the sampling
-uncertainty under its own assumption: where the models disagree beyond their intervals, the rows
-do not decide the answer. Nothing here measures past the budget.
+hazard whose shape within the budget holds beyond it; `weibull_cure`, that a share of inputs is
+unfindable (within the budget a slow input and an unfindable one look the same, so its interval
+is the widest); `loglinear`, that the rate gains the same per doubling of the budget. Where the
+models disagree beyond their intervals, the rows do not decide the answer.
 
 The maximum-likelihood fits are grid searches over (log scale, log shape), refined twice, for
-every bootstrap resample at once as weighted sums: no optimiser to stall or diverge, and every
-resample fitted the same way; the cure share has a closed form at each grid point
-(`_cure_share`). A fit whose best scale lies at the grid's edge (beyond 10^9 steps: too few
-finds to place it) is flagged `at_edge`.
+every bootstrap resample at once: no optimiser to stall, every resample fitted the same way. A
+fit whose best scale lies at the grid's edge (too few finds to place it) is flagged `at_edge`.
 """
 
 from __future__ import annotations
@@ -85,17 +77,6 @@ class Samples:
         # the fits' time is positive.
         return cls(np.maximum(t, 1.0), hit, other, int(budget))
 
-    def fitted(self) -> Samples:
-        """The samples the fits take: those whose search did not stop at another input (never
-        exact, at any budget); each not found ran the whole budget."""
-        keep = ~self.other
-        return Samples(
-            np.where(self.exact[keep], self.steps[keep], float(self.budget)),
-            self.exact[keep],
-            self.other[keep],
-            self.budget,
-        )
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -108,10 +89,9 @@ class Estimate:
 
 @dataclass
 class BudgetFit:
-    """One group's measured curve and extrapolations."""
+    """One group's extrapolations."""
 
     samples: Samples
-    measured: dict[int, Proportion] = field(default_factory=dict)
     # model -> target steps -> estimate; a model absent: it could not be fitted (no finds)
     extrapolated: dict[str, dict[int, Estimate]] = field(default_factory=dict)
     params: dict[str, tuple[float, float]] = field(default_factory=dict)  # (scale, shape)
@@ -132,7 +112,6 @@ def measured(samples: Samples, budgets: Sequence[int]) -> dict[int, Proportion]:
     }
 
 
-# ---- the survival models ----------------------------------------------------------------------
 def _log_survival(model: str, z: np.ndarray) -> np.ndarray:
     """log S at z = shape * (log t - log scale)."""
     if model == "loglogistic":
@@ -141,10 +120,8 @@ def _log_survival(model: str, z: np.ndarray) -> np.ndarray:
 
 
 def _log_density(model: str, z: np.ndarray, log_shape: np.ndarray, log_t: np.ndarray):
-    """log f(t) at z = shape * (log t - log scale)."""
-    if model == "loglogistic":
-        return log_shape - log_t + z - 2 * np.logaddexp(0.0, z)
-    return log_shape - log_t + z - np.exp(z)
+    """log f(t) at z = shape * (log t - log scale): f = shape / t * e^z * S (log-logistic: S^2)."""
+    return log_shape - log_t + z + (1 + (model == "loglogistic")) * _log_survival(model, z)
 
 
 def cdf(model: str, steps: float | np.ndarray, scale, shape) -> np.ndarray:
@@ -247,11 +224,9 @@ def extrapolate(
     boot: int = BOOTSTRAP,
     seed: int = 0,
 ) -> BudgetFit:
-    """The measured curve at the budget, halved down to 1/8 of it, and each model's share
-    exact at `targets` steps, with 95% bootstrap intervals (`boot` resamples of the samples,
-    drawn with `seed`: the same rows give the same intervals)."""
-    budgets = sorted({max(1, samples.budget // d) for d in (8, 4, 2, 1)})
-    out = BudgetFit(samples, measured(samples, budgets))
+    """Each model's share exact at `targets` steps, with 95% bootstrap intervals (`boot`
+    resamples of the samples, drawn with `seed`: the same rows give the same intervals)."""
+    out = BudgetFit(samples)
     if samples.n == 0 or not samples.exact.any():
         return out  # no find: nothing to place a curve on
     rng = np.random.default_rng(seed)
@@ -259,9 +234,11 @@ def extrapolate(
     weights = np.vstack([np.ones(samples.n), counts]).astype(float)  # row 0: the samples
     targets = [int(t) for t in targets]
     at = np.asarray(targets, dtype=float)[None, :]
+    # Searches that stopped at another input are never exact: the fits cover the rest, each
+    # not found having run the whole budget.
     keep = ~samples.other
-    fitted = samples.fitted()
-    # Searches that stopped at another input are never exact: the fits cover the rest.
+    steps = np.where(samples.exact[keep], samples.steps[keep], float(samples.budget))
+    fitted = Samples(steps, samples.exact[keep], samples.other[keep], samples.budget)
     covered = (weights[:, keep].sum(axis=1) / samples.n)[:, None]
     for model in ("weibull", "loglogistic", "weibull_cure"):
         mu, ls = fit(model, fitted, weights[:, keep])

@@ -4,28 +4,12 @@ scaling (exact vs model size and vocabulary), a panel (or point) per configurati
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from sodaray.report import metrics
-from sodaray.report.drawing import (
-    Plot,
-    integer_axis,
-    interval_band,
-    known_count,
-    legend_outside,
-    percent_axis,
-    pyplot,
-    rgba,
-    save,
-    series_style,
-    source,
-    title,
-)
+from sodaray.report import drawing, metrics
 from sodaray.report.rows import by_setting, named, standard_rows, tuning_rows
-from sodaray.report.tables import Skipped
 
 Panels = list[tuple[str, int, dict[int, int]]]  # each panel's setting, n and n by length
 
@@ -60,16 +44,16 @@ def _panels_caption(panels: Panels) -> str:
 def _panel_figure(
     base: pd.DataFrame,
     height: float,
-    draw: Callable[[Any, pd.DataFrame, list[int]], tuple[list, list[str], dict[int, int]]],
+    draw: Callable[[Any, pd.DataFrame, list[int]], tuple[list, dict[int, int]]],
     count: Callable[[pd.DataFrame], int],
     axes_text: tuple[str, str, str],
     what: str,
 ) -> tuple[Any, Panels]:
     """One panel per model and configuration (rows of different configurations are never one
-    curve), each drawn by `draw(ax, rows, every length)` -> (legend handles, labels, n by
-    length); `axes_text`: the y label, the legend's title and the x label; `what` the title's
-    first line. Returns the figure and each panel's setting, n (`count`) and n by length."""
-    plt = pyplot()
+    curve), each drawn by `draw(ax, rows, every length)` -> (legend handles, n by length);
+    `axes_text`: the y label, the legend's title and the x label; `what` the title's first line.
+    Returns the figure and each panel's setting, n (`count`) and n by length."""
+    plt = drawing.pyplot()
     settings = _model_settings(base)
     fig, axes = plt.subplots(
         len(settings), 1, figsize=(7.5, height * len(settings)), squeeze=False, sharex=True
@@ -78,16 +62,17 @@ def _panel_figure(
     panels = []
     all_lengths = sorted(int(x) for x in base["length"].unique())  # one style per length
     for (ax,), (setting, rows) in zip(axes, settings, strict=True):
-        handles, labels, by_length = draw(ax, rows, all_lengths)
+        handles, by_length = draw(ax, rows, all_lengths)
         ax.set_ylabel(ylabel)
-        percent_axis(ax)
-        integer_axis(ax.xaxis)
+        drawing.percent_axis(ax)
+        drawing.integer_axis(ax.xaxis)
         n = count(rows)
         ax.set_title(f"{setting} (n={n})" if setting else f"n={n}", fontsize="small")
-        legend_outside(ax, handles, labels, legend)
+        labels = [f"length {k} (n={v})" for k, v in by_length.items()]
+        drawing.legend_outside(ax, handles, labels, legend)
         panels.append((setting, n, by_length))
     axes[-1][0].set_xlabel(xlabel)
-    fig.suptitle(title(base, what, [n for _, n, _ in panels]), fontsize="medium")
+    fig.suptitle(drawing.title(base, what, [n for _, n, _ in panels]), fontsize="medium")
     return fig, panels
 
 
@@ -103,13 +88,13 @@ def _step_curve(rows: pd.DataFrame) -> pd.Series:
 
 def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
     """A panel of `exact_vs_steps_figure`: a step function and its Wilson band per length."""
-    handles, labels, by_length = [], [], {}
+    handles, by_length = [], {}
     lengths = sorted(int(x) for x in rows["length"].unique())
     for j, n in enumerate(lengths):
-        style = series_style(all_lengths.index(n))
+        style = drawing.series_style(all_lengths.index(n))
         sel = rows[rows["length"] == n]
         curve = _step_curve(sel)
-        count = by_length[n] = known_count(sel)
+        count = by_length[n] = drawing.known_count(sel)
         every = max(1, len(curve) // 8)
         (line,) = ax.plot(
             curve.index,
@@ -125,7 +110,7 @@ def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
             zorder=3,
         )
         bands = [metrics.wilson_interval(round(v * count), count) for v in curve]
-        band = interval_band(
+        band = drawing.interval_band(
             ax,
             curve.index,
             bands,
@@ -138,11 +123,10 @@ def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
             zorder=1,
         )
         handles.append((band, line))
-        labels.append(f"length {n} (n={count})")
-    return handles, labels, by_length
+    return handles, by_length
 
 
-def exact_vs_steps_figure(df: pd.DataFrame) -> Plot | None:
+def exact_vs_steps_figure(df: pd.DataFrame) -> drawing.Plot | None:
     """Exact vs steps, one step function per input length with its 95% Wilson band, one panel
     per configuration."""
     base = _figure_rows(df)
@@ -153,17 +137,17 @@ def exact_vs_steps_figure(df: pd.DataFrame) -> Plot | None:
         base,
         3.6,
         _draw_steps,
-        known_count,
+        drawing.known_count,
         ("exact (%)", "line: exact by step\nhatched: 95% Wilson", "steps"),
         "Exact inversion vs steps",
     )
     caption = (
-        f"Exact inversion against search steps ({source(base)}): per input length, the share "
-        "of samples whose input was recovered exactly within s steps (a step function, "
-        "drawn as steps), with its 95% Wilson interval as a hatched band (one hatching per "
-        f"length). n: samples. {_panels_caption(panels)}"
+        f"Exact inversion against search steps ({drawing.source(base)}): per input length, "
+        "the share of samples whose input was recovered exactly within s steps (a step "
+        "function, drawn as steps), with its 95% Wilson interval as a hatched band (one "
+        f"hatching per length). n: samples. {_panels_caption(panels)}"
     )
-    return Plot(fig, caption)
+    return drawing.Plot(fig, caption)
 
 
 def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
@@ -171,9 +155,9 @@ def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
     table = metrics.solved_by_position_by_length(rows)
     lengths = list(table.columns)
     width = 0.8 / len(lengths)
-    handles, labels, by_length = [], [], {}
+    handles, by_length = [], {}
     for j, n in enumerate(lengths):
-        style = series_style(all_lengths.index(int(n)))
+        style = drawing.series_style(all_lengths.index(int(n)))
         curve = table[n].dropna()
         offsets = [i + (j - (len(lengths) - 1) / 2) * width for i in curve.index]
         count = by_length[int(n)] = int((rows["length"] == n).sum())
@@ -188,7 +172,7 @@ def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
             width=width,
             yerr=err,  # 95% Wilson
             capsize=2,
-            color=rgba(style.color, 0.35),
+            color=drawing.rgba(style.color, 0.35),
             edgecolor=style.color,
             hatch=style.hatch,
             linestyle=style.dash,
@@ -210,11 +194,10 @@ def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
             label=f"_length {n} tops",  # "_": not a legend entry of its own
         )
         handles.append((bars.patches[0], top) if bars.patches else top)
-        labels.append(f"length {n} (n={count})")
-    return handles, labels, by_length
+    return handles, by_length
 
 
-def exact_by_position_figure(df: pd.DataFrame) -> Plot | None:
+def exact_by_position_figure(df: pd.DataFrame) -> drawing.Plot | None:
     """Tokens recovered by position, one group of bars per input length (as the paper's), one
     panel per configuration."""
     base = _figure_rows(df)
@@ -230,19 +213,16 @@ def exact_by_position_figure(df: pd.DataFrame) -> Plot | None:
         "Tokens recovered by position",
     )
     caption = (
-        f"Tokens recovered in place, by position in the input ({source(base)}): one group of "
-        "bars per input length (colour, hatching and marker per length), whiskers the 95% "
-        f"Wilson interval. n: samples. {_panels_caption(panels)}"
+        f"Tokens recovered in place, by position in the input ({drawing.source(base)}): one "
+        "group of bars per input length (colour, hatching and marker per length), whiskers "
+        f"the 95% Wilson interval. n: samples. {_panels_caption(panels)}"
     )
-    return Plot(fig, caption)
+    return drawing.Plot(fig, caption)
 
 
 DODGE = 1.08  # x factor between the series' points of one model on the log axis
-BOS_FILLS = {  # how the scaling figure marks what came before the input: the marker's fill
-    "BOS": "full",
-    "no BOS": "none",
-    "model default": "left",
-}
+# How the scaling figure marks what came before the input: the marker's fill.
+BOS_FILLS = {"BOS": "full", "no BOS": "none", "model default": "left"}
 # One line of the scaling figure: (length, BOS label, [(params, vocab, rate, model label)]).
 Series = list[tuple[int, str, list[tuple[Any, Any, metrics.Proportion, str]]]]
 
@@ -271,8 +251,7 @@ def _scaling_series(base: pd.DataFrame) -> Series:
         ]
         # By size, then name: one model under two presets is two points of one size, and
         # their rates (Wilson proportions) do not order.
-        points = sorted(points, key=lambda p: (p[0], p[1], p[3]))
-        series.append((int(length), flag, points))
+        series.append((int(length), flag, sorted(points, key=lambda p: (p[0], p[1], p[3]))))
     return series
 
 
@@ -283,7 +262,7 @@ def _scaling_panel(ax, series: Series, x_index: int, legend: tuple[list, list] |
     first = min(length for length, _, _ in series)
     names: dict[tuple[float, float], list[str]] = {}  # model labels by the point they name
     for j, (length, flag, points) in enumerate(series):
-        style = series_style(j)
+        style = drawing.series_style(j)
         # Series side by side around each model's x (log axis): their whiskers do not
         # overlap, two lengths (or BOS settings) of one model included.
         dodge = DODGE ** (j - (len(series) - 1) / 2)
@@ -315,9 +294,8 @@ def _scaling_panel(ax, series: Series, x_index: int, legend: tuple[list, list] |
             for y, p in zip(ys, points, strict=True):
                 names.setdefault((p[x_index], y), []).append(f"{p[3]} (n={p[2].n})")
     for (x, y), texts in names.items():
-        # Models at one point (one model under two BOS settings) share one label, a line
-        # each, rather than printing over each other; the largest model's name to the left
-        # of its point, inside the axes.
+        # Models at one point share one label, a line each; the largest model's name to the
+        # left of its point, inside the axes.
         left = x == top
         ax.annotate(
             "\n".join(dict.fromkeys(texts)),
@@ -330,7 +308,7 @@ def _scaling_panel(ax, series: Series, x_index: int, legend: tuple[list, list] |
         )
 
 
-def scaling_figure(df: pd.DataFrame) -> Plot | None:
+def scaling_figure(df: pd.DataFrame) -> drawing.Plot | None:
     """Exact vs parameters and vocabulary: a line per input length and BOS setting through the
     models measured at it, each point with its 95% Wilson interval; each line its own colour,
     marker and dash (its whiskers dashed alike), filled markers with a BOS before the input,
@@ -339,10 +317,8 @@ def scaling_figure(df: pd.DataFrame) -> Plot | None:
     base = base[base["length"].notna() & base["model_parameters"].notna()]
     if base["model_name"].nunique() < 2:
         return None
-    if "bos" not in base:
-        base = base.assign(bos=None)
     series = _scaling_series(base)
-    plt = pyplot()
+    plt = drawing.pyplot()
     from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
@@ -355,10 +331,10 @@ def scaling_figure(df: pd.DataFrame) -> Plot | None:
         ax.xaxis.set_minor_formatter(NullFormatter())  # crowded labels over a narrow range
         ax.set_xlabel(xlabel)
     axes[0].set_ylabel("exact (%)")
-    percent_axis(axes[0])
-    legend_outside(axes[1], handles, labels, "marker filled: BOS\nhollow: no BOS")
+    drawing.percent_axis(axes[0])
+    drawing.legend_outside(axes[1], handles, labels, "marker filled: BOS\nhollow: no BOS")
     fig.suptitle(
-        title(base, "Exact inversion vs model size, by input length (95% Wilson)"),
+        drawing.title(base, "Exact inversion vs model size, by input length (95% Wilson)"),
         fontsize="medium",
     )
     models = "; ".join(
@@ -367,20 +343,12 @@ def scaling_figure(df: pd.DataFrame) -> Plot | None:
     )
     caption = (
         f"Exact inversion against model parameters (left) and vocabulary size (right), "
-        f"{source(base)}: a line per input length and BOS setting through the models, each "
-        "point with its 95% Wilson interval; markers filled where a BOS came before the input, "
-        f"hollow where none did, half-filled for the model's default. n: samples. Both panels "
-        f"show the same {known_count(base)} samples; per line: {models}."
+        f"{drawing.source(base)}: a line per input length and BOS setting through the models, "
+        "each point with its 95% Wilson interval; markers filled where a BOS came before the "
+        "input, hollow where none did, half-filled for the model's default. n: samples. Both "
+        f"panels show the same {drawing.known_count(base)} samples; per line: {models}."
     )
-    return Plot(fig, caption)
-
-
-def exact_by_position(df: pd.DataFrame, path: Path) -> Plot | None:
-    """`exact_by_position_figure` saved at `path` (None: not drawn)."""
-    plot = exact_by_position_figure(df)
-    if plot is not None:
-        save(plot.figure, path)
-    return plot
+    return drawing.Plot(fig, caption)
 
 
 FIGURES = {
@@ -388,19 +356,3 @@ FIGURES = {
     "exact_by_position": (exact_by_position_figure, "needs SODA rows with known inputs"),
     "scaling": (scaling_figure, "needs SODA rows from at least two models"),
 }
-
-
-def build_figures(df: pd.DataFrame, out: Path) -> tuple[list[Path], dict[str, str], list[Skipped]]:
-    """Every figure the rows have data for, as PNG in `out`: the files, each file's caption
-    (by file name) and what was skipped and why."""
-    made: list[Path] = []
-    captions: dict[str, str] = {}
-    skipped: list[Skipped] = []
-    for name, (draw, need) in FIGURES.items():
-        plot = draw(df)
-        if plot is None:
-            skipped.append(Skipped(name, need))
-        else:
-            made.append(save(plot.figure, out / f"{name}.png"))
-            captions[f"{name}.png"] = plot.caption
-    return made, captions, skipped

@@ -66,8 +66,7 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # At k = 0 (k = n) the bound is 0 (1) exactly; the formula's rounding left 3e-17 above
-    # it, an interval that did not hold its own estimate.
+    # At k = 0 (k = n) the bound is 0 (1) exactly, not the formula's rounding of it.
     low = 0.0 if k == 0 else max(0.0, centre - half)
     return (low, 1.0 if k == n else min(1.0, centre + half))
 
@@ -85,7 +84,6 @@ def mean_se(values: Sequence[float] | np.ndarray) -> Mean:
     return Mean(float(x.mean()), se, len(x))
 
 
-# ---- per-sample scores ----------------------------------------------------------------------
 def _known(df: pd.DataFrame) -> pd.DataFrame:
     """Rows whose true input is known (exact is defined)."""
     return df[df["exact"].notna()]
@@ -122,19 +120,20 @@ def partial(df: pd.DataFrame) -> Mean:
     return mean_se(partial_scores(df))
 
 
-def _pii_rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["true_tokens"].notna() & df["pii_labels"].notna()]
+def _pii_samples(df: pd.DataFrame):
+    """(per-token hits, PII labels) of each sample whose true input and labels are known."""
+    rows = df[df["true_tokens"].notna() & df["pii_labels"].notna()]
+    for t, r, labels in zip(rows["true_tokens"], rows["tokens"], rows["pii_labels"], strict=True):
+        yield token_matches(t, r), labels
 
 
 def pii_partial(df: pd.DataFrame) -> Mean:
     """Partial over PII-labelled tokens only (samples without any PII token are skipped)."""
     scores = []
-    for t, r, labels in zip(
-        *(_pii_rows(df)[c] for c in ("true_tokens", "tokens", "pii_labels")), strict=True
-    ):
+    for hits, labels in _pii_samples(df):
         mask = np.array([lab is not None for lab in labels], dtype=bool)
         if mask.any():
-            scores.append(token_matches(t, r)[mask].mean())
+            scores.append(hits[mask].mean())
     return mean_se(scores)
 
 
@@ -146,10 +145,7 @@ def pii_by_label(df: pd.DataFrame, *, with_none: bool = False) -> dict[str, tupl
     `with_none` adds the tokens without a label under `NO_PII`."""
     right: Counter[str] = Counter()
     total: Counter[str] = Counter()
-    for t, r, labels in zip(
-        *(_pii_rows(df)[c] for c in ("true_tokens", "tokens", "pii_labels")), strict=True
-    ):
-        hits = token_matches(t, r)
+    for hits, labels in _pii_samples(df):
         for lab, hit in zip(labels, hits, strict=True):
             if lab is None and not with_none:
                 continue
@@ -206,13 +202,9 @@ def solved_by_step(
 def solved_by_position(df: pd.DataFrame) -> pd.Series:
     """Fraction of samples whose token at position i is recovered, per position."""
     known = df[df["true_tokens"].notna()]
-    hits: Counter[int] = Counter()
-    count: Counter[int] = Counter()
-    for t, r in zip(known["true_tokens"], known["tokens"], strict=True):
-        for i, hit in enumerate(token_matches(t, r)):
-            hits[i] += int(hit)
-            count[i] += 1
-    return pd.Series({i + 1: hits[i] / count[i] for i in sorted(count)}, name="recovered")
+    hits = [token_matches(t, r) for t, r in zip(known["true_tokens"], known["tokens"], strict=True)]
+    at = [[int(h[i]) for h in hits if len(h) > i] for i in range(max(map(len, hits), default=0))]
+    return pd.Series({i + 1: sum(x) / len(x) for i, x in enumerate(at)}, name="recovered")
 
 
 def solved_by_position_by_length(df: pd.DataFrame) -> pd.DataFrame:
@@ -226,7 +218,6 @@ def solved_by_position_by_length(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(columns).rename_axis(index="position", columns="length")
 
 
-# ---- cosine similarity ----------------------------------------------------------------------
 DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
 
 

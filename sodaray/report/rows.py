@@ -16,25 +16,13 @@ import pandas as pd
 from sodaray.data.store import RANDOM_SOURCE
 from sodaray.io.files import parse_json, read_json
 from sodaray.report import metrics
-from sodaray.results import JOB_FILE, META_DIR, model_label, read_results
+from sodaray.results import JOB_FILE, META_DIR, listed, model_label, read_results
 
 # The objective's settings that are part of a row's configuration (`row_config`).
 OBJECTIVE_SETTINGS = (
-    "objective",
-    "top_k",
-    "space",
-    "output_tokens",
-    "loss",
-    "fluency_weight",
-    "text_loss",
-    "fluency_form",
-    "confirm",
+    *("objective", "top_k", "space", "output_tokens", "loss", "fluency_weight", "text_loss"),
+    *("fluency_form", "confirm"),
 )
-
-
-def listed(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """`paths` (one path or several) as a list."""
-    return [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
 
 
 def load_frame(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
@@ -52,12 +40,8 @@ def job_settings(paths: str | Path | Iterable[str | Path]) -> dict[str, dict]:
     the folders given, their parents, or the sweeps inside them); unreadable ones skipped."""
     # Each folder once: the jobs of one sweep given as several paths share their parent.
     bases = {b.resolve() for r in listed(paths) for b in (r, r.parent) if b.is_dir()}
-    files = {
-        path
-        for base in bases
-        for pattern in (f"{META_DIR}/jobs/*/{JOB_FILE}", f"*/{META_DIR}/jobs/*/{JOB_FILE}")
-        for path in base.glob(pattern)
-    }
+    patterns = (f"{META_DIR}/jobs/*/{JOB_FILE}", f"*/{META_DIR}/jobs/*/{JOB_FILE}")
+    files = {path for base in bases for pattern in patterns for path in base.glob(pattern)}
     out: dict[str, dict] = {}
     for path in sorted(files):
         try:  # a regular file, size-limited: anything may lie in a results folder
@@ -136,9 +120,8 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # What one result is: a sweep's search of one sample of one dataset, by one algorithm and
-# configuration, on one model's weights. Rows of two jobs that agree on all of it are copies
-# (one sweep run twice into one folder under two job names: a model path spelled two ways, a
-# job folder copied), and counting both would narrow every interval.
+# configuration, on one model's weights. Rows of two jobs that agree on all of it are copies (a
+# job folder copied, a model path spelled two ways): counting both would narrow every interval.
 RESULT_KEY = (
     *("weights", "dataset", "dataset_hash", "sample_id", "algorithm", "params", "seed"),
     *("max_steps", *OBJECTIVE_SETTINGS, "length_mode", "assumed_length", "bos"),
@@ -160,9 +143,7 @@ def drop_copies(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
         {
             "weights": rows["model_revision"].where(rows["model_revision"].notna(), model),
             "assumed_length": [
-                (tried[0] if tried is not None and len(tried) else None)
-                if mode == "assumed"
-                else None
+                tried[0] if mode == "assumed" and tried is not None and len(tried) else None
                 for mode, tried in zip(rows["length_mode"], rows["lengths_tried"], strict=True)
             ],
             **{c: rows[c] for c in RESULT_KEY if c in rows.columns},
@@ -217,27 +198,20 @@ def tuning_rows(df: pd.DataFrame) -> pd.Series:
 _MISSING = "?"  # a key an older file's rows do not record
 
 
-def _text(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _order(value: Any) -> tuple:
-    # Numbers in numeric order, before strings; None (and a missing key) first.
+    # None first, then numbers in numeric order, then the rest (booleans too) as strings.
     if value is None:
         return (0, 0.0, "")
-    if isinstance(value, bool):
-        return (2, 0.0, str(value))
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (1, float(value), "")
     return (2, 0.0, str(value))
 
 
 def by_setting(rows: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[tuple[str, pd.DataFrame]]:
-    """`rows` split by the configuration values (`config`: the algorithm's parameters, seed
-    aside, and the objective's settings) that differ among them (keys in `exclude` aside: what
-    the table shows itself), each part with a label naming those values
-    (`temperature=0.5`); one part labelled "" when they share one configuration. A key only some
-    rows record (files from before it) splits them only where the recorded values differ."""
+    """`rows` split by the `config` values that differ among them (keys in `exclude` aside: what
+    the table shows itself), each part labelled with them (`temperature=0.5`); one part labelled
+    "" when they share one configuration. A key only some rows record splits them only where the
+    recorded values differ."""
     if rows.empty or "config" not in rows:
         return [("", rows)]
     configs = [{k: v for k, v in c.items() if k not in exclude} for c in rows["config"]]
@@ -252,7 +226,10 @@ def by_setting(rows: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[tuple[
     groups: dict[str, list[int]] = {}
     labels: dict[str, tuple] = {}
     for i, key in enumerate(keys):
-        label = ", ".join(f"{k}={_text(v)}" for k, v in zip(varying, key, strict=True))
+        label = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in zip(varying, key, strict=True)
+        )
         groups.setdefault(label, []).append(i)
         labels[label] = key
     ordered = sorted(groups, key=lambda lab: [_order(v) for v in labels[lab]])
@@ -271,20 +248,8 @@ def fixed_length(df: pd.DataFrame) -> pd.DataFrame:
 # Two rows are one result when these agree: the same search (model, settings, seed) of the
 # same drawn input.
 SAME_SEARCH = (
-    "model_name",
-    "bos",
-    "config_hash",
-    "algorithm",
-    "params",
-    "objective",
-    "top_k",
-    "output_tokens",
-    "seed",
-    "max_steps",
-    "dataset_seed",
-    "length",
-    "sample_id",
-    "true_tokens",
+    *("model_name", "bos", "config_hash", "algorithm", "params", "objective", "top_k"),
+    *("output_tokens", "seed", "max_steps", "dataset_seed", "length", "sample_id", "true_tokens"),
 )
 
 

@@ -3,6 +3,7 @@ object (whatever storage it came from)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from pathlib import Path
@@ -19,7 +20,9 @@ MIN_TRIALS_FOR_IMPORTANCE = 8  # fewer completed trials make fANOVA importances 
 
 
 def leaderboard(study: Any, top: int = 10) -> dict[str, Any]:
-    """State counts and the `top` completed trials, best first."""
+    """State counts, the `top` completed trials, best first, and the sample-steps the trials
+    spent (pruned ones' included) and the pruner saved at most: from the trials' attributes, so
+    a resumed study counts all its runs."""
     import optuna
 
     trials = study.get_trials(deepcopy=False)
@@ -35,17 +38,11 @@ def leaderboard(study: Any, top: int = 10) -> dict[str, Any]:
             {"rank": rank, "trial": t.number, "value": t.value, "params": t.params}
             for rank, t in enumerate(done[:top], start=1)
         ],
-        "sample_steps": spent_and_saved(trials),
+        "sample_steps": {
+            "spent": sum(int(t.user_attrs.get("sample_steps", 0)) for t in trials),
+            "saved": sum(int(t.user_attrs.get("saved_steps", 0)) for t in trials),
+        },
     }
-
-
-def spent_and_saved(trials: list[Any]) -> dict[str, int]:
-    """The sample-steps the study's trials spent (pruned ones' included), and those the pruner
-    saved at most (each pruned trial's unfinished samples at their whole budget, less what they
-    had taken): from the trials' attributes, so a resumed study counts all its runs."""
-    spent = sum(int(t.user_attrs.get("sample_steps", 0)) for t in trials)
-    saved = sum(int(t.user_attrs.get("saved_steps", 0)) for t in trials)
-    return {"spent": spent, "saved": saved}
 
 
 def history_figure(study: Any, value_label: str = "objective value", metric: str = "exact"):
@@ -64,35 +61,21 @@ def history_figure(study: Any, value_label: str = "objective value", metric: str
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
         if t.intermediate_values
     ]
-    handles = [
-        ax.scatter([t.number for t in done], [t.value for t in done], label="completed", zorder=3)
-    ]
-    best, line = float("-inf"), []
-    for t in done:
-        best = max(best, t.value)
-        line.append((t.number, best))
-    handles += ax.step(
-        *zip(*line, strict=True), where="post", color="C3", linestyle="--", label="best so far"
-    )
+    numbers, values = [t.number for t in done], [t.value for t in done]
+    handles = [ax.scatter(numbers, values, label="completed", zorder=3)]
+    best = list(itertools.accumulate(values, max))
+    handles += ax.step(numbers, best, where="post", color="C3", linestyle="--", label="best so far")
     if pruned:
-        # Checkpoints report the exact rate, ties broken below one sample's worth
-        # (`tuner.values.checkpoint_value`): on the value's axis when the metric is that rate
-        # (or the rate with a tie-break), else on their own.
+        # Checkpoints report the exact rate (`tuner.values.checkpoint_value`): on the value's
+        # axis when the metric is that rate (or with a tie-break), else on their own.
         rate_ax = ax if metric != "exact_per_second" else ax.twinx()
         if rate_ax is not ax:
             rate_ax.set_ylabel("exact rate at the last checkpoint (pruned)")
             rate_ax.set_ylim(-0.04, 1.04)
         last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
-        handles.append(
-            rate_ax.scatter(
-                [t.number for t in pruned],
-                last,
-                marker="x",
-                color="grey",
-                label="pruned (its last checkpoint's exact rate, tie-broken)",
-                zorder=2,
-            )
-        )
+        label = "pruned (its last checkpoint's exact rate, tie-broken)"
+        at = [t.number for t in pruned]
+        handles.append(rate_ax.scatter(at, last, marker="x", color="grey", label=label, zorder=2))
     integer_axis(ax.xaxis)
     if metric != "exact_per_second":  # (exact_then_loss: the rate plus less than one sample)
         # A rate: the whole 0-1 range, so a flat study does not look like a wide spread, and
@@ -120,12 +103,9 @@ def save_plots(
     metric: str = "exact",
     out: OutputFolder | None = None,
 ) -> tuple[list[Path], list[Skipped]]:
-    """The study's history (`history_figure`; `value_label` names its y axis, the metric the
-    trials maximise) and, with enough completed trials, Optuna's parameter importances and
-    parallel coordinates, as PNG in `folder`. Returns the files and each plot not made with
-    the reason (also logged), so a caller can say why a plot it promised is missing. `out`:
-    the output folder `folder` lies in (default: `folder`), below which nothing is written
-    through a link (`writes.write_file`)."""
+    """The study's history (`history_figure`) and, with enough completed trials, Optuna's
+    parameter importances and parallel coordinates, as PNG in `folder` (below `out`, default
+    `folder`, nothing through a link). Returns the files, and each plot not made with why."""
     out = OutputFolder(folder) if out is None else out
     import optuna
 

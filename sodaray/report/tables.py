@@ -1,19 +1,20 @@
-"""The paper's tables, built from result rows wherever the rows for them are present.
-
-Each builder takes the prepared DataFrame (`rows.prepare`) and returns tables, or an empty list
-when the rows it needs are absent (the report lists what it skipped and why).
-"""
+"""The paper's tables, built from result rows wherever the rows for them are present (each
+builder takes the prepared rows, `rows.prepare`, and returns its tables, or none when the rows it
+needs are absent), and written as Markdown, LaTeX (booktabs) and CSV (long form: one line per
+cell, with the numbers behind it)."""
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from sodaray.errors import shown
 from sodaray.report import metrics
-from sodaray.report.metrics import Mean, Proportion
 from sodaray.report.rows import (
     by_setting,
     dominant_observation,
@@ -25,7 +26,7 @@ from sodaray.report.rows import (
     tuning_rows,
 )
 
-DATASET_ORDER = ["random", "nl-ood", "nl-id", "privacy"]
+DATASET_ORDER = {"random": 0, "nl-ood": 1, "nl-id": 2, "privacy": 3}
 # What a table shows in its own columns or rows: never a reason to split it.
 OBSERVATION = ("objective", "top_k", "output_tokens")
 
@@ -42,11 +43,11 @@ class Cell:
     n: int | None = None
 
     @classmethod
-    def rate(cls, p: Proportion) -> Cell:
+    def rate(cls, p: metrics.Proportion) -> Cell:
         return cls(p.percent(), p.value, p.low, p.high, None, p.n)
 
     @classmethod
-    def mean(cls, m: Mean, *, percent: bool = True) -> Cell:
+    def mean(cls, m: metrics.Mean, *, percent: bool = True) -> Cell:
         return cls(m.percent() if percent else m.plain(), m.value, None, None, m.se, m.n)
 
     @classmethod
@@ -100,13 +101,7 @@ def settings(df: pd.DataFrame) -> str:
 def by_model(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(row-label prefix, rows) per model; no prefix when there is only one model."""
     groups = list(df.groupby("model_name", sort=True))
-    if len(groups) == 1:
-        return [("", groups[0][1])]
-    return [(f"{m} / ", g) for m, g in groups]
-
-
-def _ordered(values, order: list[str]) -> list:
-    return sorted(set(values), key=lambda v: (order.index(v) if v in order else len(order), v))
+    return [(f"{m} / " if len(groups) > 1 else "", g) for m, g in groups]
 
 
 def _describe_objective(df: pd.DataFrame) -> str:
@@ -121,8 +116,7 @@ def table_model(df: pd.DataFrame) -> list[Table]:
     if base.empty:
         return []
     lengths = sorted(int(n) for n in base["length"].unique())
-    sizes = base.groupby("model_name")["model_parameters"].max()
-    models = sizes.sort_values(kind="stable").index.tolist()
+    models = base.groupby("model_name")["model_parameters"].max().sort_values(kind="stable").index
     table = Table(
         "model",
         "Exact inversion (%) by input length",
@@ -133,11 +127,9 @@ def table_model(df: pd.DataFrame) -> list[Table]:
         ["Model", "Layers", "Width", "Vocab"] + [f"length {n}" for n in lengths] + ["All"],
     )
     for model in models:
-        shape = [
-            _size_cell(base[base["model_name"] == model], c)
-            for c in ("model_layers", "model_width", "vocab_size")
-        ]
-        for setting, rows in by_setting(base[base["model_name"] == model]):
+        rows_m = base[base["model_name"] == model]
+        shape = [_size_cell(rows_m, c) for c in ("model_layers", "model_width", "vocab_size")]
+        for setting, rows in by_setting(rows_m):
             cells = [Cell.rate(metrics.exact_rate(rows[rows["length"] == n])) for n in lengths]
             table.rows.append(
                 (named(model, setting), shape + cells + [Cell.rate(metrics.exact_rate(rows))])
@@ -164,15 +156,14 @@ def table_tradeoff(df: pd.DataFrame, fdr: bool = False) -> list[Table]:
         if rows[["objective_label", "output_tokens"]].drop_duplicates().shape[0] < 2:
             continue
         outs = sorted(int(m) for m in rows["output_tokens"].unique())
-        labels = [lab for lab in rows["objective_label"].unique() if lab != "text only"]
-        labels.sort(
+        labels = sorted(
+            rows["objective_label"].unique(),
             key=lambda s: (
+                s == "text only",
                 s != "all logits",
                 int(s.split("-")[1].split()[0]) if s.startswith("top-") else 0,
-            )
+            ),
         )
-        if "text only" in set(rows["objective_label"]):
-            labels.append("text only")
         what = "False discovery (%): output matched, input differs" if fdr else "Exact (%)"
         table = Table(
             "tradeoff_fdr" if fdr else "tradeoff",
@@ -221,7 +212,7 @@ def table_fluency(df: pd.DataFrame) -> list[Table]:
         ["Dataset", "Fluency", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []),
     )
     for prefix, rows_m in by_model(base):
-        for ds in _ordered(rows_m["dataset"], DATASET_ORDER):
+        for ds in sorted(set(rows_m["dataset"]), key=lambda v: (DATASET_ORDER.get(v, 4), v)):
             rows_d = rows_m[rows_m["dataset"] == ds]
             # One row per fluency weight: a weight grid is several configurations.
             for weight in sorted(rows_d["fluency_weight"].fillna(0).unique()):
@@ -322,20 +313,17 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
         + (", cosine similarity ± standard error." if with_cos else COS_SKIPPED),
         ["Model / algorithm", "Exact", "Partial"] + (["Cos. Sim."] if with_cos else []) + ["PII"],
     )
-    # One group per model, algorithm and configuration.
+    # A row (and a column of the labels' table) per model, algorithm and configuration, as the
+    # paper's: pooling them would count every token once per algorithm.
     several_models = base["model_name"].nunique() > 1
-    groups: list[tuple[str, str, pd.DataFrame]] = []
+    names, counts = [], []
     for (model, variant), rows_v in base.groupby(["model_name", "variant"], sort=True):
         for setting, rows in by_setting(rows_v):
-            short = named(f"{model} / {variant}" if several_models else str(variant), setting)
-            groups.append((named(f"{model} / {variant}", setting), short, rows))
-    for label, _, rows in groups:
-        cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
-        main.rows.append((label, cells))
-    # One column per algorithm (and model, when several), as the paper's: pooling them would
-    # count every token once per algorithm. Tokens without a PII label are the None row.
-    names = [short for _, short, _ in groups]
-    counts = [metrics.pii_by_label(rows, with_none=True) for _, _, rows in groups]
+            cells = _quality_cells(rows, with_cos) + [Cell.mean(metrics.pii_partial(rows))]
+            main.rows.append((named(f"{model} / {variant}", setting), cells))
+            names.append(named(f"{model} / {variant}" if several_models else str(variant), setting))
+            counts.append(metrics.pii_by_label(rows, with_none=True))
+    # Tokens without a PII label are the None row.
     labels = sorted({lab for c in counts for lab in c if lab != metrics.NO_PII}) + [metrics.NO_PII]
     by_label = Table(
         "privacy_labels",
@@ -345,12 +333,9 @@ def table_privacy(df: pd.DataFrame) -> list[Table]:
         ["Label", "Tokens"] + names,
     )
     for label in labels:
-        totals = {c.get(label, (0, 0))[1] for c in counts}
-        cells = [Cell.count(max(totals))]
-        for c in counts:
-            k, n = c.get(label, (0, 0))
-            cells.append(Cell.rate(metrics.proportion(k, n)) if n else EMPTY)
-        by_label.rows.append((label, cells))
+        right_total = [c.get(label, (0, 0)) for c in counts]
+        cells = [Cell.rate(metrics.proportion(k, n)) if n else EMPTY for k, n in right_total]
+        by_label.rows.append((label, [Cell.count(max(n for _, n in right_total)), *cells]))
     return [main, by_label]
 
 
@@ -421,13 +406,11 @@ def table_jobs(df: pd.DataFrame) -> list[Table]:
     return [table]
 
 
+TWO_OBSERVATIONS = "needs SODA rows with at least two observation settings"
 TABLES: dict[str, tuple[Callable[[pd.DataFrame], list[Table]], str]] = {
     "model": (table_model, "needs SODA rows with known lengths"),
-    "tradeoff": (table_tradeoff, "needs SODA rows with at least two observation settings"),
-    "tradeoff_fdr": (
-        functools.partial(table_tradeoff, fdr=True),
-        "needs SODA rows with at least two observation settings",
-    ),
+    "tradeoff": (table_tradeoff, TWO_OBSERVATIONS),
+    "tradeoff_fdr": (functools.partial(table_tradeoff, fdr=True), TWO_OBSERVATIONS),
     "fluency": (table_fluency, "needs SODA rows from two datasets or fluency settings"),
     "tweaks": (table_tweaks, "needs at least two SODA variants or SODA and embedding search"),
     "algo": (table_algo, "needs rows from at least two algorithms"),
@@ -448,3 +431,69 @@ def build_tables(df: pd.DataFrame) -> tuple[list[Table], list[Skipped]]:
         else:
             skipped.append(Skipped(name, need))
     return tables, skipped
+
+
+FORMATS = ("md", "latex", "csv")
+
+
+def md_cell(text: str) -> str:
+    """A table cell's text as Markdown data: control characters escaped (`shown`: a line
+    break in a model's or dataset's name split the table's row) and `|` as `\\|`."""
+    return shown(text).replace("|", "\\|")
+
+
+def _texts(table: Table) -> list[list[str]]:
+    """The header's texts, then each row's: its label, then its cells'."""
+    return [table.header] + [[label] + [c.text for c in cells] for label, cells in table.rows]
+
+
+def to_markdown(table: Table) -> str:
+    header, *rows = ["| " + " | ".join(map(md_cell, texts)) + " |" for texts in _texts(table)]
+    lines = [f"### {shown(table.title)}", "", header, "|" + "---|" * len(table.header), *rows]
+    return "\n".join([*lines, "", f"*{shown(table.caption)}*", ""])
+
+
+# LaTeX's special characters: seven escaped with a backslash, the rest spelled out.
+_LATEX_SPECIAL = {ch: "\\" + ch for ch in "&%$#_{}"} | {
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+    "±": r"$\pm$",
+    "–": "--",
+    "−": "$-$",
+}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in shown(text))
+
+
+def to_latex(table: Table) -> str:
+    cols = "l" + "r" * (len(table.header) - 1)
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{latex_escape(table.title)}. {latex_escape(table.caption)}}}",
+        rf"\label{{tab:{table.name}}}",
+        rf"\begin{{tabular}}{{{cols}}}",
+        r"\toprule",
+    ]
+    header, *rows = [" & ".join(map(latex_escape, texts)) + r" \\" for texts in _texts(table)]
+    lines += [header, r"\midrule", *rows, r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
+    return "\n".join(lines)
+
+
+def to_csv(table: Table) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["table", "row", "column", "text", "value", "low", "high", "se", "n"])
+    for label, cells in table.rows:
+        for column, cell in zip(table.header[1:], cells, strict=True):
+            numbers = (cell.value, cell.low, cell.high, cell.se, cell.n)
+            writer.writerow(
+                [table.name, label, column, cell.text, *("" if x is None else x for x in numbers)]
+            )
+    return buf.getvalue()
+
+
+RENDERERS = {"md": (to_markdown, "md"), "latex": (to_latex, "tex"), "csv": (to_csv, "csv")}

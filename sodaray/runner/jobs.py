@@ -4,6 +4,7 @@ shards still to run (`runner.layout` says which files are trusted)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -21,16 +22,17 @@ from sodaray.io.paths import inside
 from sodaray.io.writes import REGULAR, OutputFolder
 from sodaray.results import JOB_FILE, META_DIR, write_table_atomic
 from sodaray.runner.layout import (
+    acquire_lock,
     error_path,
     id_ranges,
     kept_path,
     meta_folder,
     pending_kept,
     read_shard,
+    release_lock,
     set_aside,
     shard_path,
 )
-from sodaray.runner.locks import acquire_lock, release_lock
 from sodaray.runner.spec import Job
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,7 @@ class JobPlan:
     identity: DatasetIdentity = DatasetIdentity()  # the dataset's, for the rows
     kept: dict[int, pa.Table] = field(default_factory=dict)  # pending shards' kept rows
     out: OutputFolder = OutputFolder(Path())  # nothing below it is written through a link
-    # Rows of shards whose kept rows were whole: written as the shard file at planning.
-    kept_whole: int = 0
+    kept_whole: int = 0  # rows of shards written whole from kept rows at planning
 
 
 def plan_jobs(
@@ -63,95 +64,66 @@ def plan_jobs(
 ) -> list[JobPlan]:
     """Each job's folder, samples and pending shards. With `lock`, the job's lock is taken; a
     job another live driver holds comes back with no pending shards and `locked_by` set.
-    `overrides`: the command line's KEY=VALUE, recorded in each job's `job.json`. `root`: the
-    sweep's folder in `out`, the output folder the user gave (default: `root`'s parent),
-    below which nothing is written through a link (`writes`)."""
+    `overrides`: recorded in each job's `job.json`. `root`: the sweep's folder in `out`, the
+    output folder the user gave (default: `root`'s parent). A job an earlier run wrote with its
+    paths spelled otherwise (`EarlierJobs`) takes that run's name and hash."""
     out = OutputFolder(Path(root).parent) if out is None else out
-    plans: list[JobPlan] = []
+    plans: dict[str, JobPlan] = {}
     held: list[Path] = []
     earlier = EarlierJobs(Path(root))
     try:
-        planned: set[str] = set()
         for job in jobs:
-            plan = _plan_job(job, root, out, lock, overrides, held, earlier, planned)
-            if plan is not None:
-                plans.append(plan)
+            table = dataset_table(job.model, job.dataset, root, out)
+            identity = dataset_identity(table)
+            if job.dataset.path is not None:  # its rows decide the results, not its path
+                job = dataclasses.replace(job, dataset_hash=identity.hash or "")
+            places = job_places(job.model, job.dataset)
+            if not os.path.lexists(meta_folder(root, job.name)):
+                job = earlier.match(job, places)
+            if job.name in plans:
+                continue
+            folder, meta = inside(root, job.name), meta_folder(root, job.name)
+            rows = select_rows(table, job.samples_per_length, job.limit)
+            shards = (len(rows["sample_id"]) + job.shard_size - 1) // job.shard_size
+            out.make_folder(folder)
+            out.make_folder(meta)
+            plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, out=out)
+            plans[job.name] = plan
+            info = {
+                "sweep": job.sweep,
+                "job": job.name,
+                "config_hash": job.config_hash,
+                "samples": len(rows["sample_id"]),
+                "shards": shards,
+                "shard_size": job.shard_size,
+                "sample_ids": id_ranges(rows["sample_id"]),
+                "dataset_hash": identity.hash,
+                "config": job.config(),
+                "overrides": list(overrides or []),
+                "places": places,  # where the model and a build's source lie (`EarlierJobs`)
+                "defaults": None if job.defaults is None else job.defaults.to_dict(),
+            }
+            owner = acquire_lock(meta, out) if lock else None
+            if owner is not None:
+                log.warning(
+                    "skipping %s: another driver runs it (%s)", job.name, describe_owner(owner)
+                )
+                plan.locked_by = owner
+                continue
+            if lock:
+                held.append(meta)
+            out.write(meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
+            for i in range(shards):
+                _plan_shard(plan, i, lock)
+            # A pending shard's error file is written when it fails: a link there is refused now.
+            out.check([error_path(meta, i) for i in plan.pending])
     except BaseException:
         # A job that cannot be planned (a link where its job.json goes) ends the run: the
         # locks taken so far are given back, not left for the next run to break.
         for meta in held:
             release_lock(meta, out)
         raise
-    return plans
-
-
-def _plan_job(
-    job: Job,
-    root: Path,
-    out: OutputFolder,
-    lock: bool,
-    overrides: list[str] | None,
-    held: list[Path],
-    earlier: EarlierJobs,
-    planned: set[str],
-) -> JobPlan | None:
-    """One job's plan (`plan_jobs`), or None for a job `planned` holds already; the meta
-    folder of a lock it takes is added to `held`. A job new to `root` that an earlier run
-    wrote with its paths spelled otherwise (`EarlierJobs`) takes that run's name and hash."""
-    table = dataset_table(job.model, job.dataset, root, out)
-    identity = dataset_identity(table)
-    if job.dataset.path is not None:  # its rows decide the results, not its path
-        job = dataclasses.replace(job, dataset_hash=identity.hash or "")
-    places = job_places(job.model, job.dataset)
-    if not os.path.lexists(meta_folder(root, job.name)):
-        job = earlier.match(job, places)
-    if job.name in planned:  # two entries naming one model by two paths: one job
-        return None
-    planned.add(job.name)
-    folder = inside(root, job.name)
-    meta = meta_folder(root, job.name)
-    rows = select_rows(table, job.samples_per_length, job.limit)
-    shards = (len(rows["sample_id"]) + job.shard_size - 1) // job.shard_size
-    out.make_folder(folder)
-    out.make_folder(meta)
-    plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, out=out)
-    info = _job_file(plan, overrides, places)
-    if lock:
-        owner = acquire_lock(meta, out)
-        if owner is not None:
-            log.warning("skipping %s: another driver runs it (%s)", job.name, describe_owner(owner))
-            plan.locked_by = owner
-            return plan
-        held.append(meta)
-    out.write(meta / JOB_FILE, json.dumps(info, indent=2, default=str) + "\n")
-    for i in range(shards):
-        _plan_shard(plan, i, lock)
-    # A pending shard's error file is written when it fails: a link there is refused now.
-    out.check([error_path(meta, i) for i in plan.pending])
-    return plan
-
-
-def _job_file(plan: JobPlan, overrides: list[str] | None, places: dict[str, str]) -> dict:
-    """What a job's `job.json` holds."""
-    job = plan.job
-    return {
-        "sweep": job.sweep,
-        "job": job.name,
-        "config_hash": job.config_hash,
-        "samples": len(plan.rows["sample_id"]),
-        "shards": plan.shards,
-        "shard_size": job.shard_size,
-        # What `sweep status` checks shards and kept rows against, as a run does.
-        "sample_ids": id_ranges(plan.rows["sample_id"]),
-        "dataset_hash": plan.identity.hash,
-        "config": job.config(),
-        "overrides": list(overrides or []),
-        # Where the model and a build's source lie, links resolved: a later run that names
-        # them by another path finds this job by them (`EarlierJobs`). Not hashed.
-        "places": places,
-        # The family defaults a model entry without a preset got, and why (not hashed).
-        "defaults": None if job.defaults is None else job.defaults.to_dict(),
-    }
+    return list(plans.values())
 
 
 def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
@@ -159,10 +131,8 @@ def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
     pending with its trusted kept rows, or (with `lock`) written now from kept rows that are
     whole."""
     job, meta, out = plan.job, plan.meta, plan.out
-    path = shard_path(plan.folder, i)
-    lo, hi = shard_bounds(plan, i)
-    ids = plan.rows["sample_id"][lo:hi]
-    kept = kept_path(meta, i)
+    path, kept = shard_path(plan.folder, i), kept_path(meta, i)
+    ids = plan.rows["sample_id"][slice(*shard_bounds(plan, i))]
     if path.exists() or path.is_symlink():
         _, why = read_shard(path, ids, None, job.config_hash, plan.identity.hash)
         if why is None:  # kept rows left by a driver that stopped between the two
@@ -188,21 +158,15 @@ def _plan_shard(plan: JobPlan, i: int, lock: bool) -> None:
 
 
 class EarlierJobs:
-    """The jobs an earlier run planned in a sweep's folder, read (once, when a job new to the
-    folder asks) from their `job.json`: a job that one of them is, but for how its model or
-    build source path was spelled (`/m` against `../m` or a link to `/m`: the same `places`),
-    is that job. Job files that record no `places` are not matched."""
+    """The jobs an earlier run planned in a sweep's folder, read once from their `job.json`: a
+    job that one of them is, but for how its model or build source path was spelled (the same
+    `places`), is that job."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.index: dict[str, dict[str, Any]] | None = None
 
     def match(self, job: Job, places: dict[str, str]) -> Job:
-        if not places:
-            return job
-        if self.index is None:
-            self.index = self._read()
-        info = self.index.get(_place_key(job.config(), places))
+        info = self.index.get(_place_key(job.config(), places)) if places else None
         if info is None:
             return job
         config = info["config"]
@@ -216,7 +180,8 @@ class EarlierJobs:
         log.info("%s: the job %s an earlier run wrote, %s", job.name, found.name, how)
         return found
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    @functools.cached_property
+    def index(self) -> dict[str, dict[str, Any]]:
         index: dict[str, dict[str, Any]] = {}
         jobs = self.root / META_DIR / "jobs"
         if what_is(jobs) != "a directory":
@@ -225,10 +190,8 @@ class EarlierJobs:
             try:  # a regular file, size-limited: anything may lie in a results folder
                 info = read_json(path, "job file")
                 places, config = info["places"], info["config"]
-                key = _place_key(config, places)
-                # Its name is the folder it lies in (a file edited to name another is not
-                # followed: the name becomes the folder this run writes in).
-                name = path.parent.name
+                key, name = _place_key(config, places), path.parent.name
+                # Its name is the folder it lies in (a file edited to name another is not followed).
                 if info["job"] == name and not name.startswith((".", "_")):
                     index.setdefault(key, info)
             except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -256,9 +219,6 @@ def shard_bounds(plan: JobPlan, index: int) -> tuple[int, int]:
 def shard_table(plan: JobPlan, index: int, tables: list[pa.Table]) -> pa.Table:
     """A shard's rows from `tables` (kept rows, a run's rows), one per sample in the shard's
     order, as a run of the whole shard writes them (a sample in two: its first row)."""
-    lo, hi = shard_bounds(plan, index)
     table = pa.concat_tables(tables)
-    first: dict[int, int] = {}
-    for row, sample in enumerate(table["sample_id"].to_pylist()):
-        first.setdefault(sample, row)
-    return table.take([first[s] for s in plan.rows["sample_id"][lo:hi]])
+    first = {s: row for row, s in reversed(list(enumerate(table["sample_id"].to_pylist())))}
+    return table.take([first[s] for s in plan.rows["sample_id"][slice(*shard_bounds(plan, index))]])

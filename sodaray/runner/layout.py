@@ -1,39 +1,45 @@
 """A sweep's results folder: where each of its files lies, and which shard files and kept rows
 are trusted.
 
-Layout: `OUT/<sweep>/<job>/shard-NNNNN.parquet`, one per finished shard, written atomically by
-the driver, and nothing else: every `*.parquet` under OUT is a file of result rows in one
-schema, so pandas, pyarrow, DuckDB and `datasets` read OUT as the rows alone. The rest lives in
-the hidden `OUT/<sweep>/.sodaray/` (readers skip hidden folders, and its files do not end in
-`.parquet`, which DuckDB's `**` glob would match even there): `jobs/<job>/job.json` (the job's
-settings, shard count), `job.lock`, `shard-NNNNN.error.json`, `shard-NNNNN.kept.pq` (the rows of
-an unfinished shard's searches that had ended when its driver stopped) and set-aside
-`shard-NNNNN.parquet.corrupt` files, and `datasets/*.pq`, the datasets built for the sweep. Job
-folder names hold no `=`, which readers would take for a hive partition column.
+Layout: `OUT/<sweep>/<job>/shard-NNNNN.parquet`, one per finished shard, written atomically, and
+nothing else: every `*.parquet` under OUT is result rows in one schema, so readers (pandas,
+pyarrow, DuckDB, `datasets`) read OUT as the rows alone. The rest lives in the hidden
+`OUT/<sweep>/.sodaray/` (no file there ends in `.parquet`): `jobs/<job>/` holds `job.json`,
+`job.lock`, `shard-NNNNN.error.json`, `shard-NNNNN.kept.pq` (an unfinished shard's ended
+searches) and set-aside files; `datasets/*.pq` the datasets built for the sweep. Job folder
+names hold no `=` (readers would take it for a hive partition column).
 
 Resume is "compute every shard without a valid result file": a shard file is trusted only when
-it is a regular file that reads whole as the result schema, with exactly the shard's sample ids,
-the job's `config_hash` and its dataset's content hash in its rows (a shard copied from another
-job of the same dataset has the same ids; one computed on a dataset cache another build replaced
-has another dataset hash); any other is moved aside (`.corrupt`, or `.foreign` for another job's
-or dataset's rows) and computed again. A pending shard's kept rows are trusted on the same terms
-(this job's, ids of the shard's samples, each once, in this sodaray's schema) and only its other
-samples are searched again (a SODA search's result depends on its seed and sample id alone).
+it reads whole as the result schema, with exactly the shard's sample ids, the job's
+`config_hash` and its dataset's hash in its rows; any other is moved aside (`.corrupt`, or
+`.foreign` for another job's or dataset's rows) and computed again. Kept rows are trusted on
+the same terms, and only the shard's other samples are searched again.
+
+A job's lock (`job.lock`: its driver's record, refreshed while it runs) lets one driver run a
+job at a time: another skips the job, and breaks a lock that is not one (with a warning, never
+obeyed) or whose owner is gone (`experiment.owner`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sodaray.errors import first_line
-from sodaray.io.files import what_is
+from sodaray.experiment.owner import me, owner_gone, record_problem
+from sodaray.io.files import read_json, what_is
 from sodaray.io.paths import inside
-from sodaray.io.writes import REGULAR, OutputFolder
+from sodaray.io.writes import LINK, REGULAR, OutputFolder
 from sodaray.results import META_DIR, RESULT_SCHEMA, VERSION_KEY
 
 log = logging.getLogger(__name__)
@@ -71,12 +77,9 @@ def read_shard(
     dataset_hash: str | None = None,
 ) -> tuple[pa.Table | None, str | None]:
     """A shard file's rows and None, or None and why they cannot be trusted. It must be a
-    regular file that reads whole (every column: a page corrupt anywhere breaks `report`)
-    as Parquet in the result schema, hold exactly `sample_ids` (when given), or `rows` rows
-    (else at least one), and be this job's (`config_hash`, when given): a shard copied from
-    another job of the same dataset has the same sample ids and another job's results. With
-    `dataset_hash`, its rows must have been searched on that dataset (rows that name none, as
-    `invert` writes them, pass): a dataset cache replaced by another build has the same ids."""
+    regular file that reads whole as Parquet in the result schema, hold exactly `sample_ids`
+    (when given), or `rows` rows (else at least one), be this job's (`config_hash`, when
+    given) and, with `dataset_hash`, searched on that dataset (rows that name none pass)."""
     kind = what_is(path)
     if kind != REGULAR:
         return None, f"{kind or 'nothing'}, not a shard file"
@@ -121,8 +124,7 @@ def read_kept(
     path: Path, sample_ids: list[int], config_hash: str, dataset_hash: str | None = None
 ) -> tuple[pa.Table | None, str | None]:
     """A pending shard's kept rows and None, or None and why they cannot be trusted: a shard
-    file's checks (`read_shard`), of this job and dataset, at most one row for each of
-    `sample_ids` (the shard's) and none of another sample."""
+    file's checks, at most one row for each of `sample_ids` (the shard's) and no other."""
     kind = what_is(path)  # before Parquet opens it: a FIFO or a device is never read
     if kind != REGULAR:
         return None, f"{kind or 'nothing'}, not a file of kept rows"
@@ -149,8 +151,8 @@ def pending_kept(
     meta: Path, index: int, sample_ids: list[int], config_hash: str, dataset_hash: str | None
 ) -> tuple[pa.Table | None, str | None]:
     """Shard `index`'s kept rows, as the next run takes them: (rows, None) when trusted,
-    (None, why) when there is a kept file it would set aside, (None, None) when there is none.
-    Planning and `sweep status` both ask here, so status counts what the run keeps."""
+    (None, why) when there is a kept file it would set aside, (None, None) when there is none
+    (planning and `sweep status` both ask here)."""
     path = kept_path(meta, index)
     if not path.exists() and not path.is_symlink():
         return None, None
@@ -159,8 +161,7 @@ def pending_kept(
 
 def set_aside(path: Path, why: str, meta: Path, out: OutputFolder) -> Path:
     """Move an untrusted file into `meta`, kept for inspection and never read, as NAME.foreign
-    when `why` says it holds another job's or dataset's rows, else NAME.corrupt. `out`: the
-    output folder (by the rule for writes, nothing below it is a link)."""
+    when `why` says it holds another job's or dataset's rows, else NAME.corrupt."""
     suffix = ".foreign" if why.startswith("rows of another") else ".corrupt"
     target = meta / (path.name + suffix)
     out.move(path, target)
@@ -169,8 +170,7 @@ def set_aside(path: Path, why: str, meta: Path, out: OutputFolder) -> Path:
 
 
 def id_ranges(ids: list[int]) -> list[list[int]]:
-    """Sorted sample ids as `[start, stop)` runs: a job's samples in a few numbers (its
-    dataset's ids run 0..N-1, a job takes runs of them per length)."""
+    """Sorted sample ids as `[start, stop)` runs: a job's samples in a few numbers."""
     runs: list[list[int]] = []
     for i in ids:
         if runs and runs[-1][1] == i:
@@ -181,8 +181,8 @@ def id_ranges(ids: list[int]) -> list[list[int]]:
 
 
 def ids_between(runs: list[list[int]], lo: int, hi: int) -> list[int]:
-    """The `[lo, hi)`-th of the ids that `runs` (`id_ranges`) hold: a shard's, without making
-    every id of the job (a job file may claim billions)."""
+    """The `[lo, hi)`-th of the ids that `runs` hold: a shard's, without making every id of the
+    job (a job file may claim billions)."""
     out: list[int] = []
     seen = 0
     for start, stop in runs:
@@ -193,3 +193,73 @@ def ids_between(runs: list[list[int]], lo: int, hi: int) -> list[int]:
         if seen >= hi:
             break
     return out
+
+
+# ---- job locks ---------------------------------------------------------------------------------
+LOCK_FILE = "job.lock"
+
+
+def _mine(owner: dict[str, Any]) -> bool:
+    return owner["host"] == socket.gethostname() and owner["pid"] == os.getpid()
+
+
+def lock_state(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(its live owner, None) when another driver holds the job's lock; (None, why) when a lock
+    is there to break; (None, None) when there is none or it is this process's own."""
+    path = folder / LOCK_FILE
+    if not path.exists() and not path.is_symlink():
+        return None, None
+    try:
+        owner = read_json(path, "lock file")
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:  # released between the two looks
+        return None, None
+    except (OSError, ValueError) as exc:  # not a regular file, too large, not JSON
+        return None, f"not a lock ({first_line(exc)})"
+    problem = record_problem(owner)
+    if problem is not None:
+        return None, f"not a lock: {problem}"
+    if _mine(owner):
+        return None, None
+    why = owner_gone(owner, age)
+    return (None, why) if why is not None else (owner, None)
+
+
+def acquire_lock(folder: Path, out: OutputFolder | None = None) -> dict[str, Any] | None:
+    """Take the job's lock; returns the other live owner instead when there is one. The lock
+    is written whole and linked into place only where nothing is: no reader sees it half
+    written. `out`: the output folder, below which nothing may be a link (default: `folder`)."""
+    out = OutputFolder(folder) if out is None else out
+    path = folder / LOCK_FILE
+    text = json.dumps(me()) + "\n"
+    for _ in range(2):
+        if out.write(path, text, exclusive=True):
+            return None
+        owner, why = lock_state(folder)
+        if owner is not None:
+            return owner
+        if why is not None:  # else it is this process's own (or just released): taken again
+            log.warning("breaking the lock %s: %s", path, why)
+        if out.what_is_at(path) in (REGULAR, LINK, None):  # a link is removed itself
+            out.remove(path)
+        else:  # a folder, a FIFO, a device in its place: moved aside and kept, never deleted
+            out.move(path, path.with_name(f"{LOCK_FILE}.{os.getpid()}.invalid"))
+    return lock_state(folder)[0] or {"host": "?"}
+
+
+def release_lock(folder: Path, out: OutputFolder | None = None) -> None:
+    """Remove the job's lock if it is this process's own (`out`: as `acquire_lock`'s)."""
+    path = folder / LOCK_FILE
+    try:
+        owner = read_json(path, "lock file")
+    except (OSError, ValueError):
+        return
+    if record_problem(owner) is None and _mine(owner):
+        (OutputFolder(folder) if out is None else out).remove(path)
+
+
+def refresh_locks(folders: list[Path], out: OutputFolder | None = None) -> None:
+    """Touch each held lock (a regular file only; `out`: as `acquire_lock`'s)."""
+    for folder in folders:
+        with contextlib.suppress(OSError, ValueError):
+            (OutputFolder(folder) if out is None else out).touch(folder / LOCK_FILE)

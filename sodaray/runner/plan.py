@@ -1,12 +1,10 @@
 """`sodaray sweep plan`: what a sweep will cost, before anything runs; and, after a run, how
 its plan compares with the wall it took.
 
-Per job: its samples (by length), the most sample-steps it can take (every sample running its
-full budget at every length it may try), their FLOPs from the model's shape (`sodaray.costs.flops`),
-and its time, priced as every plan prices (`experiment.estimate`: a GPU job by measured device
-costs, the H100's by default or a costs file's; a CPU job by a CPU costs file or a rate given or
-calibrated here). Searches stop a sample once it is found, so every estimate is an upper bound;
-`check_run` also prices the steps a run actually took.
+Per job: its samples (by length), the most sample-steps it can take (every sample its full
+budget at every length it may try), their FLOPs from the model's shape, and its time, priced as
+every plan prices (`experiment.estimate`). Searches stop a sample once it is found, so every
+estimate is an upper bound; `check_run` also prices the steps a run actually took.
 """
 
 from __future__ import annotations
@@ -22,14 +20,7 @@ from sodaray.costs.devices import H100, DeviceCosts
 from sodaray.costs.flops import ModelShape, lengths_tried, model_shape, shape_from_config
 from sodaray.errors import first_line
 from sodaray.experiment.data import dataset_lengths
-from sodaray.experiment.estimate import (
-    Totals,
-    Workload,
-    calibrate,
-    describe_tables,
-    price,
-    tables,
-)
+from sodaray.experiment.estimate import Totals, Workload, calibrate, describe_tables, price, tables
 from sodaray.runner.spec import Job
 
 
@@ -55,21 +46,10 @@ def select_counts(
     return chosen
 
 
-def longest_input(job: Job) -> int:
-    """The longest input `job` searches: its assumed length, `max_length` for `length: auto`,
-    else the longest true length among the samples it selects."""
-    if job.length == "auto":
-        return job.max_length
-    if job.length.isdigit():
-        return int(job.length)
-    counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
-    return max((n for n, k in counts.items() if k), default=0)
-
-
 def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
     """Every job's inputs and observed outputs fit its model's context, where the model's
-    local config says it (`experiment.context`): one line naming the file, the dataset and
-    the model, before any dataset is built or actor started. Jobs alike are checked once."""
+    local config says it: one line naming the file, before any dataset is built or actor
+    started."""
     from sodaray.experiment.context import check_fits
     from sodaray.experiment.spec import SweepError
 
@@ -82,14 +62,15 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
         if key in seen:
             continue
         seen.add(key)
-        longest = longest_input(job)
-        what = (
-            f"length: auto tries up to max_length {longest}"
-            if job.length == "auto"
-            else f"assumed length {longest}"
-            if job.length.isdigit()
-            else f"dataset {job.dataset.name} has inputs of length {longest}"
-        )
+        if job.length == "auto":
+            longest, what = job.max_length, f"length: auto tries up to max_length {job.max_length}"
+        elif job.length.isdigit():
+            longest = int(job.length)
+            what = f"assumed length {longest}"
+        else:
+            counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
+            longest = max((n for n, k in counts.items() if k), default=0)
+            what = f"dataset {job.dataset.name} has inputs of length {longest}"
         try:
             check_fits(job.model, longest, job.objective.output_tokens)
         except ValueError as exc:
@@ -99,8 +80,8 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
 
 def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
     """Every job's observed top-k and its dataset file's token ids fit its model's vocabulary,
-    where the model's local config says it: a replica refuses them only after it loads the
-    model, as a failure per shard. One line naming the file, before any actor starts."""
+    where the model's local config says it: one line naming the file, before any actor starts
+    (a replica would refuse them only after it loads the model)."""
     import pyarrow.compute as pc
 
     from sodaray.data.store import read_dataset
@@ -115,10 +96,9 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
                 vocabs[id(job.model)] = config_vocab(job.model)
             except ValueError:
                 vocabs[id(job.model)] = None  # a damaged config: loading it says what is wrong
-        vocab = vocabs[id(job.model)]
+        vocab, top_k = vocabs[id(job.model)], job.objective.top_k
         if vocab is None:
             continue
-        top_k = job.objective.top_k
         if top_k is not None and top_k > vocab:
             raise SweepError(
                 f"{where}: objective top_k {top_k:,} is larger than the vocabulary of "
@@ -129,9 +109,7 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
             continue
         seen.add((id(job.model), location))
         table = read_dataset(location)
-        if not len(table):
-            continue
-        largest = pc.max(pc.list_flatten(table.column("tokens"))).as_py()
+        largest = pc.max(pc.list_flatten(table.column("tokens"))).as_py() if len(table) else None
         if largest is not None and largest >= vocab:
             built = pc.max(table.column("vocab_size")).as_py()
             raise SweepError(
@@ -144,45 +122,22 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
 def job_cost(
     job: Job, shape: ModelShape | None = None, memo: dict[Any, Any] | None = None
 ) -> Workload:
-    """`job`'s workload; `shape` (the loaded model's, for a GGUF file) where its id tells none.
-    Its shards go to as many replicas as the entry asks, at most one a shard. `memo`: what
-    jobs share (a dataset's lengths, a model's shape from its config), kept by the caller
-    across its jobs so that each is read once."""
+    """`job`'s workload; `shape` (the loaded model's) where its id tells none. `memo`: what jobs
+    share (a dataset's lengths, a model's shape), kept by the caller across its jobs."""
     memo = {} if memo is None else memo
     lengths = _once(memo, ("lengths", id(job.dataset)), lambda: dataset_lengths(job.dataset))
     counts = select_counts(lengths, job.samples_per_length, job.limit)
-    samples = sum(counts.values())
     known = _once(memo, ("shape", job.model.location), lambda: model_shape(job.model.location))
-    return Workload(
-        name=job.name,
-        model=job.model,
-        search=job.search,
-        objective=job.objective,
-        samples_by_length=counts,
-        lengths_per_sample=lengths_tried(job.length, job.max_length),
-        max_length=job.max_length,
-        replicas=max(1, min(job.model.replicas, math.ceil(samples / job.shard_size))),
-        shape=known or shape,
-    )
+    replicas = max(1, min(job.model.replicas, math.ceil(sum(counts.values()) / job.shard_size)))
+    tried = lengths_tried(job.length, job.max_length)
+    how = (job.model, job.search, job.objective, counts, tried, job.max_length, replicas)
+    return Workload(job.name, *how, known or shape)
 
 
 def _once(memo: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
     if key not in memo:
         memo[key] = make()
     return memo[key]
-
-
-def load_for_plan(job: Job) -> Any:
-    """`job`'s model, loaded here for its calibration and (a GGUF file) its shape."""
-    return job.model.load_here()
-
-
-def calibration_key(job: Job, cost: Workload) -> str:
-    """Jobs that cost the same per sample-step share one calibration."""
-    obj = job.objective
-    shown = [obj.kind, obj.output_tokens, bool(obj.fluency_weight), cost.batch_size]
-    lengths = sorted(cost.samples_by_length)
-    return json.dumps([job.model.identity(), job.algorithm, *shown, lengths], default=str)
 
 
 def plan_sweep(
@@ -193,9 +148,8 @@ def plan_sweep(
     costs: DeviceCosts = H100,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Every job's cost and time, and their totals, as plain data (`sweep plan --json`), priced
-    by `experiment.estimate.price`; `measure`: load a model here where a job needs it (a CPU
-    job's calibration, a GGUF file's shape)."""
+    """Every job's cost and time, and their totals, as plain data (`sweep plan --json`);
+    `measure`: load a model here where a job needs it (a calibration, a GGUF file's shape)."""
     rates: dict[str, float | None] = {}
     loaded: dict[str, Any] = {}  # model identity -> the model (None: not loadable here)
     started: set[str] = set()  # models whose start-up a job already carries
@@ -210,11 +164,10 @@ def plan_sweep(
         )
         cost = job_cost(job, memo=memo)
         table = tables(costs)[cost.kind]
-        unpriced = table is None  # a CPU job without a CPU costs file
-        wants_model = cost.shape is None or (rate is None and unpriced)
+        wants_model = cost.shape is None or (rate is None and table is None)
         if measure and wants_model and identity not in loaded:
             try:  # once per model, however many jobs run it (a GGUF file loads for minutes)
-                loaded[identity] = load_for_plan(job)
+                loaded[identity] = job.model.load_here()
             except Exception as exc:  # a model not loadable here: say why, go on
                 say(f"  no calibration for {job.model.label}: {first_line(exc)}")
                 loaded[identity] = None
@@ -225,7 +178,10 @@ def plan_sweep(
         def measured(job: Job = job, cost: Workload = cost, model: Any = model) -> float | None:
             if model is None:  # not loaded here (`--no-calibrate`, or it could not be)
                 return None
-            key = calibration_key(job, cost)
+            # Jobs that cost the same per sample-step share one calibration.
+            obj, lengths = job.objective, sorted(cost.samples_by_length)
+            shown = [obj.kind, obj.output_tokens, bool(obj.fluency_weight), cost.batch_size]
+            key = json.dumps([job.model.identity(), job.algorithm, *shown, lengths], default=str)
             if key not in rates:
                 rates[key] = None
                 try:
@@ -241,28 +197,17 @@ def plan_sweep(
             started.add(identity)
             startup = table.startup_seconds
         total.add(cost, time, startup)
-        rows.append(
-            {
-                "job": cost.name,
-                "model": cost.model.label,
-                "kind": cost.kind,
-                "samples": cost.samples,
-                "max_steps": cost.max_steps,
-                "sample_steps": cost.sample_steps,
-                "flops": cost.flops,
-                "replicas": cost.replicas,
-                **time.fields(),
-                "startup_seconds": startup,
-            }
-        )
+        shown = ("samples", "max_steps", "sample_steps", "flops", "replicas")
+        row = {"job": cost.name, "model": cost.model.label, "kind": cost.kind}
+        row |= {name: getattr(cost, name) for name in shown}
+        rows.append({**row, **time.fields(), "startup_seconds": startup})
     return {"costs": describe_tables(costs), "jobs": rows, "total": dataclasses.asdict(total)}
 
 
 def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
-    """A run (`SweepRun`) against its plan: the plan's wall for the samples the run ran (the
-    jobs' pending shards; every sample its full budget), the same costs applied to the steps
-    the run took (its batch-steps and sample-steps), and the measured walls: the whole run,
-    and its search alone (from the first shard starting on a replica to the last result)."""
+    """A run (`SweepRun`) against its plan: the plan's wall for the samples the run ran, the
+    same costs applied to the steps the run took, and the measured walls (the whole run, and
+    its search alone)."""
     rows = {r["job"]: r for r in plan["jobs"]}
     models: dict[str, dict[str, float]] = {}
     planned, unpriced, priced_by = 0.0, [], set()
@@ -296,8 +241,7 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         / m["replicas"]
         for model, m in models.items()
     )
-    searching = run.searching_seconds
-    startup_total = sum(startup.values())
+    searching, wall, startup_total = run.searching_seconds, run.seconds, sum(startup.values())
 
     def ratio(a: float | None, b: float) -> float | None:
         return a / b if a is not None and b > 0 else None
@@ -308,9 +252,9 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         "planned_startup_seconds": startup_total,
         "planned_search_seconds": planned,
         "as_run_seconds": as_run,
-        "wall_seconds": run.seconds,
+        "wall_seconds": wall,
         "searching_seconds": searching,
-        "wall_over_planned": ratio(run.seconds, planned + startup_total),
+        "wall_over_planned": ratio(wall, planned + startup_total),
         "searching_over_planned": ratio(searching, planned),
         "searching_over_as_run": ratio(searching, as_run),
         "unpriced_jobs": unpriced,

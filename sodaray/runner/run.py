@@ -1,14 +1,12 @@
 """`sodaray sweep run`: a sweep's pending shards as units on each model's replicas, each shard's
 file written as its rows come back.
 
-Every shard of every job is a unit (`experiment.work.Unit`); the units of one model go to one
-actor group (`experiment.group.ActorGroup`), whose replicas run all of them through one engine,
-so a replica's batch holds samples of any job, config and length at once. The driver writes a
-shard's file when its rows arrive, counts each job's progress in sample-steps as the replicas
-stream it (`JobProgress`), keeps its locks fresh, and records a shard that failed for good
-(its error file, retried by the next run). A running shard's ended searches are kept beside it
-at most every `KEEP_EVERY_S` (`runner.layout`): a driver stopped mid-shard loses only the
-searches still running. Ctrl-C stops the replicas and keeps every finished shard.
+The units of one model go to one actor group, so a replica's batch holds samples of any job,
+config and length at once. The driver writes a shard's file when its rows arrive, counts each
+job's progress, keeps its locks fresh, and records a shard that failed for good (its error file,
+retried by the next run). A running shard's ended searches are kept beside it at most every
+`KEEP_EVERY_S`: a driver stopped mid-shard loses only the searches still running. Ctrl-C stops
+the replicas and keeps every finished shard.
 """
 
 from __future__ import annotations
@@ -41,20 +39,24 @@ from sodaray.io.paths import inside
 from sodaray.io.writes import OutputFolder
 from sodaray.results import write_table_atomic
 from sodaray.runner.jobs import JobPlan, plan_jobs, shard_bounds, shard_table
-from sodaray.runner.layout import error_path, found_exact, kept_path, shard_path
-from sodaray.runner.locks import refresh_locks, release_lock
+from sodaray.runner.layout import (
+    error_path,
+    found_exact,
+    kept_path,
+    refresh_locks,
+    release_lock,
+    shard_path,
+)
 from sodaray.runner.plan import check_jobs_fit
 from sodaray.runner.spec import Job, Sweep
 
-# Seconds between writes of a running shard's ended searches: a search on a real model takes
-# minutes, and a write costs a small Parquet file, so a stopped driver loses under a minute.
-KEEP_EVERY_S = 30.0
+KEEP_EVERY_S = 30.0  # a search on a real model takes minutes; a write is a small Parquet file
 
 
 @dataclass
 class ShardDone:
-    """What the driver keeps of a finished shard: counts, never the rows. The occupancy counts
-    are its replica's since its previous output (see `experiment.work.Finished`)."""
+    """What the driver keeps of a finished shard: counts, never the rows (the occupancy counts:
+    its replica's since its previous output)."""
 
     job: str
     shard: int
@@ -72,11 +74,9 @@ class ShardDone:
 
 @dataclass
 class JobProgress:
-    """A job's progress in this run: the sample-steps its samples have taken (`sample_steps`)
-    out of the most they can take (`most`: finished samples at the steps they took, the rest
-    at their whole budget at every length they may try, so it shrinks as samples are found
-    early and equals `sample_steps` once the job is done), and its samples to run, finished
-    and found. Running shards count as their replicas last reported them."""
+    """A job's progress in this run: the sample-steps its samples have taken out of the most
+    they can take (`most`: equal to `sample_steps` once the job is done), and its samples to
+    run, finished and found (running shards as their replicas last reported them)."""
 
     job: str
     samples: int
@@ -87,10 +87,8 @@ class JobProgress:
 
     def add(self, old: UnitProgress, new: UnitProgress) -> None:
         """One of its shards went from `old` counts to `new`."""
-        self.sample_steps += new.sample_steps - old.sample_steps
-        self.most += new.most - old.most
-        self.finished += new.finished - old.finished
-        self.found += new.found - old.found
+        for name in ("sample_steps", "most", "finished", "found"):
+            setattr(self, name, getattr(self, name) + getattr(new, name) - getattr(old, name))
 
 
 @dataclass
@@ -119,9 +117,8 @@ class SweepRun:
     started: float = 0.0  # time.perf_counter() when the run began
     progress: dict[str, JobProgress] = field(default_factory=dict)  # jobs with samples to run
     pending_jobs: list[Job] = field(default_factory=list)  # as planned (a file's hash named)
-    # Every replica's steps so far (`experiment.work.Progress`, `Finished`): searches stepped
-    # against the slots their batches offered, over so many batch-steps; and the batch-steps
-    # by model (its label), which `runner.plan.check_run` prices.
+    # Every replica's steps so far: searches stepped against the slots their batches offered,
+    # over so many batch-steps; and the batch-steps by model label (`plan.check_run` prices).
     slot_steps: int = 0
     capacity_steps: int = 0
     batch_steps: int = 0
@@ -129,21 +126,19 @@ class SweepRun:
 
     @property
     def occupancy(self) -> float | None:
-        """Mean batch occupancy so far: searches per step over the batches' capacity, over
-        every step of every replica (None before any step was reported)."""
+        """Mean batch occupancy so far, over every step of every replica (None: no step yet)."""
         return self.slot_steps / self.capacity_steps if self.capacity_steps else None
 
     def count_steps(self, output: Progress | Finished, model: str) -> None:
         """A replica of `model` (its label) reported its steps since its previous output."""
-        self.slot_steps += output.slot_steps
-        self.capacity_steps += output.capacity_steps
-        self.batch_steps += output.batch_steps
+        for name in ("slot_steps", "capacity_steps", "batch_steps"):
+            setattr(self, name, getattr(self, name) + getattr(output, name))
         self.model_batch_steps[model] = self.model_batch_steps.get(model, 0) + output.batch_steps
 
     @property
     def searching_seconds(self) -> float | None:
-        """The run's wall without its start-up (Ray, the replicas loading their models): from
-        the first shard starting on a replica to the last shard's rows (None: none finished)."""
+        """The run's wall without its start-up: from the first shard starting on a replica to
+        the last shard's rows (None: none finished)."""
         if not self.done:
             return None
         return max(d.at for d in self.done) - min(d.at - d.seconds for d in self.done)
@@ -161,33 +156,15 @@ def shard_unit(plan: JobPlan, index: int, keep_every: float | None = None) -> Un
     """Shard `index` of a job as a unit: its rows (but those an earlier run kept), its job's
     settings and the rows' context; its ended searches' rows sent every `keep_every` seconds."""
     job = plan.job
-    lo, hi = shard_bounds(plan, index)
     kept = plan.kept.get(index)
     done = set() if kept is None else set(kept["sample_id"].to_pylist())
-    picked = [i for i in range(lo, hi) if plan.rows["sample_id"][i] not in done]
-    return Unit(
-        key=f"{job.name}/{index}",
-        rows={c: [v[i] for i in picked] for c, v in plan.rows.items()},
-        search=job.search,
-        objective=job.objective,
-        length=job.length,
-        max_length=job.max_length,
-        keep_every=keep_every,
-        context={
-            "dataset": job.dataset.name,
-            "sweep": job.sweep,
-            "job": job.name,
-            "config_hash": job.config_hash,
-            "shard": index,
-            "model_name": job.model.label,
-            **plan.identity.context(),
-        },
-    )
-
-
-def unstarted(unit: Unit) -> UnitProgress:
-    """A unit's counts before its first step."""
-    return UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
+    picked = [i for i in range(*shard_bounds(plan, index)) if plan.rows["sample_id"][i] not in done]
+    rows = {c: [v[i] for i in picked] for c, v in plan.rows.items()}
+    context = dict(dataset=job.dataset.name, sweep=job.sweep, job=job.name)
+    context |= dict(config_hash=job.config_hash, shard=index, model_name=job.model.label)
+    key, how = f"{job.name}/{index}", (job.search, job.objective, job.length, job.max_length)
+    context |= plan.identity.context()
+    return Unit(key, rows, *how, keep_every=keep_every, context=context)
 
 
 def run_sweep(
@@ -205,8 +182,6 @@ def run_sweep(
     """Run every shard of `sweep` that has no result file yet. `on_start(run, samples)` is
     called once the work is planned; `on_shard` after each finished shard, `on_progress` with a
     job's counts each time they change (at least once a second while its shards run).
-    `cluster`: the Ray to run on, each shard's tries, and how long to wait for room there
-    (`experiment.cluster.Cluster`);
     `keep_every`: seconds between writes of a running shard's ended searches (None: none)."""
     import ray
 
@@ -219,8 +194,8 @@ def run_sweep(
     plans = plan_jobs(jobs, root, lock=True, overrides=sweep.overrides, out=out_folder)
     held = [p.meta for p in plans if p.locked_by is None]
     run = SweepRun(jobs=len(plans), shards_total=sum(p.shards for p in plans), started=started)
-    run.locked = [p.job.name for p in plans if p.locked_by is not None]
     run.lock_owners = {p.job.name: describe_owner(p.locked_by) for p in plans if p.locked_by}
+    run.locked = list(run.lock_owners)
     run.corrupt = [f"{p.job.name}/{name}" for p in plans for name in p.corrupt]
     locked = sum(p.shards for p in plans if p.locked_by is not None)
     run.shards_skipped = run.shards_total - locked - sum(len(p.pending) for p in plans)
@@ -231,9 +206,8 @@ def run_sweep(
         kept = sum(len(t) for t in p.kept.values())
         run.kept += kept
         samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending)) - kept
-        job = p.job
-        most = most_sample_steps(samples, job.search, job.length, job.max_length)
-        run.progress[job.name] = JobProgress(job.name, samples, most)
+        most = most_sample_steps(samples, p.job.search, p.job.length, p.job.max_length)
+        run.progress[p.job.name] = JobProgress(p.job.name, samples, most)
     requests = [p.job.model.request() for p in pending]
     attach = cluster_address(cluster.address) is not None
     try:
@@ -270,7 +244,7 @@ class _Shards:
         run: SweepRun,
         cluster: Cluster,
         placement: Placement,
-        keep_every: float | None = None,
+        keep_every: float | None,
     ) -> None:
         self.run = run
         self.shards: dict[str, tuple[JobPlan, int]] = {}
@@ -294,7 +268,7 @@ class _Shards:
                 for plan, index in shards:
                     unit = shard_unit(plan, index, keep_every)
                     self.shards[unit.key] = (plan, index)
-                    self.counts[unit.key] = unstarted(unit)
+                    self.counts[unit.key] = UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
                     group.submit(unit)
         except BaseException:  # a model no node holds: the groups made so far give back theirs
             for group in self.groups:
@@ -338,10 +312,13 @@ class _Shards:
                     final = UnitProgress(unit.key, done.sample_steps, len(table), found, 0)
                     moved = self.move(final, ended=True)
                 elif isinstance(output, Failure) and output.final:
-                    self.fail(plan, index, output)
+                    failed = ShardFailed(plan.job.name, index, output.attempts, output.error)
+                    self.run.failed.append(failed)
+                    text = json.dumps(failed.__dict__, indent=2) + "\n"
+                    plan.out.write(error_path(plan.meta, index), text)
                     moved = self.move(self.counts[unit.key], ended=True)  # nothing more comes
                 elif isinstance(output, Failure):  # tried again, from its first step
-                    moved = self.move(unstarted(unit))
+                    moved = self.move(UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps))
                 if on_progress is not None:
                     for job in moved:
                         on_progress(self.run.progress[job])
@@ -355,8 +332,7 @@ class _Shards:
 
     def move(self, new: UnitProgress, ended: bool = False) -> set[str]:
         """A shard's counts are now `new` (its job's name, if they changed anything). A shard
-        that has ended (`ended`) ends at the steps it took; later reports of it are ignored
-        (they come on other shards' streams and may arrive after its rows)."""
+        that has `ended` ends at the steps it took; later reports of it are ignored."""
         old = self.counts.get(new.key)
         if old is None:
             return set()
@@ -397,9 +373,3 @@ class _Shards:
         done = ShardDone(*head, steps, *occupancy, time.perf_counter() - self.run.started)
         self.run.done.append(done)
         return done
-
-    def fail(self, plan: JobPlan, index: int, failure: Failure) -> None:
-        failed = ShardFailed(plan.job.name, index, failure.attempts, failure.error)
-        self.run.failed.append(failed)
-        text = json.dumps(failed.__dict__, indent=2) + "\n"
-        plan.out.write(error_path(plan.meta, index), text)

@@ -1,11 +1,9 @@
 """Sweep files: YAML -> validated dataclasses -> jobs (the cartesian product).
 
-A sweep names models, datasets, algorithms (with parameters and an optional `grid` of values to
-try), objectives (also with an optional `grid`), the step budget, seeds, samples per length and
-the shard size. Every job is one (model, dataset, algorithm variant, objective, seed); its
-settings hash to `config_hash`, which names its results folder, so a changed setting never mixes
-with old shards. Validation happens on load: a bad field is a one-line `SweepError` naming the
-file and the field, before Ray starts.
+Every job is one (model, dataset, algorithm variant, objective, seed, length); its settings hash
+to `config_hash`, which names its results folder, so a changed setting never mixes with old
+shards. Validation happens on load: a bad field is a one-line `SweepError` naming the file and
+the field, before Ray starts.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import functools
 import itertools
 import re
 from dataclasses import dataclass, field, fields
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -67,27 +66,21 @@ class Job:
     samples_per_length: int | None
     limit: int | None
     shard_size: int
-    # A dataset file's `sodaray.dataset.hash`, set when planning: its rows decide results, not
-    # its path (a file rebuilt in place with other rows makes a new job).
+    # A dataset file's hash, set when planning: its rows decide results, not its path.
     dataset_hash: str | None = None
-    # The family defaults the model entry got for naming no preset (None: it named one): what
-    # its job file reports and why. Not hashed: their effect is in `search` and `objective`,
-    # so a job equal to one that named the same preset hashes as that job.
+    # The family defaults the model entry got for naming no preset (None: it named one). Not
+    # hashed: their effect is in `search` and `objective`.
     defaults: Defaults | None = field(default=None, compare=False)
-    # Set when planning, where an earlier run in the results folder wrote this same job with
-    # its model or a build's source named by another path to the same place (relative against
-    # absolute, through a link): that run's job name and spellings (`runner.jobs`), so the
-    # job keeps its folder and hash and runs nothing again.
+    # Set when planning, where an earlier run wrote this same job with its model or a build's
+    # source named by another path to the same place: that run's job name and spellings
+    # (`runner.jobs`), so the job keeps its folder and hash.
     spelled: dict[str, Any] | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
         """Everything that decides this job's results (hashed into its folder name)."""
-        model = self.model.identity()
-        dataset = (
-            self.dataset.identity()
-            if self.dataset_hash is None
-            else {"name": self.dataset.name, "hash": self.dataset_hash}
-        )
+        model, dataset = self.model.identity(), self.dataset.identity()
+        if self.dataset_hash is not None:
+            dataset = {"name": self.dataset.name, "hash": self.dataset_hash}
         if self.spelled:
             model["id"] = self.spelled.get("model", model["id"])
             if "source" in self.spelled and dataset.get("build"):
@@ -105,7 +98,6 @@ class Job:
             "shard_size": self.shard_size,
         }
 
-    # Cached (the job is frozen): a name hashes the job's whole configuration, asked often.
     @functools.cached_property
     def config_hash(self) -> str:
         return config_hash(self.config())
@@ -121,12 +113,10 @@ class Job:
         parts = [self.model.label, self.dataset.name, self.variant, what, f"s{self.search.seed}"]
         if self.length.isdigit():
             parts.append(f"L{self.length}")
-        # No `=`: readers (pyarrow, DuckDB, `datasets`) take `key=value` folders for hive
-        # partitions and add a column that is not in the rows.
-        slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts)).strip("-")
-        # Nor a leading `.` or `_`: pyarrow's dataset discovery and DuckDB pass over such
-        # folders as hidden, and the job's rows would vanish from every reader.
-        slug = slug.lstrip("._-") or "job"
+        # No `=` (readers take `key=value` folders for hive partitions), nor a leading `.` or
+        # `_` (readers pass over such folders as hidden).
+        slug = re.sub(r"[^A-Za-z0-9_.+-]+", "-", "_".join(parts)).strip("-").lstrip("._-")
+        slug = slug or "job"
         return f"{slug}-{self.config_hash[:8]}"
 
 
@@ -161,18 +151,15 @@ class Sweep:
     models: list[ModelSpec] = field(default_factory=list)
     datasets: list[DatasetSpec] = field(default_factory=list)
     algorithms: list[AlgorithmEntry] = field(default_factory=list)
-    # Each objective entry's own fields, its grid expanded; a job's `Objective` adds its model's
-    # preset settings under them (`objective_config`).
+    # Each objective entry's own fields, its grid expanded (a job's adds its model's preset).
     objectives: list[dict[str, Any]] = field(default_factory=list)
-    # The step budget of every algorithm entry without its own.
-    max_steps: int = field(default=2000, metadata=AT_LEAST_1)
+    max_steps: int = field(default=2000, metadata=AT_LEAST_1)  # entries without their own
     seeds: list[int] = field(default_factory=lambda: [0])
     samples_per_length: int | None = field(default=None, metadata=AT_LEAST_1)
     shard_size: int = field(default=100, metadata=AT_LEAST_1)
     length: str = "fixed"
     max_length: int = field(default=MAX_LENGTH, metadata=AT_LEAST_1)  # `length: auto`'s only
-    # Assumed lengths: each one a job searching every sample at that length, whatever its true
-    # length (the paper's length table; `length: [1, 2, 3]` in the file).
+    # Assumed lengths (`length: [1, 2, 3]`): each a job searching every sample at that length.
     assumed_lengths: list[int] = field(default_factory=list)
     # The command line's KEY=VALUE overrides, as given (the jobs carry their final values).
     overrides: list[str] = field(default_factory=list)
@@ -195,27 +182,21 @@ class Sweep:
     def jobs(self, *, limit: int | None = None, model: str | None = None) -> list[Job]:
         """The cartesian product. `model` replaces the file's models (one replica, its
         resources from the first model entry); `limit` caps samples per job."""
-        models = self.models
-        if model is not None:
-            models = [self.models[0].with_id(model)]
-        jobs = []
+        models = self.models if model is None else [self.models[0].with_id(model)]
+        # Entries can make one job twice (a preset's `space: centred` beside an entry saying
+        # it): one folder, run once.
+        jobs: dict[str, Job] = {}
         variants = [(e, *v) for e in self.algorithms for v in e.variants()]
-        # Once per model (and algorithm, objective entry), not per job: each reads the model's
-        # config, and a preset file.
+        # Once per model (and entry), not per job: each reads the model's config, a preset file.
         family = {id(m): model_defaults(m) for m in models}
         bases = {(e.name, id(m)): preset_base(e.name, m) for e in self.algorithms for m in models}
-        objectives = {
-            (i, id(m)): objective_config(o, m)
-            for i, o in enumerate(self.objectives)
-            for m in models
-        }
-        # A variant's config on a model, made once (presets applied, coerced, validated); its
-        # other seeds are that config with another seed, validated again.
+        numbered = list(enumerate(self.objectives))
+        objectives = {(i, id(m)): objective_config(o, m) for i, o in numbered for m in models}
+        # A variant's config on a model, made once; its other seeds are that config re-seeded.
         made: dict[tuple[int, int], SearchConfig] = {}
-        axes = (models, self.datasets, enumerate(variants), enumerate(self.objectives), self.seeds)
-        for m, ds, (k, (entry, variant, params)), (i, _), seed, length in itertools.product(
-            *axes, self.length_modes()
-        ):
+        axes = (models, self.datasets, enumerate(variants), numbered, self.seeds)
+        axes += (self.length_modes(),)
+        for m, ds, (k, (entry, variant, params)), (i, _), seed, length in itertools.product(*axes):
             if m.datasets and ds.name not in m.datasets:
                 continue
             steps = entry.max_steps or self.max_steps
@@ -226,18 +207,13 @@ class Sweep:
                 made[k, id(m)] = config
             elif config.seed != seed:
                 config = dataclasses.replace(config, seed=seed)
-            # `max_length` is read by a length search alone: any other job hashes the default,
-            # so a value that cannot change its run does not make it another job.
+            # `max_length` is read by a length search alone: any other job hashes the default.
             longest = self.max_length if length == "auto" else MAX_LENGTH
             what = (entry.name, variant, config, objectives[i, id(m)], length, longest)
             sizes = (self.samples_per_length, limit, self.shard_size)
-            jobs.append(Job(self.name, m, ds, *what, *sizes, defaults=family[id(m)]))
-        # Entries can make one job twice (a preset's `space: centred` under an objective entry
-        # that says nothing, beside one that says `space: centred`): one folder, run once.
-        unique: dict[str, Job] = {}
-        for job in jobs:
-            unique.setdefault(job.name, job)
-        return list(unique.values())
+            job = Job(self.name, m, ds, *what, *sizes, defaults=family[id(m)])
+            jobs.setdefault(job.name, job)
+        return list(jobs.values())
 
 
 def _short(value: Any) -> str:
@@ -256,9 +232,8 @@ def load_sweep(
     path: str | Path, model: str | None = None, overrides: list[str] | tuple = ()
 ) -> Sweep:
     """Read and validate a sweep file; every job it makes is checked before returning. `model`
-    (`--model`) replaces every entry's model before the check, so a file whose own model path
-    does not exist here (a relative path, another machine's folder) still runs on `model`.
-    `overrides` (`KEY=VALUE`, see `sodaray.config.configfile`) are applied to the file first."""
+    (`--model`) replaces every entry's model before the check (a file whose own model path does
+    not exist here still runs on it); `overrides` (`KEY=VALUE`) are applied first."""
     data, path = read_document(path, "sweep", SweepError, overrides, PATH_FIELDS)
     sweep = parse_sweep(data, path, model=model)
     sweep.overrides = list(overrides)
@@ -266,8 +241,7 @@ def load_sweep(
 
 
 def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
-    """A sweep file's `data` (read from `path`) as a `Sweep`, every field checked; `model` as
-    `load_sweep`'s."""
+    """A sweep file's `data` (read from `path`) as a checked `Sweep` (`model`: `load_sweep`'s)."""
     fail, name = check_top(
         data, path, SweepError, TOP_KEYS, ("name", "models", "datasets", "algorithms")
     )
@@ -286,31 +260,19 @@ def parse_sweep(data: Any, path: Path, model: str | None = None) -> Sweep:
         data = {k: v for k, v in data.items() if k != "length"}
     scalars = ("description", "max_steps", "samples_per_length", "shard_size", "length")
     scalars += ("max_length",)
-    sweep = Sweep(
-        name=name,
-        path=path,
-        models=models,
-        datasets=datasets,
-        algorithms=algorithms,
-        objectives=objectives,
-        assumed_lengths=assumed or [],
-        **coerce_scalars(Sweep, {k: data[k] for k in scalars if k in data}, fail),  # 1e3: 1000
-    )
+    values = coerce_scalars(Sweep, {k: data[k] for k in scalars if k in data}, fail)  # 1e3: 1000
+    entries_ = dict(models=models, datasets=datasets, algorithms=algorithms, objectives=objectives)
+    sweep = Sweep(name, path, **entries_, assumed_lengths=assumed or [], **values)
     if "seeds" in data:
         sweep.seeds = _seeds(data["seeds"], fail)
-    jobs = (
-        sum(m.datasets and len(m.datasets) or len(datasets) for m in models)
-        * sum(grid_size(e.grid) for e in algorithms)
-        * len(objectives)
-        * len(sweep.seeds)
-        * len(sweep.length_modes())
-    )
+    per_model = (len(objectives), len(sweep.seeds), len(sweep.length_modes()))
+    per_model += (sum(grid_size(e.grid) for e in algorithms),)
+    jobs = sum(m.datasets and len(m.datasets) or len(datasets) for m in models) * prod(per_model)
     if jobs > MAX_JOBS:
         raise fail("name", f"the sweep makes {jobs:,} jobs (at most {MAX_JOBS:,})")
     if sweep.length not in ("fixed", "auto"):
-        raise fail(
-            "length", f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
-        )
+        why = f"'fixed', 'auto' or assumed lengths (N or [N, ...]), not {sweep.length!r}"
+        raise fail("length", why)
     _check_configs(sweep, fail)
     return sweep
 
@@ -331,16 +293,12 @@ def _models_datasets(
     ]
     names = [d.name for d in datasets]
     _unique(names, "datasets", fail)
-    # A model's `name` labels its jobs, its rows' `model` column and an override's entry: two
-    # entries of one name would be told apart by none of them. (Entries that name none may
-    # share an id: their settings differ, and so do their jobs' hashes.)
+    # A model's `name` labels its jobs, rows and overrides (entries that name none may share
+    # an id: their settings, so their hashes, differ).
     _unique([m.name for m in models], "models", fail)
     for i, m in enumerate(models):
-        unknown = [n for n in m.datasets if n not in names]
-        if unknown:
-            raise fail(
-                f"models[{i}].datasets", f"no dataset entry named {unknown[0]!r} (have {names})"
-            )
+        for n in [n for n in m.datasets if n not in names][:1]:
+            raise fail(f"models[{i}].datasets", f"no dataset entry named {n!r} (have {names})")
     return models, datasets
 
 
@@ -360,11 +318,8 @@ def _assumed_lengths(value: Any, fail: Fail) -> list[int] | None:
 def _seeds(value: Any, fail: Fail) -> list[int]:
     """`seeds:`, an integer or a list of distinct integers in [0, 2**63)."""
     seeds = [value] if isinstance(value, int) and not isinstance(value, bool) else value
-    if not (
-        isinstance(seeds, list)
-        and seeds
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    ints = isinstance(seeds, list) and all(type(s) is int for s in seeds)
+    if not (ints and seeds):
         raise fail("seeds", f"a list of integers, not {brief(seeds)}")
     if len(set(seeds)) != len(seeds):  # two jobs would share one folder and its locks
         raise fail("seeds", f"repeat: {brief(seeds)}")
@@ -376,8 +331,7 @@ def _seeds(value: Any, fail: Fail) -> list[int]:
 
 def _check_configs(sweep: Sweep, fail: Fail) -> None:
     """Every algorithm variant and objective entry made on each model with its preset, so a
-    bad parameter fails now; a family's defaults wait for `jobs()`, which reads each model's
-    config."""
+    bad parameter fails now (a family's defaults wait for `jobs()`)."""
     for i, entry in enumerate(sweep.algorithms):
         steps = entry.max_steps or sweep.max_steps
         bases: dict[int, dict[str, Any]] = {}  # a model's preset, read once for every variant
@@ -385,11 +339,10 @@ def _check_configs(sweep: Sweep, fail: Fail) -> None:
             try:
                 if id(m) not in bases:
                     bases[id(m)] = preset_base(entry.name, m, defaults=False)
-                base = bases[id(m)]
-                algorithm_config(entry.name, params, m, seed=sweep.seeds[0], steps=steps, base=base)
+                seed, base = sweep.seeds[0], bases[id(m)]
+                algorithm_config(entry.name, params, m, seed=seed, steps=steps, base=base)
             except (TypeError, ValueError) as exc:
-                message = str(exc).removeprefix("config: ")
-                raise fail(f"algorithms[{i}]", message) from exc
+                raise fail(f"algorithms[{i}]", str(exc).removeprefix("config: ")) from exc
     for (i, m), obj in itertools.product(enumerate(sweep.models), sweep.objectives):
         try:  # a preset's settings with each objective entry: `space: centred` and top_k 1 clash
             objective_config(obj, m, defaults=False)
@@ -398,8 +351,7 @@ def _check_configs(sweep: Sweep, fail: Fail) -> None:
 
 
 def _unique(labels: list[str], where: str, fail: Fail) -> None:
-    """Refuse two entries of `where` that share a (non-empty) label: their jobs, rows and
-    cached files would be told apart by nothing a reader sees."""
+    """Refuse two entries of `where` that share a (non-empty) label."""
     for i, label in enumerate(labels):
         if label and label in labels[:i]:
             first = labels.index(label)
@@ -408,8 +360,7 @@ def _unique(labels: list[str], where: str, fail: Fail) -> None:
 
 def _objective_entry(entry: Any, where: str, fail: Fail) -> list[dict[str, Any]]:
     """An objective entry's combinations. A `huber_delta` no combination reads (each one's loss
-    mse) is refused: it cannot change a run, so it was most likely meant for a huber entry. (A
-    tuning file's fixed objective is not held to this: a trial may sample the loss.)"""
+    mse) is refused: it cannot change a run, so it was most likely meant for a huber entry."""
     entry = parse_objective(entry, where, fail)
     combos = expand_objective(entry)
     gridded = entry.get("grid") or {}
@@ -424,18 +375,15 @@ def _objective_entry(entry: Any, where: str, fail: Fail) -> list[dict[str, Any]]
 def _algorithm_entry(entry: dict[str, Any], where: str, fail: Fail) -> AlgorithmEntry:
     known_fields(entry, ALGORITHM_KEYS, where, fail)
     if entry.get("name") not in ALGORITHMS:
-        raise fail(
-            f"{where}.name",
-            f"unknown algorithm {entry.get('name')!r} (choose {', '.join(ALGORITHMS)})",
-        )
+        choose = ", ".join(ALGORITHMS)
+        raise fail(f"{where}.name", f"unknown algorithm {entry.get('name')!r} (choose {choose})")
     for key in ("params", "grid"):
         if not isinstance(entry.get(key) or {}, dict):
             raise fail(f"{where}.{key}", "must be a mapping")
     for key in ("max_steps", "seed"):
         if key in (entry.get("params") or {}) or key in (entry.get("grid") or {}):
-            raise fail(
-                f"{where}.params.{key}", "set it beside `params` (max_steps) or with `seeds`"
-            )
+            why = "set it beside `params` (max_steps) or with `seeds`"
+            raise fail(f"{where}.params.{key}", why)
     check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
     values = {k: v for k, v in entry.items() if v is not None}
     return AlgorithmEntry(**coerce_scalars(AlgorithmEntry, values, fail, where))

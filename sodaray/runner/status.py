@@ -4,6 +4,7 @@ by the checks a run applies (`runner.layout`), so it says what the next run keep
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,7 @@ MAX_SHARDS = 10_000_000  # a job.json claiming more was not written by sodaray
 
 
 def read_job_file(meta: Path) -> dict[str, Any]:
-    """A job's `job.json`, checked: it is read back from disk, where anything may have written
-    it (a job naming `../../etc`, a count of 10^12 shards), so every field used is checked."""
+    """A job's `job.json`, every field used checked: anything may have written it."""
     path = meta / JOB_FILE
     try:  # a regular file of at most `MAX_CONFIG_BYTES`, UTF-8, JSON
         info = read_json(path, "job file")
@@ -72,21 +72,15 @@ def _valid_runs(runs: Any, samples: int) -> bool:
         return False
     total, last = 0, -1
     for run in runs:
-        if not (
-            isinstance(run, list)
-            and len(run) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in run)
-            and last <= run[0] < run[1]
-        ):
+        pair = isinstance(run, list) and len(run) == 2 and all(type(x) is int for x in run)
+        if not (pair and last <= run[0] < run[1]):
             return False
-        total += run[1] - run[0]
-        last = run[1]
+        total, last = total + run[1] - run[0], run[1]
     return total == samples
 
 
 def job_status(meta: Path) -> JobStatus:
-    """A job's counts from its `meta` folder (`.sodaray/jobs/<job>`) and its shard files (the
-    files there are counted, not the shards the job file says it has)."""
+    """A job's counts from its `meta` folder and the shard files found (not those it claims)."""
     info = read_job_file(meta)
     shards, size, samples = info["shards"], info["shard_size"], info["samples"]
     folder = inside(meta.parents[2], info["job"])
@@ -96,12 +90,16 @@ def job_status(meta: Path) -> JobStatus:
     def ids_of(index: int) -> list[int] | None:
         return None if runs is None else ids_between(runs, index * size, (index + 1) * size)
 
-    failed = samples_done = found = exact = 0
+    def indexed(where: Path, suffix: str) -> Iterator[tuple[int, Path]]:
+        """The files `shard-NNNNN<suffix>` in `where` of the job's shards, with their index."""
+        for path in where.glob(f"shard-*{suffix}"):
+            digits = path.name.removeprefix("shard-").removesuffix(suffix)
+            if path.name.endswith(suffix) and digits.isdigit() and int(digits) < shards:
+                yield int(digits), path
+
+    samples_done = found = exact = kept = 0
     finished = set()
-    for path in folder.glob("shard-*.parquet"):
-        index = _shard_index(path.name, ".parquet")
-        if index is None or index >= shards:
-            continue
+    for index, path in indexed(folder, ".parquet"):
         rows = min(size, samples - index * size)
         t, _ = read_shard(path, ids_of(index), rows, own, data)
         if t is not None:  # `run` sets bad ones (and other jobs' rows) aside
@@ -109,13 +107,9 @@ def job_status(meta: Path) -> JobStatus:
             samples_done += len(t)
             f, e = found_exact(t)
             found, exact = found + f, exact + e
-    for path in meta.glob("shard-*.error.json"):
-        index = _shard_index(path.name, ".error.json")
-        failed += index is not None and index < shards and index not in finished
-    kept = 0
-    for path in meta.glob("shard-*.kept.pq"):
-        index = _shard_index(path.name, ".kept.pq")
-        if index is None or index >= shards or index in finished:
+    failed = sum(index not in finished for index, _ in indexed(meta, ".error.json"))
+    for index, path in indexed(meta, ".kept.pq"):
+        if index in finished:
             continue
         ids = ids_of(index)
         if ids is not None and isinstance(own, str):  # the run's own check (`pending_kept`)
@@ -126,11 +120,6 @@ def job_status(meta: Path) -> JobStatus:
                 kept += min(pq.read_metadata(path).num_rows, size, samples - index * size)
     counts = (shards, len(finished), failed, samples_done, found, exact, kept)
     return JobStatus(info["sweep"], info["job"], *counts)
-
-
-def _shard_index(name: str, suffix: str) -> int | None:
-    digits = name.removeprefix("shard-").removesuffix(suffix)
-    return int(digits) if name.endswith(suffix) and digits.isdigit() else None
 
 
 def sweep_status(out: str | Path) -> list[JobStatus]:

@@ -23,18 +23,12 @@ def adam_step(
     one_minus_beta1: Tensor | None = None,
     one_minus_beta2: Tensor | None = None,
 ) -> None:
-    """One Adam step on a batch of rows, in place.
-
-    Each hyperparameter is a float, or a tensor broadcast against `param` (a (T, 1) column gives
-    every row its own value: searches of different configs share one batch); a tensor `beta1` or
-    `beta2` is float64, so that 1 - beta rounds to float32 as it does from a float. `correction` is
-    (1 - beta1^t, 1 - beta2^t) per row, t the steps since its moments were last zeroed: given,
-    the moments are bias-corrected (standard Adam: m / (1 - beta1^t)); None skips the correction
-    (SODA's default; a row whose factors are 1 is uncorrected too). `grad` is consumed: its
-    memory holds the squared gradient and then the denominator. `one_minus_beta1|2`, where
-    given, are 1 - beta already as `_one_minus` makes them (a batch computes them once, not
-    every step) and stand for `beta1|2`.
-    """
+    """One Adam step on a batch of rows, in place; `grad` is consumed (it holds the squared
+    gradient, then the denominator). Each hyperparameter is a float or a tensor broadcast
+    against `param` (a (T, 1) column: each row its own); a tensor beta is float64, so 1 - beta
+    rounds to float32 as from a float. `correction`: (1 - beta1^t, 1 - beta2^t) per row, t the
+    steps since its moments were last zeroed (None: uncorrected, SODA's default).
+    `one_minus_beta1|2`, where given, are 1 - beta as `_one_minus` makes them, for `beta1|2`."""
     weight1 = _one_minus(beta1) if one_minus_beta1 is None else one_minus_beta1
     weight2 = _one_minus(beta2) if one_minus_beta2 is None else one_minus_beta2
     m.lerp_(grad, weight1)  # beta1 m + (1 - beta1) g, one pass

@@ -1,16 +1,13 @@
 """Flush-to-zero for denormal floats on every CPU thread torch computes on, for one block.
 
-Why: x86 cores handle denormal operands in microcode. In SODA's backward pass, saturated
-attention probabilities leave a few percent of denormals in the gradients entering the q/k/v
-matmuls, which then run 3-8x slower (and a fully denormal operand ~180x slower).
+Why: x86 cores handle denormal operands in microcode, and SODA's backward leaves denormals in
+the gradients entering the q/k/v matmuls, which then run 3-8x slower.
 
-`torch.set_flush_denormal` sets the mode of the calling thread only, while the matmuls and
-elementwise kernels run on the OpenMP pool's threads. So the mode is also set inside one OpenMP
-parallel region (`GOMP_parallel`, which GNU and Intel OpenMP both export), whose team is the pool
-torch's own parallel regions reuse. Where that runtime cannot be found (not Linux, another
-threading layer), only the calling thread is switched: slower, never wrong.
-
-torch has no getter for the mode, so leaving the block restores the default (off).
+`torch.set_flush_denormal` sets the calling thread's mode only, while the kernels run on the
+OpenMP pool's threads, so the mode is also set inside one OpenMP parallel region
+(`GOMP_parallel`, exported by GNU and Intel OpenMP), whose team is torch's pool. Where that
+runtime cannot be found, only the calling thread is switched: slower, never wrong. torch has no
+getter for the mode, so leaving the block restores the default (off).
 """
 
 from __future__ import annotations
@@ -27,10 +24,7 @@ log = logging.getLogger(__name__)
 
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # One callback per mode, so no state is shared between Python threads (each has its own pool).
-_CALLBACKS = {
-    True: _Callback(lambda _: torch.set_flush_denormal(True)),
-    False: _Callback(lambda _: torch.set_flush_denormal(False)),
-}
+_CALLBACKS = {on: _Callback(lambda _, on=on: torch.set_flush_denormal(on)) for on in (True, False)}
 _runtime: ctypes.CDLL | None | bool = False  # False: not looked up yet
 
 
@@ -62,10 +56,8 @@ def _set_all_threads(on: bool) -> None:
 
 @contextlib.contextmanager
 def flush_denormals(device: torch.device | str = "cpu") -> Iterator[None]:
-    """Denormals flushed to zero on the CPU inside the block; the default (off) after it.
-
-    A no-op for work on another `device`: GPUs handle denormals at full speed.
-    """
+    """Denormals flushed to zero on the CPU inside the block, the default (off) after it; a
+    no-op for another `device` (GPUs handle denormals at full speed)."""
     if torch.device(device).type != "cpu":
         yield
         return

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -19,18 +18,11 @@ from torch import Tensor
 from sodaray.objective.scoring import context_embeds, objective_loss
 from sodaray.search.adam import adam_step
 from sodaray.search.denormals import flush_denormals
-from sodaray.search.engine.base import (
-    BatchSearch,
-    SearchConfig,
-    SlotEntry,
-    StepOutcome,
-    UniformBatch,
-    keyed_generator,
-)
+from sodaray.search.engine import base
 
 
 @dataclass
-class EmbeddingConfig(SearchConfig):
+class EmbeddingConfig(base.SearchConfig):
     """Defaults from the paper's ablation: gamma 0.065, betas (0.9, 0.995)."""
 
     learning_rate: float = 0.065
@@ -44,7 +36,7 @@ class EmbeddingConfig(SearchConfig):
     algorithm = "embedding"
     display_name = "Embedding search"
 
-    def batch_type(self) -> type[BatchSearch]:
+    def batch_type(self) -> type[base.BatchSearch]:
         return EmbeddingBatch
 
     def validate(self) -> None:
@@ -83,24 +75,16 @@ def nearest_tokens(
     return best_index.view(x.shape[:-1])
 
 
-class EmbeddingBatch(UniformBatch):
+class EmbeddingBatch(base.UniformBatch):
     """Continuous inputs (B, n, d) with their Adam moments, equal lengths, one config."""
 
-    mixes_lengths: ClassVar[bool] = False
-
-    def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
+    def start(self, entries: Sequence[base.SlotEntry]) -> dict[str, Tensor]:
         """X from N(0, init_std^2), keyed by (seed, sample id) so a sample starts alike in any
         batch; moments and the moment age at zero."""
         d = self.model.embedding_matrix.shape[1]
         dev = self.model.device
-        x = torch.stack(
-            [
-                torch.randn(
-                    (self.n, d), generator=keyed_generator(self.cfg.seed, e.sample_id, 0, "start")
-                )
-                for e in entries
-            ]
-        ).to(dev)
+        keys = [base.keyed_generator(self.cfg.seed, e.sample_id, 0, "start") for e in entries]
+        x = torch.stack([torch.randn((self.n, d), generator=g) for g in keys]).to(dev)
         return {
             "x": x * self.cfg.init_std,
             "m": torch.zeros_like(x),
@@ -112,7 +96,7 @@ class EmbeddingBatch(UniformBatch):
     def x(self) -> Tensor:
         return self.slots["x"]
 
-    def step(self, steps_after: np.ndarray) -> StepOutcome:
+    def step(self, steps_after: np.ndarray) -> base.StepOutcome:
         x = self.x.detach().requires_grad_(True)
         with torch.enable_grad(), flush_denormals(x.device):  # gradient pass only
             embeds = x.to(self.model.dtype)
@@ -123,22 +107,11 @@ class EmbeddingBatch(UniformBatch):
         age = self.slots["age"]
         age += 1
         per_slot = age.view(-1, 1, 1)
-        adam_step(
-            self.x,
-            grad,
-            self.slots["m"],
-            self.slots["v"],
-            learning_rate=c.learning_rate,
-            beta1=c.beta1,
-            beta2=c.beta2,
-            eps=c.eps,
-            correction=(1 - c.beta1**per_slot, 1 - c.beta2**per_slot),
-        )
-        tokens = nearest_tokens(
-            self.x / self.model.embed_scale,  # nearest to the scaled rows the model looks up
-            self.model.embedding_matrix,
-            distance=self.cfg.distance,
-            chunk=self.cfg.vocab_chunk,
-        )
+        hyper = dict(learning_rate=c.learning_rate, beta1=c.beta1, beta2=c.beta2, eps=c.eps)
+        correction = (1 - c.beta1**per_slot, 1 - c.beta2**per_slot)
+        adam_step(self.x, grad, self.slots["m"], self.slots["v"], **hyper, correction=correction)
+        scaled = self.x / self.model.embed_scale  # nearest to the scaled rows the model looks up
+        emb = self.model.embedding_matrix
+        tokens = nearest_tokens(scaled, emb, distance=c.distance, chunk=c.vocab_chunk)
         found = self.check(tokens)
         return self.outcome(found, loss)

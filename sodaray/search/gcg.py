@@ -23,20 +23,13 @@ from torch import Tensor
 from sodaray.model.loaded import LoadedModel
 from sodaray.objective.scoring import Layout, context_embeds, objective_loss
 from sodaray.search.denormals import flush_denormals
-from sodaray.search.engine.base import (
-    BatchSearch,
-    SearchConfig,
-    SlotEntry,
-    StepOutcome,
-    UniformBatch,
-    keyed_generator,
-)
+from sodaray.search.engine import base
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class GcgConfig(SearchConfig):
+class GcgConfig(base.SearchConfig):
     """GCG's knobs, defaulting to the paper's: top-k 128, 700 candidates, 700 steps."""
 
     max_steps: int = 700
@@ -52,7 +45,7 @@ class GcgConfig(SearchConfig):
     display_name = "GCG"
     RENAMED: ClassVar[dict[str, str]] = {"top_k": "tokens_per_position"}
 
-    def batch_type(self) -> type[BatchSearch]:
+    def batch_type(self) -> type[base.BatchSearch]:
         return GcgBatch
 
     def validate(self) -> None:
@@ -64,20 +57,13 @@ class GcgConfig(SearchConfig):
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text or "not enough memory" in text
-    )
+    said = "out of memory" in text or "not enough memory" in text
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and said)
 
 
-class GcgBatch(UniformBatch):
+class GcgBatch(base.UniformBatch):
     """Current tokens (B, n) of a batch of equal-length GCG searches of one config."""
-
-    mixes_lengths: ClassVar[bool] = False
-    # Tests set this to force the out-of-memory fallback at a small chunk size.
-    simulated_memory_limit: int | None = None
 
     def __init__(
         self, model: LoadedModel, config: GcgConfig, length: int, generator: torch.Generator
@@ -104,19 +90,12 @@ class GcgBatch(UniformBatch):
         if len(set(config.exclude_tokens)) >= vocab:
             raise ValueError("exclude_tokens removes the whole vocabulary")
 
-    def start(self, entries: Sequence[SlotEntry]) -> dict[str, Tensor]:
+    def start(self, entries: Sequence[base.SlotEntry]) -> dict[str, Tensor]:
         """Random allowed tokens, drawn from a key of (seed, sample id): a sample starts from
         the same tokens whatever else enters the batch with it."""
-        picks = torch.stack(
-            [
-                torch.randint(
-                    len(self.allowed_ids),
-                    (self.n,),
-                    generator=keyed_generator(self.cfg.seed, e.sample_id, 0, "start"),
-                )
-                for e in entries
-            ]
-        )
+        keys = [base.keyed_generator(self.cfg.seed, e.sample_id, 0, "start") for e in entries]
+        count = len(self.allowed_ids)
+        picks = torch.stack([torch.randint(count, (self.n,), generator=g) for g in keys])
         return {"tokens": self.allowed_ids[picks.to(self.allowed_ids.device)]}
 
     @property
@@ -124,7 +103,7 @@ class GcgBatch(UniformBatch):
         """Each slot's current tokens (B, n), in place."""
         return self.slots["tokens"]
 
-    def step(self, steps_after: np.ndarray) -> StepOutcome:
+    def step(self, steps_after: np.ndarray) -> base.StepOutcome:
         grad = self.one_hot_gradient()
         candidates = self.sample_candidates(grad)  # (B, C, n)
         losses = self.score(candidates)  # (B, C)
@@ -144,13 +123,9 @@ class GcgBatch(UniformBatch):
         with torch.enable_grad(), flush_denormals(one_hot.device):
             embeds = self.model.relaxed_embeds(one_hot @ self.model.embedding_matrix)
             hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
+            probs = one_hot.reshape(-1, one_hot.shape[-1]) if fluency else None
             loss = objective_loss(
-                self.model,
-                self.objective,
-                hidden,
-                self.layout,
-                self.batch,
-                one_hot.reshape(-1, one_hot.shape[-1]) if fluency else None,
+                self.model, self.objective, hidden, self.layout, self.batch, probs
             )
             (grad,) = torch.autograd.grad(loss.sum(), one_hot)
         return grad
@@ -182,11 +157,8 @@ class GcgBatch(UniformBatch):
         while start < len(flat):
             size = min(self.chunk, len(flat) - start)
             try:
-                if self.simulated_memory_limit is not None and size > self.simulated_memory_limit:
-                    raise torch.OutOfMemoryError("simulated: out of memory")
-                out[start : start + size] = self._loss(
-                    flat[start : start + size], owner[start : start + size]
-                )
+                part = slice(start, start + size)
+                out[part] = self._loss(flat[part], owner[part])
             except (torch.OutOfMemoryError, RuntimeError) as exc:
                 if not is_out_of_memory(exc) or self.chunk == 1:
                     raise

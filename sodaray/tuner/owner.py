@@ -25,10 +25,9 @@ INTERRUPTED_ATTR = "interrupted"  # a trial's: why its run stopped it (it is run
 @dataclasses.dataclass
 class RunOwner:
     """A `tune` run's driver as its study records it: one study user attribute per run
-    (`RUN_ATTR` + `key`: host, pid, boot id and process start, as a sweep's job lock holds
-    them, and when it was last seen, renewed every `owner.REFRESH_SECONDS`), and each trial it
-    asks stamped with `key`. Its RUNNING trials are another run's to fail only once it is over
-    (`gone`: its record says it ended, or `experiment.owner` judges it gone)."""
+    (`RUN_ATTR` + `key`: its driver as a sweep's job lock holds it, and when it was last seen),
+    and each trial it asks stamped with `key`. Its RUNNING trials are another run's to fail
+    only once it is over (`gone`)."""
 
     key: str
     record: dict[str, Any]
@@ -49,11 +48,8 @@ class RunOwner:
     def register(self, study: Any) -> dict[str, dict[str, Any]]:
         """Record this run in `study`; returns the other runs live on it (key -> record)."""
         self._write(study)
-        self.others = {
-            key: record
-            for key, record in run_records(study).items()
-            if key != self.key and self.gone(key, record) is None
-        }
+        runs = run_records(study).items()
+        self.others = {k: r for k, r in runs if k != self.key and self.gone(k, r) is None}
         return self.others
 
     def refresh(self, study: Any) -> None:
@@ -72,9 +68,6 @@ class RunOwner:
         self.record["seen"] = time.time()
         study.set_user_attr(RUN_ATTR + self.key, self.record)
         self.refreshed = time.monotonic()
-
-    def stamp(self, trial: Any) -> None:
-        trial.set_user_attr(TRIAL_RUN_ATTR, self.key)
 
     def gone(self, key: str, record: Any) -> str | None:
         """Why the run `key` (its study record) is over, or None while its driver may live."""
@@ -96,25 +89,20 @@ class RunOwner:
 
 def run_records(study: Any) -> dict[str, Any]:
     """The runs recorded in `study` (key -> record), as `RunOwner.register` writes them."""
-    return {
-        name[len(RUN_ATTR) :]: value
-        for name, value in study.user_attrs.items()
-        if name.startswith(RUN_ATTR)
-    }
+    attrs = study.user_attrs.items()
+    return {name[len(RUN_ATTR) :]: value for name, value in attrs if name.startswith(RUN_ATTR)}
 
 
 def rescue_trials(
     study: Any, spec: TuningSpec, owner: RunOwner, others: dict[str, Any]
 ) -> list[int]:
     """Fail the RUNNING trials whose run is over (`RunOwner.gone`), their parameters tried
-    again (when its driver got as far as sampling them all). A trial that names no run (an
-    older sodaray's, or one whose driver died between asking it and naming itself) is left
-    alone while another run is live: it may be that run's. Two runs rescuing at once fail a
-    trial once: the second is told it is finished, and leaves it. Returns the trials failed."""
+    again. A trial that names no run (an older sodaray's, or one whose driver died between
+    asking it and naming itself) is left alone while another run is live: it may be that
+    run's. Two runs rescuing at once fail a trial once. Returns the trials failed."""
     import optuna
 
     runs = run_records(study)
-    names = {p.name for p in spec.space}
     stale = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         run = t.user_attrs.get(TRIAL_RUN_ATTR)
@@ -124,30 +112,26 @@ def rescue_trials(
             continue
         else:
             why = owner.gone(run, runs.get(run))
-        if why is None:
-            continue
-        log.info("trial %d was left running (its run: %s): failed, tried again", t.number, why)
-        try:
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
-            continue  # another run failed it first
-        if set(t.params) >= names:
-            study.enqueue_trial(t.params, skip_if_exists=False)
-        stale.append(t.number)
-    return stale
+        if why is not None:
+            log.info("trial %d was left running (its run: %s): failed, tried again", t.number, why)
+            stale.append(t)
+    return abandon_trials(study, stale, {p.name for p in spec.space})
 
 
-def abandon_trials(study: Any, trials: Sequence[Any], names: set[str], why: str) -> list[int]:
-    """This run's RUNNING `trials` failed, marked with `why` (`INTERRUPTED_ATTR`), and their
-    parameters (when they hold all of `names`) enqueued: a run stopped by a signal or an error
-    leaves none RUNNING, and the next run tries them again. Returns their numbers."""
+def abandon_trials(
+    study: Any, trials: Sequence[Any], names: set[str], why: str | None = None
+) -> list[int]:
+    """`trials` failed, marked with `why` (`INTERRUPTED_ATTR`) when given, and their parameters
+    (when they hold all of `names`) enqueued to run again; one told already (another run
+    failed it first) is left. Returns the numbers of those failed."""
     import optuna
 
     done = []
     for trial in trials:
         try:
-            trial.set_user_attr(INTERRUPTED_ATTR, why)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if why is not None:
+                trial.set_user_attr(INTERRUPTED_ATTR, why)
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
             continue  # told already
         params = dict(trial.params)
@@ -166,7 +150,7 @@ def ask_trial(study: Any, distributions: dict[str, Any], owner: RunOwner | None 
     try:
         trial = study.ask(distributions)
         if owner is not None:
-            owner.stamp(trial)
+            trial.set_user_attr(TRIAL_RUN_ATTR, owner.key)
         return trial
     except BaseException:
         running = (optuna.trial.TrialState.RUNNING,)

@@ -5,7 +5,6 @@ trials' samples are split evenly over the `workers` replicas (at most one a tria
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from sodaray.costs.devices import H100, DeviceCosts
@@ -15,24 +14,16 @@ from sodaray.experiment.estimate import Totals, Workload, describe_tables, price
 from sodaray.experiment.estimate import calibrate as calibrate_rate
 from sodaray.tuner.spec import TuningSpec
 
-log = logging.getLogger(__name__)
-
 
 def study_workload(spec: TuningSpec, trials: int, workers: int) -> Workload:
     """The study as one workload: every trial's validation samples, at the file's own settings
     (the space's sampled values aside), on at most one replica a trial."""
     counts = dataset_lengths(spec.data)
-    return Workload(
-        name=spec.name,
-        model=spec.model,
-        search=spec.config({}),
-        objective=spec.objective_for({}),
-        samples_by_length={n: trials * k for n, k in sorted(counts.items())},
-        lengths_per_sample=1,  # a trial searches each sample at its own length
-        max_length=max(counts, default=1),
-        replicas=max(1, min(workers, trials)),
-        shape=model_shape(spec.model.location),
-    )
+    samples = {n: trials * k for n, k in sorted(counts.items())}
+    how = (spec.config({}), spec.objective_for({}), samples)
+    # A trial searches each sample at its own length: one length per sample.
+    sizes = (1, max(counts, default=1), max(1, min(workers, trials)))
+    return Workload(spec.name, spec.model, *how, *sizes, model_shape(spec.model.location))
 
 
 def plan_study(
@@ -45,9 +36,8 @@ def plan_study(
     costs: DeviceCosts = H100,
 ) -> dict[str, Any]:
     """The study's cost as plain data: samples, the most sample-steps per trial and in all,
-    FLOPs (None where the model's shape is unknown offline: a GGUF file without `calibrate`),
-    and its time (`experiment.estimate.price`: `rate`, `costs`, or with `calibrate` a rate
-    measured here), as GPU- or CPU-hours and the wall on `workers` replicas."""
+    FLOPs (None where the model's shape is unknown offline), and its time (by `rate`, `costs`,
+    or with `calibrate` a rate measured here) on `workers` replicas."""
     work = study_workload(spec, trials, workers)
     model = None
     unpriced = tables(costs)[work.kind] is None  # a CPU model without a CPU costs file
@@ -55,7 +45,6 @@ def plan_study(
         model = spec.model.load_here()
         if work.shape is None:
             work = work.with_shape(shape_from_config(model.model.config))
-    per_trial = work.sample_steps // trials
     time = price(work, costs, rate, None if model is None else lambda: calibrate_rate(work, model))
     total = Totals()
     total.add(work, time)
@@ -64,7 +53,7 @@ def plan_study(
         "samples": work.samples // trials,
         "max_steps": work.max_steps,
         "trials": trials,
-        "sample_steps_per_trial": per_trial,
+        "sample_steps_per_trial": work.sample_steps // trials,
         "sample_steps": work.sample_steps,
         "flops": work.flops,
         "kind": work.kind,

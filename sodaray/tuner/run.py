@@ -1,11 +1,10 @@
 """`sodaray tune`: an Optuna study whose trials are units of work on a model's replicas.
 
-The driver owns the study: it asks a trial, hands its samples to the actor group as one unit,
-reports each checkpoint the replica streams back, cancels the unit when the pruner says so, and
-tells Optuna the outcome once the trial's rows are written. Trials share a replica's batch; one
-whose replica died runs again in the same trial. Each run asks and ends only its own trials
-(`tuner.owner`): stopped by a signal (`TuneInterrupted`) or an error, it fails its running
-trials, marked `interrupted`, and enqueues their parameters for the next run.
+The driver asks a trial, hands its samples to the actor group as one unit, reports each
+checkpoint, cancels the unit when the pruner says so, and tells Optuna the outcome once the
+trial's rows are written; a trial whose replica died runs again in the same trial. Each run ends
+only its own trials: stopped by a signal or an error, it fails its running trials, marked
+`interrupted`, and enqueues their parameters for the next run.
 """
 
 from __future__ import annotations
@@ -30,17 +29,11 @@ from sodaray.io.paths import inside
 from sodaray.io.writes import OutputFolder
 from sodaray.report.study import PLOTS, save_plots
 from sodaray.results import write_table_atomic
+from sodaray.tuner import values
 from sodaray.tuner.owner import RunOwner, abandon_trials, ask_trial
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningSpec
 from sodaray.tuner.storage import open_storage, storage_url
 from sodaray.tuner.study import grid_left, open_study, write_preset
-from sodaray.tuner.values import (
-    METRIC_LABELS,
-    SIGNALS,
-    checkpoint_steps,
-    checkpoint_value,
-    trial_value,
-)
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +63,13 @@ class TuneRun:
     preset_path: Path | None = None
     plots: list[Path] = field(default_factory=list)
     plots_skipped: dict[str, str] = field(default_factory=dict)  # plot name -> why not made
-    # A grid study: its points, and the trials it had left when this run began (None: not a
-    # grid). A run asks no more trials than are left; a covered grid runs none.
+    # A grid study: its points and the trials it had left as this run began (None: not a grid).
     grid: tuple[int, int] | None = None
     asked: int = 0  # the trials this run was asked for
     joined: list[str] = field(default_factory=list)  # other runs live on the study as it opened
     abandoned: list[int] = field(default_factory=list)  # trials failed as it stopped, enqueued
-    # OUT, the folder the user gave (by default the study folder's parent): every file the run
-    # writes is written below it by the rule for writes, never through a link.
+    # OUT, the folder the user gave (default: `out`'s parent): every file the run writes is
+    # written below it by the rule for writes, never through a link.
     output: OutputFolder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -108,12 +100,10 @@ def run_tuning(
     on_progress: Callable[[int, UnitProgress], None] | None = None,
 ) -> TuneRun:
     """Add `trials` (default: the file's) trials to the study on `workers` replicas of the
-    model. `on_launch(number, pids)` runs as each trial is handed out (the replicas' process
-    ids, for callers that watch them); `callbacks` are Optuna's `(study, frozen_trial)` callbacks
-    (as `study.optimize` takes), called after each trial is told; `on_progress(number, counts)`
-    with a running trial's counts, about once a second (`experiment.work.UnitProgress`).
-    `cluster`: the Ray to run on, each trial's tries, and how long to wait for room there
-    (`experiment.cluster.Cluster`)."""
+    model. `on_launch(number, pids)` runs as each trial is handed out; `callbacks` are Optuna's
+    `(study, frozen_trial)` callbacks, called after each trial is told; `on_progress(number,
+    counts)` with a running trial's counts, about once a second. `cluster`: the Ray to run on,
+    each trial's tries, and how long to wait for room there."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     check_address(cluster.address)  # fails fast, before the study and the validation data
@@ -121,7 +111,6 @@ def run_tuning(
     if n_trials < 1:
         raise ValueError(f"trials must be at least 1, not {n_trials}")
     spec = spec.on_model(model)  # a copy: the caller's spec keeps its model
-    # The folder the user gave: nothing below it is written through a link.
     study, owner, run = _open_study(spec, OutputFolder(Path(out)), storage, n_trials)
     loop: _Trials | None = None
     try:
@@ -138,7 +127,21 @@ def run_tuning(
                 )
                 loop.drain(n_trials, on_trial, callbacks)
     except BaseException as exc:
-        _end_stopped(exc, loop, spec, study, owner, run)
+        # Its running trials are this run's to end: failed and enqueued to run again, and its
+        # ownership of the study ended; a second signal meanwhile waits, leaving none RUNNING.
+        with stops.deferred():
+            if loop is not None and loop.live:
+                why = (
+                    f"stopped by {stops.signal_name()}"
+                    if isinstance(exc, KeyboardInterrupt)
+                    else f"the run stopped: {first_line(exc)}"
+                )
+                live = [trial for trial, _ in loop.live.values()]
+                with contextlib.suppress(Exception):  # the storage may be what failed
+                    names = {p.name for p in spec.space}
+                    run.abandoned = abandon_trials(study, live, names, why)
+            with contextlib.suppress(Exception):
+                owner.end(study)
         if isinstance(exc, KeyboardInterrupt):
             raise TuneInterrupted(run) from exc
         raise
@@ -150,8 +153,8 @@ def run_tuning(
 def _open_study(
     spec: TuningSpec, output: OutputFolder, storage: str | None, n_trials: int
 ) -> tuple[Any, RunOwner, TuneRun]:
-    """The study in its folder under `output` (made here) and its storage, opened by this run
-    as a new owner, and this run's record of it, asked for `n_trials` trials."""
+    """The study in its folder under `output`, opened by this run as a new owner, and this
+    run's record of it."""
     out = study_folder(output.base, spec)
     url = storage_url(spec, out, storage)
     output.make_folder(out)
@@ -161,40 +164,13 @@ def _open_study(
     owner = RunOwner.new()
     study, stale = open_study(spec, url, study_name, open_storage(url, journal_out), owner)
     run = TuneRun(study_name, url, out, stale_failed=stale, asked=n_trials)
-    run.output = output  # the folder as the user gave it (its default is `out`'s parent)
+    run.output = output
     run.joined = [describe_owner(r) for r in owner.others.values()]
     return study, owner, run
 
 
-def _end_stopped(
-    exc: BaseException,
-    loop: _Trials | None,
-    spec: TuningSpec,
-    study: Any,
-    owner: RunOwner,
-    run: TuneRun,
-) -> None:
-    """A run stopped by `exc`: its running trials are this run's to end, failed and enqueued
-    to run again (`run.abandoned`), and its ownership of the study ended; a second signal
-    meanwhile waits, so that none is left RUNNING."""
-    with stops.deferred():
-        if loop is not None and loop.live:
-            why = (
-                f"stopped by {stops.signal_name()}"
-                if isinstance(exc, KeyboardInterrupt)
-                else f"the run stopped: {first_line(exc)}"
-            )
-            live = [trial for trial, _ in loop.live.values()]
-            names = {p.name for p in spec.space}
-            with contextlib.suppress(Exception):  # the storage may be what failed
-                run.abandoned = abandon_trials(study, live, names, why)
-        with contextlib.suppress(Exception):
-            owner.end(study)
-
-
 def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun) -> None:
-    """The study's best trial as a preset and its plots, in the study's folder (below
-    `run.output`, the folder the user gave), recorded in `run`."""
+    """The study's best trial as a preset and its plots, in the study's folder."""
     import optuna
 
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -202,17 +178,16 @@ def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun) -> None:
         best = max(complete, key=lambda t: t.value)
         run.best_value, run.best_params = best.value, dict(best.params)
         run.preset_path = write_preset(spec, best, run.out / PRESET_FILE, run.output)
-    run.plots, skipped = save_plots(
-        study, run.out / "plots", METRIC_LABELS[spec.metric], metric=spec.metric, out=run.output
-    )
+    label = values.METRIC_LABELS[spec.metric]
+    plots = run.out / "plots"
+    run.plots, skipped = save_plots(study, plots, label, metric=spec.metric, out=run.output)
     run.plots_skipped = {s.name: s.reason for s in skipped}
 
 
 @contextlib.contextmanager
 def study_replicas(spec: TuningSpec, workers: int, cluster: Cluster) -> Iterator[ActorGroup]:
-    """`workers` replicas of the study's model on Ray (`cluster`: a fresh local one, or the
-    cluster it names), each taking a batch's worth of trials (or arms) and the next one
-    waiting; killed on the way out."""
+    """`workers` replicas of the study's model on Ray (`cluster`), each taking a batch's worth
+    of trials (or arms) and the next one waiting; killed on the way out."""
     with ray_session([spec.model.request()], cluster) as placement:
         group = ActorGroup(
             spec.model,
@@ -235,26 +210,22 @@ def study_folder(out: str | Path, spec: TuningSpec) -> Path:
 
 def study_files(folder: Path, first: int, trials: int) -> list[Path]:
     """The files a run of `trials` trials from trial number `first` writes in its study's
-    folder: checked before any trial runs (`writes.check_places`), so that a link or a device
-    where one of them goes is one line at once, not after the trials' hours."""
+    folder, checked before any trial runs (not after the trials' hours)."""
     plots = [folder / "plots" / f"{name}.png" for name in PLOTS]
     shown = range(first, first + min(trials, MAX_CHECKED_TRIALS))
     return [folder / PRESET_FILE, *plots, *(trial_file(folder, n) for n in shown)]
 
 
 def trial_file(folder: Path, number: int) -> Path:
-    """A trial's result rows in its study's folder."""
     return folder / "trials" / f"trial-{number:05d}.parquet"
 
 
 def validation_rows(
     spec: TuningSpec, study: Any, folder: Path, output: OutputFolder | None = None
 ) -> tuple[dict[str, list[Any]], DatasetIdentity]:
-    """The study's validation rows (built once per model into `folder`, OUT/<name>, under
-    .sodaray/datasets/; `output`: OUT, default `folder`'s parent) and the data's identity;
-    the data's hash is recorded in the study, and a study whose trials ran on other rows (its
-    data file rewritten, its source changed) is refused: its trials' values would not
-    compare."""
+    """The study's validation rows (built once per model into `folder`, OUT/<name>; `output`:
+    OUT, default `folder`'s parent) and the data's identity. The data's hash is recorded in the
+    study, and a study whose trials ran on other rows is refused: its values would not compare."""
     table = dataset_table(spec.model, spec.data, folder, output)
     identity = dataset_identity(table)
     recorded = study.user_attrs.get("dataset_hash")
@@ -264,19 +235,18 @@ def validation_rows(
             f"data's is {identity.hash[:16]}); give this data its own study_name or storage"
         )
     if identity.hash and "dataset_hash" not in study.user_attrs:
-        # The rows the trials ran on: the data spec names a build, the hash its result.
         study.set_user_attr("dataset_hash", identity.hash)
     return select_rows(table, None, None), identity
 
 
 def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
-    """The validation inputs and the observed outputs fit the model's context, where its
-    local config says it (`experiment.context`): one line naming the file."""
+    """The validation inputs and the observed outputs (a tuned `output_tokens` at its largest)
+    fit the model's context, where its local config says it: one line naming the file."""
     from sodaray.experiment.context import check_fits
 
     longest = max(rows["length"], default=0)
     outputs = [spec.objective_for({}).output_tokens]
-    for param in spec.space:  # a tuned output_tokens: its largest value must fit too
+    for param in spec.space:
         if param.name == f"{OBJECTIVE_PREFIX}output_tokens":
             outputs += [v for v in (param.high, *(param.choices or [])) if isinstance(v, int)]
     try:
@@ -298,23 +268,17 @@ def study_unit(
     data: str | None = None,
     checkpoints: tuple[int, ...] = (),
 ) -> Unit:
-    """`rows` (of `data`, default the study's) to search with the study's config and
-    objective at `params`, as the unit `job` of `sweep` (the context its result rows carry)."""
+    """`rows` (of `data`, default the study's) to search at `params`, as the unit `job` of
+    `sweep` (the context its result rows carry)."""
     context = {"dataset": spec.data.name if data is None else data, "sweep": sweep, "job": job}
-    return Unit(
-        key=job,
-        rows=rows,
-        search=spec.config(params),
-        objective=spec.objective_for(params),
-        checkpoints=checkpoints,
-        context={**context, **identity.context()},
-    )
+    search, objective = spec.config(params), spec.objective_for(params)
+    context |= identity.context()
+    return Unit(job, rows, search, objective, checkpoints=checkpoints, context=context)
 
 
 def saved_steps(unit: Unit, table: Any, spent: int, cancelled: bool) -> int:
-    """The sample-steps a cancel (the pruner's) saved a trial at most: what its samples could
-    have taken (finished ones their steps, each unfinished one its whole budget) beyond what
-    it spent; 0 for a trial that ran to its end."""
+    """The sample-steps a cancel saved a trial at most: what its samples could have taken
+    (unfinished ones their whole budget) beyond what it spent; 0 for one not cancelled."""
     if not cancelled:
         return 0
     taken = sum(int(x) for x in table.column("steps").to_pylist())
@@ -322,31 +286,24 @@ def saved_steps(unit: Unit, table: Any, spent: int, cancelled: bool) -> int:
     return max(0, most - spent)
 
 
+@dataclass
 class _Trials:
     """One run's trials: asked from the study while a replica has room for one, reported at
     their checkpoints, told when their rows come back."""
 
-    def __init__(
-        self,
-        spec: TuningSpec,
-        study: Any,
-        run: TuneRun,
-        rows: dict[str, list[Any]],
-        identity: DatasetIdentity,
-        group: ActorGroup,
-        on_launch: Callable[[int, list[int]], None] | None,
-        on_progress: Callable[[int, UnitProgress], None] | None = None,
-        owner: RunOwner | None = None,
-    ) -> None:
-        self.spec, self.study, self.run, self.rows = spec, study, run, rows
-        self.identity, self.group, self.on_launch = identity, group, on_launch
-        self.on_progress = on_progress
-        self.owner = RunOwner.new() if owner is None else owner
-        self.distributions = spec.distributions()
-        self.live: dict[str, tuple[Any, float]] = {}  # unit key -> (trial, launched at)
-        self.reported: dict[str, set[int]] = {}
-        self.signals: dict[str, dict[str, dict[str, float]]] = {}  # unit key -> step -> values
-        self.pruned: set[str] = set()
+    spec: TuningSpec
+    study: Any
+    run: TuneRun
+    rows: dict[str, list[Any]]
+    identity: DatasetIdentity
+    group: ActorGroup
+    on_launch: Callable[[int, list[int]], None] | None = None
+    on_progress: Callable[[int, UnitProgress], None] | None = None
+    owner: RunOwner = field(default_factory=RunOwner.new)
+    live: dict[str, tuple[Any, float]] = field(default_factory=dict)  # key -> (trial, started)
+    reported: dict[str, set[int]] = field(default_factory=dict)
+    signals: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # key -> step
+    pruned: set[str] = field(default_factory=set)
 
     def drain(
         self,
@@ -361,10 +318,7 @@ class _Trials:
                 self.launch()
                 launched += 1
             event = next_event([self.group])
-            if event is None:
-                continue
-            _, unit, output = event
-            outcome = self.receive(unit, output)
+            outcome = None if event is None else self.receive(event[1], event[2])
             if outcome is None:
                 continue
             self.run.outcomes.append(outcome)
@@ -375,22 +329,18 @@ class _Trials:
 
     def unit(self, trial: Any) -> Unit:
         """A trial's samples as a unit (`trial` None: a stand-in to size one)."""
-        spec = self.spec
-        number = -1 if trial is None else trial.number
+        spec, number = self.spec, -1 if trial is None else trial.number
+        params = {} if trial is None else trial.params
+        steps = values.checkpoint_steps(spec.max_steps, spec.checkpoints)
+        sweep, job = f"tune:{spec.name}", f"trial-{number:05d}"
         return study_unit(
-            spec,
-            {} if trial is None else trial.params,
-            self.rows,
-            self.identity,
-            job=f"trial-{number:05d}",
-            sweep=f"tune:{spec.name}",
-            checkpoints=checkpoint_steps(spec.max_steps, spec.checkpoints),
+            spec, params, self.rows, self.identity, job=job, sweep=sweep, checkpoints=steps
         )
 
     def launch(self) -> None:
         import optuna
 
-        trial = ask_trial(self.study, self.distributions, self.owner)
+        trial = ask_trial(self.study, self.spec.distributions(), self.owner)
         try:
             unit = self.unit(trial)
             self.group.submit(unit)
@@ -403,8 +353,8 @@ class _Trials:
             self.on_launch(trial.number, self.group.pids())
 
     def receive(self, unit: Unit, output: Any) -> TrialOutcome | None:
-        """A checkpoint (reported; the trial is cancelled if the pruner says so), or a trial's
-        end: its rows written, its attributes set, then told in its own state."""
+        """A checkpoint (reported; cancelled if the pruner says so), or a trial's end: its rows
+        written, its attributes set, then told in its own state."""
         import optuna
 
         if isinstance(output, Progress):  # every trial's on its replica, on one trial's stream
@@ -419,17 +369,13 @@ class _Trials:
         if isinstance(output, Checkpoint):
             if output.step not in self.reported[unit.key]:  # a retried trial reports again
                 self.reported[unit.key].add(output.step)
-                values = {
-                    name: checkpoint_value(
-                        name, output.exact, output.total, output.losses, output.shares
-                    )
-                    for name in SIGNALS
-                }
+                got = (output.exact, output.total, output.losses, output.shares)
+                reports = {name: values.checkpoint_value(name, *got) for name in values.SIGNALS}
                 # Every signal's value, for a reader choosing one (`benchmarks/bench_prune.py`).
                 signals = self.signals.setdefault(unit.key, {})
-                signals[str(output.step)] = values
+                signals[str(output.step)] = reports
                 trial.set_user_attr("signals", signals)
-                trial.report(values[self.spec.signal], output.step)
+                trial.report(reports[self.spec.signal], output.step)
                 if unit.key not in self.pruned and trial.should_prune():
                     self.pruned.add(unit.key)
                     self.group.cancel(unit.key)
@@ -448,12 +394,11 @@ class _Trials:
         self.signals.pop(unit.key, None)
         table = output.table
         path = trial_file(self.run.out, trial.number)
-        write_table_atomic(table, path, self.run.output)  # OUT, the folder the user gave
+        write_table_atomic(table, path, self.run.output)
         exact = sum(bool(x) for x in table.column("exact").to_pylist())
         losses = table.column("final_loss").to_pylist()
-        value = trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)
-        # Set before `tell` (a finished trial is frozen): what the dashboard and `optuna
-        # trials` show of each trial.
+        value = values.trial_value(self.spec.metric, exact, unit.samples, output.seconds, losses)
+        # Set before `tell` (a finished trial is frozen): what the dashboard shows of each trial.
         for name, attr in (
             ("result_file", str(path)),
             ("exact", exact),

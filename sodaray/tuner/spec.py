@@ -26,7 +26,7 @@ from sodaray.experiment.spec import (
     parse_model,
     parse_objective,
 )
-from sodaray.io.paths import in_file, local_path, looked_for
+from sodaray.io.paths import in_file, looked_for
 from sodaray.objective.objectives import Objective
 from sodaray.search.engine.base import SearchConfig
 
@@ -47,9 +47,8 @@ class ParamSpace:
         if self.type == "categorical":
             return d.CategoricalDistribution(self.choices)
         if self.type == "int":
-            return d.IntDistribution(
-                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
-            )
+            step = int(self.step or 1)
+            return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=step)
         return d.FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
 
     def holds(self, value: Any) -> bool:
@@ -63,17 +62,11 @@ class ParamSpace:
         return self.step is None or abs(round(off / self.step) * self.step - off) < 1e-9
 
     def describe(self) -> dict[str, Any]:
-        """The range as the study samples it, for a reader (`tune --dry-run`): its type and
-        bounds, log scale and step, or its choices."""
+        """The range as the study samples it, for a reader (`tune --dry-run`)."""
         if self.type == "categorical":
             return {"type": self.type, "choices": list(self.choices or [])}
-        return {
-            "type": self.type,
-            "low": self.low,
-            "high": self.high,
-            "log": self.log,
-            "step": self.step if self.type == "float" else int(self.step or 1),
-        }
+        step = self.step if self.type == "float" else int(self.step or 1)
+        return dict(type=self.type, low=self.low, high=self.high, log=self.log, step=step)
 
     def grid_count(self) -> int:
         """How many values the grid sampler tries, counted without making them."""
@@ -104,11 +97,9 @@ class TuningSpec:
     trials: int = field(default=20, metadata=AT_LEAST_1)
     metric: Literal["exact", "exact_per_second", "exact_then_loss"] = "exact"
     sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
-    # How trials are stopped early (`tuner.study.make_pruner`).
     pruner: Literal["median", "successive_halving", "hyperband", "none"] = "successive_halving"
     checkpoints: int = field(default=4, metadata=AT_LEAST_1)  # pruning reports per input length
-    # What a checkpoint reports to the pruner (`tuner.values.checkpoint_value`; the study's
-    # value stays `metric`'s).
+    # What a checkpoint reports to the pruner (the study's value stays `metric`'s).
     signal: Literal["loss", "tokens", "exact"] = "loss"
     seed: int = 0
     storage: str | None = None
@@ -119,26 +110,18 @@ class TuningSpec:
 
     def config(self, params: dict[str, Any], *, defaults: bool = True) -> SearchConfig:
         """The algorithm's full config for a trial's sampled `params` (objective ones aside):
-        the model's preset (or its family's defaults: `algorithm_config`), then `fixed`, then
-        the sampled values."""
+        the model's preset (or its family's defaults), then `fixed`, then the sampled values."""
         algo = {k: v for k, v in params.items() if not k.startswith(OBJECTIVE_PREFIX)}
+        algo, steps, seed = {**self.fixed, **algo}, self.max_steps, self.seed
         return algorithm_config(
-            self.algorithm,
-            {**self.fixed, **algo},
-            self.model,
-            seed=self.seed,
-            steps=self.max_steps,
-            defaults=defaults,
+            self.algorithm, algo, self.model, seed=seed, steps=steps, defaults=defaults
         )
 
     def objective_for(self, params: dict[str, Any], *, defaults: bool = True) -> Objective:
         """The objective with the model's preset settings (or its family's), then the file's
         `objective`, then a trial's `objective.*` parameters applied."""
-        over = {
-            k.removeprefix(OBJECTIVE_PREFIX): v
-            for k, v in params.items()
-            if k.startswith(OBJECTIVE_PREFIX)
-        }
+        n = len(OBJECTIVE_PREFIX)
+        over = {k[n:]: v for k, v in params.items() if k.startswith(OBJECTIVE_PREFIX)}
         return objective_config({**self.objective, **over}, self.model, defaults=defaults)
 
     def confirms_raw(self) -> bool:
@@ -150,42 +133,24 @@ class TuningSpec:
         return base.confirm == "both" and base.kind == "logits" and (base.confirms_raw or spaces)
 
     def defaults_effect(self) -> dict[str, Any]:
-        """What the model's family defaults change in this study's trials: the knobs they set
-        that neither `fixed` nor the space sets, and the objective settings the file leaves
-        unset, each where it differs from the built-in default ({}: none, or a preset named).
-        The study's hash takes it (`tuner.identity.spec_hash`), so a default that changes no
-        trial keeps a study's hash."""
+        """What the model's family defaults change in this study's trials (the study's hash
+        takes it): the knobs neither `fixed` nor the space sets, and the objective settings the
+        file leaves unset, where they differ from the built-in default ({}: none)."""
         family = model_defaults(self.model)
         if family is None:
             return {}
         searched = {p.name for p in self.space} | set(self.fixed)
         builtin = self.config({}, defaults=False).to_dict()
-        knobs = {
-            k: v
-            for k, v in family.params(self.algorithm).items()
-            if k not in searched and builtin.get(k) != v
-        }
+        knobs = family.params(self.algorithm).items()
+        knobs = {k: v for k, v in knobs if k not in searched and builtin.get(k) != v}
         plain = dataclasses.asdict(self.objective_for({}, defaults=False))
         settings = {k: v for k, v in family.objective(self.objective).items() if plain.get(k) != v}
         effect = {"params": knobs, "objective": settings}
         return {k: v for k, v in effect.items() if v}
 
     def on_model(self, model: str | None) -> TuningSpec:
-        """This study on another model (`--model`: its id, on the file's model entry's resources;
-        `ModelSpec.with_id`), or this spec itself when `model` is None."""
+        """This study on another model (`--model`), or this spec itself when `model` is None."""
         return self if model is None else replace(self, model=self.model.with_id(model))
-
-    def resolved(self) -> TuningSpec:
-        """This spec as it crosses to Ray actors: the model's local paths (`ModelSpec.resolved`),
-        the data file and the file's own path absolute, resolved on the driver where they were
-        checked (actors get the rows, not the data file, but no relative path should travel)."""
-        data_path = local_path(self.data.location) or self.data.path
-        return replace(
-            self,
-            path=self.path.absolute(),
-            model=self.model.resolved(),
-            data=replace(self.data, path=data_path),
-        )
 
     def distributions(self) -> dict[str, Any]:
         return {p.name: p.distribution() for p in self.space}
@@ -198,12 +163,8 @@ class TuningSpec:
         # A preset file by the rule for paths in files: read from the tuning file's folder.
         where = None if named else in_file(self.start_from, self.path.parent.resolve())
         values = preset_params("soda", self.start_from if named else None, where)
-        out = {}
-        for p in self.space:
-            value = values.get(p.name)
-            if value is not None and p.holds(value):
-                out[p.name] = value
-        return out
+        found = [(p, values.get(p.name)) for p in self.space]
+        return {p.name: v for p, v in found if v is not None and p.holds(v)}
 
 
 TOP_KEYS = {f.name for f in fields(TuningSpec)} - {"path"}
@@ -218,13 +179,8 @@ PARAM_KEYS = {"type", "low", "high", "log", "step", "choices"}
 
 def load_tuning(path: str | Path, overrides: list[str] | tuple = ()) -> TuningSpec:
     """Read and validate a tuning file (every parameter range is checked against the
-    algorithm's config); `overrides` (`KEY=VALUE`, see `sodaray.config.configfile`) applied
-    first."""
-    return parse_tuning(*read_document(path, "tuning", TuningError, overrides, PATH_FIELDS))
-
-
-def parse_tuning(data: Any, path: Path) -> TuningSpec:
-    """A tuning file's document (`data`, read from `path`) as a checked `TuningSpec`."""
+    algorithm's config); `overrides` (`KEY=VALUE`) applied first."""
+    data, path = read_document(path, "tuning", TuningError, overrides, PATH_FIELDS)
     fail, name = check_top(data, path, TuningError, TOP_KEYS, ("name", "model", "data", "space"))
     base = path.parent.resolve()  # relative paths in the file are read from its folder
     model = parse_model(data["model"], "model", fail, base=base)
@@ -233,7 +189,8 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
     data_spec = parse_dataset(data["data"], "data", fail, default_name="validation", base=base)
     algorithm = data.get("algorithm", "soda")
     if algorithm not in ALGORITHMS:
-        raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {', '.join(ALGORITHMS)})")
+        choose = ", ".join(ALGORITHMS)
+        raise fail("algorithm", f"unknown algorithm {algorithm!r} (choose {choose})")
     objective = parse_objective(data.get("objective") or {"kind": "logits"}, "objective", fail)
     if "grid" in objective:
         raise fail("objective.grid", "a study searches `space`; objective grids are for sweeps")
@@ -243,16 +200,8 @@ def parse_tuning(data: Any, path: Path) -> TuningSpec:
     space = [_param(name_, entry, f"space.{name_}", fail) for name_, entry in space_entry.items()]
     parsed = ("name", "model", "data", "algorithm", "objective", "space")
     scalars = {k: v for k, v in data.items() if k not in parsed}
-    spec = TuningSpec(
-        name=name,
-        path=path,
-        model=model,
-        data=data_spec,
-        algorithm=algorithm,
-        objective=objective,
-        space=space,
-        **coerce_scalars(TuningSpec, scalars, fail),  # max_steps: 1e3 is 1000
-    )
+    scalars = coerce_scalars(TuningSpec, scalars, fail)  # max_steps: 1e3 is 1000
+    spec = TuningSpec(name, path, model, data_spec, algorithm, objective, space=space, **scalars)
     _check_sampler(spec, fail)
     if spec.start_from is not None:
         _check_start_from(spec, base, fail)
@@ -267,9 +216,8 @@ def _check_sampler(spec: TuningSpec, fail) -> None:
         try:
             import cmaes  # noqa: F401
         except ImportError as exc:
-            raise fail(
-                "sampler", "cmaes needs the `cmaes` package (pip install 'sodaray[cmaes]')"
-            ) from exc
+            why = "cmaes needs the `cmaes` package (pip install 'sodaray[cmaes]')"
+            raise fail("sampler", why) from exc
     if spec.sampler != "grid":
         return
     points = 1
@@ -312,9 +260,8 @@ def _check_values(spec: TuningSpec, fail) -> None:
         samples = p.choices if p.type == "categorical" else [p.low, p.high]
         objective = p.name.startswith(OBJECTIVE_PREFIX)
         if objective and p.name.removeprefix(OBJECTIVE_PREFIX) not in TUNABLE_OBJECTIVE:
-            raise fail(
-                f"space.{p.name}", f"tunable objective fields: {', '.join(TUNABLE_OBJECTIVE)}"
-            )
+            why = f"tunable objective fields: {', '.join(TUNABLE_OBJECTIVE)}"
+            raise fail(f"space.{p.name}", why)
         check, prefix = (spec.objective_for, "") if objective else (spec.config, "config: ")
         for value in samples:
             try:
@@ -335,11 +282,8 @@ def _check_values(spec: TuningSpec, fail) -> None:
 
 def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:
     if not isinstance(entry, dict):
-        raise fail(
-            where,
-            "a mapping: {type: float|int|categorical, low, high, log, step} or "
-            "{type: categorical, choices: [...]}",
-        )
+        shape = "{type: float|int|categorical, low, high, log, step}"
+        raise fail(where, f"a mapping: {shape} or {{type: categorical, choices: [...]}}")
     known_fields(entry, PARAM_KEYS, where, fail)
     kind = entry.get("type", "categorical" if "choices" in entry else "float")
     p = ParamSpace(name, **coerce_scalars(ParamSpace, {**entry, "type": kind}, fail, where))

@@ -22,9 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def storage_url(spec: TuningSpec, out: Path, override: str | None = None) -> str:
-    """An RDB URL as given (`override`, else the file's), else a journal file
-    (OUT/<name>/study.journal). An empty one (an unset `--storage "$DB"`) is refused: a local
-    journal in its place would put a cluster's study on one node's disk."""
+    """An RDB URL as given (`override`, else the file's), else OUT/<name>/study.journal. An
+    empty one (an unset `--storage "$DB"`) is refused, not taken for a local journal."""
     url = spec.storage if override is None else override
     if url is None:
         return str(out / "study.journal")
@@ -47,9 +46,9 @@ def check_storage(spec: TuningSpec, out: str | Path, override: str | None = None
 
 def open_storage(url: str, out: OutputFolder | None = None):
     """Optuna storage for a URL: RDB (`postgresql://`, `sqlite:///`, ...) or a journal file,
-    checked first by the rule for writes below `out` (the folder the user gave; default: the
-    journal's own): a regular file (made empty when missing) of Optuna's lines, its lock
-    nothing or Optuna's link, so that opening waits at most about `CHECK_SECONDS`."""
+    checked first by the rule for writes below `out` (default: the journal's folder): a regular
+    file of Optuna's lines, its lock nothing or Optuna's link (opening waits at most about
+    `CHECK_SECONDS`)."""
     if "://" in url:
         _check_rdb_url(url)
         return url  # Optuna's RDB storage takes the URL itself
@@ -73,21 +72,18 @@ def open_storage(url: str, out: OutputFolder | None = None):
 
 @contextlib.contextmanager
 def unreadable_storage(url: str) -> Iterator[None]:
-    """Optuna replays a journal's entries unchecked: one it did not write (an `op_code` of
-    another version, an entry without its fields) fails deep inside it, as the storage opens
-    or as a study is made in it. One line instead."""
+    """A storage Optuna cannot read (a journal entry it did not write, a file that is not a
+    database) as one line, not a failure deep inside Optuna."""
     try:
         yield
     except (KeyError, TypeError, IndexError, AssertionError, UnicodeError) as exc:
+        why = f"{type(exc).__name__}: {first_line(exc)}"
         raise ValueError(
-            f"{shown_url(url)}: a study storage this Optuna cannot read ({type(exc).__name__}: "
-            f"{first_line(exc)})"
+            f"{shown_url(url)}: a study storage this Optuna cannot read ({why})"
         ) from exc
     except json.JSONDecodeError as exc:  # a journal line Optuna cannot parse
         raise ValueError(f"{shown_url(url)}: not a study journal Optuna can read ({exc})") from exc
-    except Exception as exc:
-        # SQLAlchemy's errors (a file that is not a SQLite database, a server that refuses)
-        # name no database: the URL, its password hidden, says which.
+    except Exception as exc:  # SQLAlchemy's errors name no database: the URL says which
         if type(exc).__module__.partition(".")[0] != "sqlalchemy":
             raise
         raise ValueError(f"storage {shown_url(url)}: {first_line(exc)}") from exc
@@ -106,18 +102,15 @@ def shown_url(url: str) -> str:
 
 
 # How long a journal's last line may stay cut short: a live driver appends a line in one write
-# under Optuna's lock, so one still unfinished after this was left by a driver that stopped
-# mid-write.
+# under Optuna's lock, so one unfinished after this was left by a driver stopped mid-write.
 CUT_LINE_SECONDS = 2.0
 
 
 def check_journal(url: str) -> None:
-    """Every line of a journal file is what Optuna writes there: a JSON object (held to
-    `files.MAX_NESTING`, as every JSON sodaray reads) with an integer `op_code`, since Optuna
-    parses each line without a bound and replays it unchecked. A last line with no newline
-    after it is waited for (`CUT_LINE_SECONDS`: a live driver may be writing it), then refused:
-    Optuna would append its next entry to it, and that joined line makes the whole journal
-    unreadable."""
+    """Every line of a journal file is what Optuna writes there (it replays them unchecked): a
+    JSON object, held to sodaray's JSON limits, with an integer `op_code`. A last line with no
+    newline is waited for (`CUT_LINE_SECONDS`), then refused: Optuna would append its next
+    entry to it, and that joined line makes the whole journal unreadable."""
     deadline = time.monotonic() + CUT_LINE_SECONDS
     while True:
         with open(url, "rb") as f:
@@ -144,10 +137,9 @@ def check_journal(url: str) -> None:
 
 def check_journal_lock(journal: Path, out: OutputFolder) -> None:
     """The journal's lock as Optuna's symlink lock leaves it: a symbolic link to the journal,
-    held while a driver appends. A link to anything else is refused (`writes`: sodaray never
-    acts through a link it did not make); a link older than `CHECK_SECONDS` (its driver died
-    mid-write) is removed, and anything else there (which Optuna would wait on before renaming
-    it away) is moved aside, each with a warning and by the rule for writes below `out`."""
+    held while a driver appends. A link to anything else is refused; a link older than
+    `CHECK_SECONDS` (its driver died mid-write) is removed, and anything else there is moved
+    aside, each with a warning and by the rule for writes below `out`."""
     lock = journal.with_name(journal.name + ".lock")  # Optuna's JournalFileSymlinkLock
     kind = out.what_is_at(lock)
     if kind is None:
@@ -169,27 +161,20 @@ def check_journal_lock(journal: Path, out: OutputFolder) -> None:
     out.move(lock, aside)  # kept, never deleted (a device, a FIFO, a folder)
 
 
-# The package to install for each database driver SQLAlchemy names (its module): Optuna's RDB
-# storage names none.
+# The package to install for a database driver SQLAlchemy names (its module), where the two
+# differ (pg8000, asyncpg, oracledb, pyodbc, ...: the module's name).
 DRIVER_PACKAGES = {
     "psycopg": "psycopg[binary]",
     "psycopg2": "psycopg2-binary",
-    "pg8000": "pg8000",
-    "asyncpg": "asyncpg",
     "MySQLdb": "mysqlclient",
     "pymysql": "PyMySQL",
     "mysql": "mysql-connector-python",
-    "mariadb": "mariadb",
-    "oracledb": "oracledb",
-    "cx_Oracle": "cx_Oracle",
-    "pyodbc": "pyodbc",
-    "pymssql": "pymssql",
 }
 
 
 def _check_rdb_url(url: str) -> None:
-    """An RDB URL whose database kind SQLAlchemy knows and whose driver is installed (the
-    connection is tried later): one line naming the package to install when it is not."""
+    """An RDB URL whose database kind SQLAlchemy knows and whose driver is installed: one line
+    naming the package to install when it is not."""
     check_sqlite_url(url, "storage")
     try:
         from sqlalchemy.engine import make_url
@@ -199,17 +184,14 @@ def _check_rdb_url(url: str) -> None:
     except ImportError as exc:
         raise ValueError(f"storage {url}: {exc} (install the database driver)") from exc
     except Exception as exc:  # SQLAlchemy's ArgumentError, NoSuchModuleError
-        raise ValueError(
-            f"storage {url}: {first_line(exc)} (an Optuna RDB URL: sqlite:///study.db, "
-            "postgresql://user@host/db, ...)"
-        ) from exc
+        kinds = "sqlite:///study.db, postgresql://user@host/db, ..."
+        raise ValueError(f"storage {url}: {first_line(exc)} (an Optuna RDB URL: {kinds})") from exc
     try:
-        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi  # SQLAlchemy 2; 1.4
-        load()
+        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()  # SQLAlchemy 2; 1.4
     except ImportError as exc:
-        module = (getattr(exc, "name", None) or "").split(".")[0]
-        package = DRIVER_PACKAGES.get(module, module or parsed.get_driver_name())
+        module, driver = (getattr(exc, "name", None) or "").split(".")[0], parsed.get_driver_name()
+        package = DRIVER_PACKAGES.get(module, module or driver)
         raise ValueError(
-            f"storage {shown_url(url)}: its database driver {parsed.get_driver_name()} is not "
+            f"storage {shown_url(url)}: its database driver {driver} is not "
             f"installed ({first_line(exc)}): pip install '{package}'"
         ) from exc

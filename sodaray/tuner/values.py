@@ -16,10 +16,8 @@ SIGNALS = ("loss", "tokens", "exact")  # what a checkpoint may report (`checkpoi
 
 
 def trial_value(metric: str, exact: int, total: int, seconds: float, losses: list[float]) -> float:
-    """A trial's objective value (maximised). `exact`: the exact rate. `exact_per_second`:
-    exact inversions per second of search. `exact_then_loss`: the exact rate, ties broken by the
-    mean final relaxed loss, a term below one sample's worth of exact rate (a signal for the
-    sampler where a budget solves almost nothing)."""
+    """A trial's objective value (maximised) under `metric` (`METRIC_LABELS`); the loss's
+    tie-break is below one sample's worth of exact rate."""
     if metric == "exact_per_second":
         return exact / max(seconds, 1e-9)
     rate = exact / total
@@ -40,12 +38,9 @@ def checkpoint_steps(max_steps: int, count: int) -> tuple[int, ...]:
 def checkpoint_value(
     signal: str, exact: int, total: int, losses: Sequence[float], shares: Sequence[float]
 ) -> float:
-    """What a checkpoint reports to the pruner (maximised): the exact rate at the checkpoint,
-    ties broken by the samples' mean relaxed loss there (`loss`: as `exact_then_loss` breaks
-    a trial's) or by their mean share of true tokens in place (`tokens`). Either tie-break is
-    below one sample's worth of exact rate, so the value never ranks fewer finds above more;
-    unlike the exact rate alone, it differs between trials before any has found anything.
-    Without per-sample values (an algorithm that reports none), the exact rate."""
+    """What a checkpoint reports to the pruner (maximised): the exact rate there, ties broken
+    by the samples' mean relaxed loss (`loss`) or mean share of true tokens in place (`tokens`),
+    below one sample's worth of exact rate; the exact rate alone without per-sample values."""
     if signal == "loss" and losses:
         return trial_value("exact_then_loss", exact, total, 0.0, list(losses))
     if signal == "tokens" and shares:

@@ -18,7 +18,7 @@ from sodaray.experiment.cluster import Cluster, check_address
 from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
 from sodaray.experiment.group import Failure, next_event
 from sodaray.experiment.spec import TuningError
-from sodaray.experiment.work import Finished, Unit
+from sodaray.experiment.work import Finished
 from sodaray.io.writes import OutputFolder
 from sodaray.report.metrics import Proportion, proportion
 from sodaray.results import write_table_atomic
@@ -43,6 +43,13 @@ class Arm:
     def rate(self) -> Proportion:
         return proportion(sum(self.exact.values()), len(self.exact))
 
+    def to_dict(self) -> dict[str, Any]:
+        r, rows = self.rate, None if self.rows is None else str(self.rows)
+        interval = [r.low, r.high]
+        return dict(
+            exact=r.k, samples=r.n, rate=r.value, interval=interval, params=self.params, rows=rows
+        )
+
 
 @dataclass
 class Verdict:
@@ -65,17 +72,7 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         return {
             **{k: v for k, v in dataclasses.asdict(self).items() if k not in ("arms", "only")},
-            "arms": {
-                a.name: {
-                    "exact": a.rate.k,
-                    "samples": a.rate.n,
-                    "rate": a.rate.value,
-                    "interval": [a.rate.low, a.rate.high],
-                    "params": a.params,
-                    "rows": None if a.rows is None else str(a.rows),
-                }
-                for a in self.arms
-            },
+            "arms": {a.name: a.to_dict() for a in self.arms},
             "only_tuned": self.only[0],
             "only_default": self.only[1],
             "differ": self.differ,
@@ -115,19 +112,14 @@ def held_out_data(spec: TuningSpec):
             f"{spec.path}: --evaluate draws test inputs as the study's `data.build` with the "
             f"next seed; this study's data is a file ({spec.data.path})"
         )
-    seed = int(build.get("seed", 0)) + 1
-    return dataclasses.replace(
-        spec.data, name=f"{spec.data.name}-test", build={**build, "seed": seed}
-    )
+    build = {**build, "seed": int(build.get("seed", 0)) + 1}
+    return dataclasses.replace(spec.data, name=f"{spec.data.name}-test", build=build)
 
 
 def mcnemar_p(only_a: int, only_b: int) -> float:
     """McNemar's exact (binomial) two-sided p-value on the discordant pairs."""
     n = only_a + only_b
-    if n == 0:
-        return 1.0
-    k = min(only_a, only_b)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -166,57 +158,33 @@ def evaluate(
     identity = dataset_identity(table)
     rows = select_rows(table, None, None)
     arms = [Arm("tuned", dict(best.params)), Arm("default", {})]
-    sweep = f"verdict:{spec.name}"
+    sweep, tables = f"verdict:{spec.name}", {}
     units = [
         study_unit(spec, a.params, rows, identity, job=a.name, sweep=sweep, data=data.name)
         for a in arms
     ]
-    tables = _run(spec, units, workers, cluster)
+    with study_replicas(spec, workers, cluster) as group:
+        for unit in units:
+            group.submit(unit)
+        while len(tables) < len(arms):
+            event = next_event([group])
+            unit, output = (None, None) if event is None else event[1:]
+            if isinstance(output, Failure) and output.final:
+                raise TuningError(f"{spec.path}: the {unit.key} arm failed: {output.error}")
+            if isinstance(output, Finished):
+                tables[unit.key] = output.table
     for arm in arms:
         result = tables[arm.name]
         arm.rows = folder / VERDICT_FOLDER / f"{arm.name}.parquet"
         write_table_atomic(result, arm.rows, out_folder)
-        ids = result.column("sample_id").to_pylist()
-        exact = result.column("exact").to_pylist()
+        ids, exact = (result.column(c).to_pylist() for c in ("sample_id", "exact"))
         arm.exact = {int(i): bool(e) for i, e in zip(ids, exact, strict=True)}
     tuned, default = arms[0].exact, arms[1].exact
     only = (
         sum(tuned[i] and not default.get(i, False) for i in tuned),
         sum(default[i] and not tuned.get(i, False) for i in default),
     )
-    return Verdict(
-        study=name,
-        trial=best.number,
-        value=float(best.value),
-        metric=spec.metric,
-        data=f"{data.name}, seed {data.build['seed']}",
-        samples=len(rows["sample_id"]),
-        max_steps=spec.max_steps,
-        objective=dataclasses.asdict(spec.objective_for({})),
-        arms=arms,
-        only=only,
-        p_value=mcnemar_p(*only),
-    )
-
-
-def _run(
-    spec: TuningSpec,
-    units: list[Unit],
-    workers: int,
-    cluster: Cluster,
-) -> dict[str, Any]:
-    """The units' result tables, run on `workers` replicas of the study's model."""
-    tables: dict[str, Any] = {}
-    with study_replicas(spec, workers, cluster) as group:
-        for unit in units:
-            group.submit(unit)
-        while len(tables) < len(units):
-            event = next_event([group])
-            if event is None:
-                continue
-            _, unit, output = event
-            if isinstance(output, Failure) and output.final:
-                raise TuningError(f"{spec.path}: the {unit.key} arm failed: {output.error}")
-            if isinstance(output, Finished):
-                tables[unit.key] = output.table
-    return tables
+    test = (f"{data.name}, seed {data.build['seed']}", len(rows["sample_id"]), spec.max_steps)
+    objective = dataclasses.asdict(spec.objective_for({}))
+    best_of = (name, best.number, float(best.value), spec.metric)
+    return Verdict(*best_of, *test, objective, arms, only, mcnemar_p(*only))

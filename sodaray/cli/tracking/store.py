@@ -7,9 +7,10 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,20 +31,24 @@ CURVE_POINTS = 50  # points of a found/exact-against-steps curve (fewer when the
 # MLflow's limits: values longer than these are refused; a batch holds at most so many entries.
 PARAM_CHARS, TAG_CHARS = 6000, 5000
 BATCH_PARAMS, BATCH_METRICS = 100, 1000
-
-
 # MLflow's own defaults retry an HTTP request 7 times, backing off, each waiting up to 120 s.
-# Where the environment does not set them, a check tries once and waits `CHECK_SECONDS`, and the
-# run's own calls retry twice, each waiting as long: a server gone mid-run costs a tracking call
-# about half a minute, then a warning, not hours.
+# Where the environment does not set them, a check tries once and waits 10 s, and the run's own
+# calls retry twice, each waiting as long: a server gone mid-run costs a tracking call about
+# half a minute, then a warning, not hours.
 CHECK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 RUN_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# The MLflow settings the user's environment gave before sodaray set any: theirs win.
+_USER_SET = {name for name in CHECK_HTTP if name in os.environ}
+MetricRow = tuple[str, float, int]  # (name, value, step)
 
 
-def check_tracking(uri: str) -> None:
-    """Import MLflow and reach the tracking URI before any work starts, within about
+def check_tracking(uri: str, experiment: str | None = None) -> None:
+    """`--mlflow-experiment` a plain name (it names an artifact folder beside a database file),
+    MLflow imported and the tracking URI reached, before any work starts and within about
     `CHECK_SECONDS` (`sodaray.experiment.waits`): a typo, an empty URI or a server that is down
     or never answers is one line now, not a failure (or a wait) after hours of trials."""
+    if experiment is not None:
+        component(experiment, "--mlflow-experiment")
     if not uri.strip():
         raise ValueError(
             "--mlflow: an empty tracking URI (give sqlite:///mlflow.db or http://HOST:5000, "
@@ -61,43 +66,21 @@ def check_tracking(uri: str) -> None:
     shown = hidden_password(uri)
     for name, value in RUN_HTTP.items():  # for the run's calls, after this check
         os.environ.setdefault(name, value)
+    checking = {k: v for k, v in CHECK_HTTP.items() if k not in _USER_SET}
+    saved = {k: os.environ[k] for k in checking}  # each set just above
+    os.environ.update(checking)
     try:
-        with _environ({k: v for k, v in CHECK_HTTP.items() if k not in _USER_SET}):
-            within(
-                lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1),
-                f"--mlflow {shown}",
-            )
+        within(
+            lambda: MlflowClient(tracking_uri=uri).search_experiments(max_results=1),
+            f"--mlflow {shown}",
+        )
     except TimeoutError as exc:
         raise ValueError(f"{exc} (is the tracking server up, and its address right?)") from exc
     except Exception as exc:  # MlflowException, connection errors, a bad scheme
         detail = first_line(exc).replace(uri, shown)  # MLflow's message names the URI whole
         raise ValueError(f"--mlflow {shown}: {detail}") from exc
-
-
-# The MLflow settings the user's environment gave before sodaray set any: theirs win.
-_USER_SET = {name for name in CHECK_HTTP if name in os.environ}
-
-
-@contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """Environment variables set for the block, restored after it."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def check_experiment(name: str | None) -> None:
-    """`--mlflow-experiment`: a plain name (checked before anything runs), as it names the
-    experiment's artifact folder beside a database file."""
-    if name is not None:
-        component(name, "--mlflow-experiment")
+        os.environ.update(saved)
 
 
 def guarded(name: str, call: Callable[..., Any]) -> Callable[..., None]:
@@ -112,24 +95,21 @@ def guarded(name: str, call: Callable[..., Any]) -> Callable[..., None]:
     return guarded
 
 
-def client_for(uri: str) -> Any:
+def open_experiment(uri: str, name: str) -> tuple[Any, str]:
+    """A client of `uri`, and the experiment named `name`, made if new. With a database file
+    (`sqlite:///x/m.db`) its artifacts go beside that file (`x/mlartifacts/`), not into the
+    working directory."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
-
-
-def experiment_id(client: Any, uri: str, name: str) -> str:
-    """The experiment named `name`, made if new. With a database file (`sqlite:///x/m.db`) its
-    artifacts go beside that file (`x/mlartifacts/`), not into the working directory."""
+    client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
-        return found.experiment_id
+        return client, found.experiment_id
     location = None
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite" and parsed.path not in ("", "/:memory:"):
+    if urlparse(uri).scheme == "sqlite" and urlparse(uri).path not in ("", "/:memory:"):
         db = Path(uri.removeprefix("sqlite:///"))
         location = inside(db.absolute().parent / "mlartifacts", name).as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    return client, client.create_experiment(name, artifact_location=location)
 
 
 def run_key(*parts: Any) -> str:
@@ -139,26 +119,19 @@ def run_key(*parts: Any) -> str:
 
 
 def find_run(
-    client: Any,
-    experiment: str,
-    key: str,
-    run_name: str,
-    tags: dict[str, str],
-    parent: str | None = None,
+    client: Any, experiment: str, key: str, run_name: str, tags: dict, parent: str | None = None
 ) -> tuple[str, bool]:
     """(run id, is new): the run found by `key` in `experiment`, or a new one carrying `tags`
     (and its parent's id). A run found again gets its parent set, as a run logged before
     parents existed has none."""
     found = client.search_runs([experiment], filter_string=f"tags.`{KEY_TAG}` = '{key}'")
-    tags = {**tags, KEY_TAG: key}
-    if parent is not None:
-        tags[PARENT_TAG] = parent
-    if found:
-        run = found[0]
-        if parent is not None and run.data.tags.get(PARENT_TAG) != parent:
-            client.set_tag(run.info.run_id, PARENT_TAG, parent)
-        return run.info.run_id, False
-    return client.create_run(experiment, run_name=run_name, tags=tags).info.run_id, True
+    tags = {**tags, KEY_TAG: key, **({} if parent is None else {PARENT_TAG: parent})}
+    if not found:
+        return client.create_run(experiment, run_name=run_name, tags=tags).info.run_id, True
+    run = found[0]
+    if parent is not None and run.data.tags.get(PARENT_TAG) != parent:
+        client.set_tag(run.info.run_id, PARENT_TAG, parent)
+    return run.info.run_id, False
 
 
 def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -187,7 +160,7 @@ def log_params(client: Any, run_id: str, params: dict[str, str]) -> None:
         client.log_batch(run_id, params=new[i : i + BATCH_PARAMS])
 
 
-def log_metrics(client: Any, run_id: str, metrics: Iterable[tuple[str, float, int]]) -> None:
+def log_metrics(client: Any, run_id: str, metrics: Iterable[MetricRow]) -> None:
     """(name, value, step) triples, in MLflow's batches, stamped now."""
     from mlflow.entities import Metric
 
@@ -203,14 +176,31 @@ def set_tags(client: Any, run_id: str, tags: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)[:TAG_CHARS]) for k, v in tags.items()])
 
 
+def log_files(client: Any, run_id: str, texts: dict[str, Any], settings: str | Path) -> None:
+    """Each of `texts` as a JSON artifact named by its key, and the settings file the run was
+    made from (when it is still there) under `settings/`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, value in texts.items():
+            Path(tmp, name).write_text(json.dumps(value, default=str, indent=1))
+            client.log_artifact(run_id, str(Path(tmp, name)))
+        if Path(settings).is_file():
+            copy = Path(tmp, Path(settings).name)
+            shutil.copy(settings, copy)
+            client.log_artifact(run_id, str(copy), "settings")
+
+
+def with_rates(counts: dict[str, Any], samples: float) -> dict[str, Any]:
+    """`counts` and its found and exact shares of `samples` (0 when there are none)."""
+    shares = {f"{k}_rate": counts[k] / samples if samples else 0.0 for k in ("found", "exact")}
+    return counts | shares
+
+
 def rate_curves(
     rows: Any, max_steps: int, samples: int | None = None
 ) -> list[tuple[int, float, float]]:
-    """(step, found rate, exact rate) at `CURVE_POINTS` steps up to `max_steps` (every step when
-    the budget is smaller): the share of samples found (and exactly) by that step, from each
-    row's `steps`, so the curve is exact, not sampled while the search ran. `samples`: the
-    samples searched when the rows are only those that finished (a pruned trial's); the others
-    found nothing."""
+    """(step, found rate, exact rate) at `CURVE_POINTS` steps up to `max_steps` (or every step),
+    exact from each row's `steps`. `samples`: the samples searched when the rows are only those
+    that finished (a pruned trial's); the others found nothing."""
     import numpy as np
 
     from sodaray.report.metrics import solved_by_step
@@ -226,17 +216,14 @@ def rate_curves(
     return [(int(s), f, e) for s, f, e in zip(points, found, exact, strict=True)]
 
 
-def rows_metrics(
-    rows: Any, budget: int, step: int, samples: int | None = None
-) -> list[tuple[str, float, int]]:
+def rows_metrics(rows: Any, budget: int, step: int, samples: int | None = None) -> list[MetricRow]:
     """What a job's or a trial's rows show, under the same names for both, so a sweep's jobs
     and a study's trials line up in one chart: `found_by_step` and `exact_by_step` (curves up
     to `budget`; `samples` as `rate_curves`), and the mean final relaxed loss (at `step`)."""
     metrics = []
     for s, found, exact in rate_curves(rows, budget, samples):
         metrics += [("found_by_step", found, s), ("exact_by_step", exact, s)]
-    metrics.append(("final_loss_mean", float(rows["final_loss"].mean()), step))
-    return metrics
+    return [*metrics, ("final_loss_mean", float(rows["final_loss"].mean()), step)]
 
 
 def hidden_password(url: str) -> str:

@@ -7,34 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sodaray.cli.tracking.store import (
-    KIND_TAG,
-    NOTE_TAG,
-    check_experiment,
-    check_tracking,
-    client_for,
-    experiment_id,
-    find_run,
-    flat_params,
-    guarded,
-    log_metrics,
-    log_params,
-    rows_metrics,
-    run_key,
-    set_tags,
-)
+from sodaray.cli.tracking import store
 from sodaray.errors import first_line
 
 log = logging.getLogger(__name__)
 
 SWEEP_TAG = "sodaray.sweep"
 CURVES_TAG = "sodaray.curves"  # samples done when the curves were last logged
+TOTALS = ("samples_done", "found", "exact", "shards_done", "shards_failed")  # summed over jobs
 
 
 def sweep_params(sweep: Any, options: dict[str, Any]) -> dict[str, str]:
@@ -50,24 +35,19 @@ def sweep_params(sweep: Any, options: dict[str, Any]) -> dict[str, str]:
         }
         for entry in sweep.algorithms
     }
+    fields = "objectives max_steps seeds samples_per_length shard_size length max_length"
     settings = {
         "sweep": sweep.name,
         "file": str(sweep.path),
         "models": [m.id for m in sweep.models],
         "datasets": [d.name for d in sweep.datasets],
         "algorithms": algorithms,
-        "objectives": sweep.objectives,
-        "max_steps": sweep.max_steps,
-        "seeds": sweep.seeds,
-        "samples_per_length": sweep.samples_per_length,
-        "shard_size": sweep.shard_size,
-        "length": sweep.length,
-        "max_length": sweep.max_length,
+        **{name: getattr(sweep, name) for name in fields.split()},
         "assumed_lengths": sweep.assumed_lengths,
         "overrides": sweep.overrides,
         **{f"command.{k}": v for k, v in options.items() if v is not None},
     }
-    return flat_params(settings)
+    return store.flat_params(settings)
 
 
 def log_job(client: Any, experiment: str, meta: Path, parent: str) -> dict[str, float]:
@@ -80,29 +60,22 @@ def log_job(client: Any, experiment: str, meta: Path, parent: str) -> dict[str, 
     info = read_job_file(meta)  # checked: its job is its folder's name
     status = job_status(meta)
     sweep, job = info["sweep"], info["job"]
-    tags = {KIND_TAG: "job", SWEEP_TAG: sweep, "sodaray.config_hash": str(info.get("config_hash"))}
-    key = run_key("job", sweep, info.get("config_hash"))
-    run_id, new = find_run(client, experiment, key, job, tags, parent)
+    config_hash = info.get("config_hash")
+    tags = {store.KIND_TAG: "job", SWEEP_TAG: sweep, "sodaray.config_hash": str(config_hash)}
+    key = store.run_key("job", sweep, config_hash)
+    run_id, new = store.find_run(client, experiment, key, job, tags, parent)
     overrides = info.get("overrides", [])
     params = {"sweep": sweep, "job": job, **info.get("config", {}), "overrides": overrides}
-    log_params(client, run_id, flat_params(params))
+    store.log_params(client, run_id, store.flat_params(params))
     results = inside(meta.parents[2], job)  # `.sodaray/jobs/<job>` -> `<job>`
-    set_tags(
-        client, run_id, {"sodaray.results": results, "sodaray.overrides": json.dumps(overrides)}
-    )
+    tags = {"sodaray.results": results, "sodaray.overrides": json.dumps(overrides)}
+    store.set_tags(client, run_id, tags)
     if new:
         client.log_artifact(run_id, str(meta / JOB_FILE))
     done = status.samples_done
-    counts = {
-        "samples": info["samples"],
-        "samples_done": done,
-        "shards_done": status.done,
-        "shards_failed": status.failed,
-        "found": status.found,
-        "exact": status.exact,
-        "found_rate": status.found / done if done else 0.0,
-        "exact_rate": status.exact / done if done else 0.0,
-    }
+    counts = {"samples": info["samples"], "samples_done": done, "shards_done": status.done}
+    counts |= {"shards_failed": status.failed, "found": status.found, "exact": status.exact}
+    counts = store.with_rates(counts, done)
     # Step: samples done, so a resumed job's history shows its progress.
     metrics = [(k, float(v), done) for k, v in counts.items()]
     if done and client.get_run(run_id).data.tags.get(CURVES_TAG) != str(done):
@@ -112,24 +85,20 @@ def log_job(client: Any, experiment: str, meta: Path, parent: str) -> dict[str, 
             rows = None
         if rows is not None and len(rows):
             budget = int(info.get("config", {}).get("params", {}).get("max_steps", 0))
-            metrics += rows_metrics(rows, budget or int(rows["steps"].max()), done)
+            metrics += store.rows_metrics(rows, budget or int(rows["steps"].max()), done)
             client.set_tag(run_id, CURVES_TAG, str(done))
-    log_metrics(client, run_id, metrics)
+    store.log_metrics(client, run_id, metrics)
     state = "FINISHED" if status.pending == 0 else "FAILED" if status.failed else "KILLED"
     client.set_terminated(run_id, state)
     return {**counts, "pending": status.pending}
 
 
 def log_sweep(
-    uri: str,
-    folder: str | Path,
-    sweep: Any,
-    experiment: str | None = None,
-    options: dict[str, Any] | None = None,
+    uri: str, folder: str | Path, sweep: Any, experiment: str | None, options: dict[str, Any]
 ) -> int:
     """The sweep whose results are in `folder` (OUT/<sweep>) as a parent run with a child run
-    per job, in the experiment named `experiment` (default: the sweep's name). Returns the
-    job runs logged."""
+    per job, and its report, status and file as the parent's artifacts, in the experiment named
+    `experiment` (default: the sweep's name). Returns the job runs logged."""
     from sodaray.runner.layout import meta_folder
     from sodaray.runner.status import sweep_status
 
@@ -137,60 +106,44 @@ def log_sweep(
     jobs = sweep_status(folder)
     if not jobs:
         return 0
-    client = client_for(uri)
-    exp = experiment_id(client, uri, experiment or sweep.name)
-    tags = {KIND_TAG: "sweep", SWEEP_TAG: sweep.name}
-    parent, _ = find_run(client, exp, run_key("sweep", sweep.name), f"sweep {sweep.name}", tags)
-    log_params(client, parent, {**sweep_params(sweep, options or {}), "jobs": str(len(jobs))})
+    client, exp = store.open_experiment(uri, experiment or sweep.name)
+    tags = {store.KIND_TAG: "sweep", SWEEP_TAG: sweep.name}
+    key = store.run_key("sweep", sweep.name)
+    parent, _ = store.find_run(client, exp, key, f"sweep {sweep.name}", tags)
+    store.log_params(client, parent, {**sweep_params(sweep, options), "jobs": str(len(jobs))})
     note = sweep.description or f"sweep {sweep.name} from {sweep.path}"
-    set_tags(client, parent, {NOTE_TAG: note, "sodaray.results": folder.absolute()})
-    total = dict.fromkeys(("samples_done", "found", "exact", "shards_done", "shards_failed"), 0.0)
+    store.set_tags(client, parent, {store.NOTE_TAG: note, "sodaray.results": folder.absolute()})
+    total = dict.fromkeys(TOTALS, 0.0)
     pending = 0
     for status in jobs:
         counts = log_job(client, exp, meta_folder(folder, status.job), parent)
-        for name in total:
-            total[name] += counts[name]
+        total = {name: total[name] + counts[name] for name in TOTALS}
         pending += int(counts["pending"])
     done = total["samples_done"]
-    total["found_rate"] = total["found"] / done if done else 0.0
-    total["exact_rate"] = total["exact"] / done if done else 0.0
-    log_metrics(client, parent, [(k, v, int(done)) for k, v in total.items()])
-    log_sweep_artifacts(client, parent, folder, sweep)
+    totals = store.with_rates(total, done)
+    store.log_metrics(client, parent, [(k, v, int(done)) for k, v in totals.items()])
+    by_job = [dataclasses.asdict(s) for s in jobs]
+    store.log_files(client, parent, {"status.json": by_job}, sweep.path)
+    with tempfile.TemporaryDirectory() as tmp:  # its tables and figures
+        try:
+            from sodaray.report import build_report
+
+            build_report(folder, Path(tmp, "report"))
+            client.log_artifacts(parent, str(Path(tmp, "report")), "report")
+        except ValueError as exc:  # no rows yet (every shard failed or pending)
+            log.info("no report for MLflow: %s", first_line(exc))
     state = "FINISHED" if not pending else "FAILED" if total["shards_failed"] else "KILLED"
     client.set_terminated(parent, state)
     log.info("logged sweep %s and its %d jobs to MLflow at %s", sweep.name, len(jobs), uri)
     return len(jobs)
 
 
-def log_sweep_artifacts(client: Any, run_id: str, folder: Path, sweep: Any) -> None:
-    """The sweep's report (tables and figures), every job's status, and its file as given."""
-    from sodaray.runner.status import sweep_status
-
-    with tempfile.TemporaryDirectory() as tmp:
-        status = [dataclasses.asdict(s) for s in sweep_status(folder)]
-        Path(tmp, "status.json").write_text(json.dumps(status, default=str, indent=1))
-        client.log_artifact(run_id, str(Path(tmp, "status.json")))
-        if Path(sweep.path).is_file():
-            shutil.copy(sweep.path, Path(tmp, Path(sweep.path).name))
-            client.log_artifact(run_id, str(Path(tmp, Path(sweep.path).name)), "settings")
-        try:
-            from sodaray.report import build_report
-
-            build_report(folder, Path(tmp, "report"))
-            client.log_artifacts(run_id, str(Path(tmp, "report")), "report")
-        except ValueError as exc:  # no rows yet (every shard failed or pending)
-            log.info("no report for MLflow: %s", first_line(exc))
-
-
-def sweep_logger(
-    uri: str,
-    sweep: Any,
-    experiment: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> Callable[[str | Path], None]:
-    """`log(folder)` for `sodaray sweep run`, checked against the URI first."""
-    check_experiment(experiment)
-    check_tracking(uri)
-    return guarded(
+def sweep_logger(sweep: Any, args: Any) -> Callable[[str | Path], None]:
+    """`log(folder)` for `sodaray sweep run --mlflow URI` (`args`: its options), checked against
+    the URI first."""
+    uri, experiment = args.mlflow, args.mlflow_experiment
+    store.check_tracking(uri, experiment)
+    options = {"model": args.model, "limit": args.limit}  # what changes the file's jobs
+    return store.guarded(
         "sweep logging", lambda folder: log_sweep(uri, folder, sweep, experiment, options)
     )

@@ -51,11 +51,6 @@ class SearchConfig:
         search, as the learned inverter)."""
         return None
 
-    def scans_positions(self) -> bool:
-        """Whether a search that ends its budget unfound checks every single-token change
-        of its final input (`sodaray.search.engine.scan`)."""
-        return False
-
     def step_budget(self) -> int:
         return self.max_steps if self.stepwise else 1
 
@@ -86,11 +81,8 @@ class SearchConfig:
     def to_dict(self) -> dict[str, Any]:
         from sodaray.config.fields import plain  # `asdict`, faster: a job's hash takes it
 
-        out = plain(self)
-        for name, neutral in self.NEUTRAL.items():
-            if out.get(name, neutral) == neutral:
-                out.pop(name, None)
-        return out
+        neutral = self.NEUTRAL
+        return {k: v for k, v in plain(self).items() if k not in neutral or v != neutral[k]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> SearchConfig:
@@ -179,10 +171,8 @@ class EngineSettings(Protocol):
 class BatchSearch:
     """A batch of searches in slots 0..B-1, driven by the engine: searches enter at the end
     (`add`), every slot advances one step at a time, and finished ones leave by a removal plan
-    (`sodaray.search.engine.slots.removal_plan`) that the engine applies to its own arrays too.
-
-    Everything the engine may ask of a batch is declared here, with the default an
-    equal-length, one-config batch takes."""
+    (`slots.removal_plan`). Everything the engine may ask of a batch is declared here, with
+    the default an equal-length, one-config batch takes."""
 
     # Any length and any config of the algorithm in one batch (else one config and length).
     mixes_lengths: ClassVar[bool] = False
@@ -231,11 +221,8 @@ class BatchSearch:
 
 class UniformBatch(BatchSearch):
     """The base of equal-length, one-config batches: the model, the observed rows of the
-    targets in the slots, their last candidates, and the hard-max check.
-
-    A subclass names its own per-slot state in `start` (the tensors a new slot begins with);
-    they live in `self.slots` beside the observed rows, so entering and leaving is handled
-    here for every algorithm."""
+    targets in the slots, their last candidates, and the hard-max check. A subclass's per-slot
+    state (`start`) lives in `self.slots` beside the observed rows, entering and leaving here."""
 
     def __init__(
         self, model: LoadedModel, config: SearchConfig, length: int, generator: torch.Generator
@@ -290,16 +277,8 @@ class UniformBatch(BatchSearch):
         changed = (tokens != last).any(1).nonzero().squeeze(1)
         if len(changed):
             layout = Layout.uniform(len(changed), self.n, tokens.device)
-            found[changed] = check_candidates(
-                self.model,
-                self.objective,
-                layout,
-                tokens[changed].reshape(-1),
-                self.batch,
-                changed,
-                self.atol,
-                self.rtol,
-            )
+            flat, rest = tokens[changed].reshape(-1), (self.batch, changed, self.atol, self.rtol)
+            found[changed] = check_candidates(self.model, self.objective, layout, flat, *rest)
             last[changed] = tokens[changed]
         return found
 
@@ -318,26 +297,24 @@ def observed_rows(
 ) -> BatchTargets:
     """The observed rows of `entries` in order, from however many target sets they come
     (`slack`: the match check's screen's, see `observations.screen_slack`)."""
-    parts: list[tuple[list[int], BatchTargets]] = []
     by_set: dict[int, tuple[TargetSet, list[int], list[int]]] = {}
     for i, e in enumerate(entries):
-        by_set.setdefault(id(e.targets), (e.targets, [], []))
-        by_set[id(e.targets)][1].append(i)
-        by_set[id(e.targets)][2].append(e.row)
-    for targets, where, rows in by_set.values():
-        parts.append((where, BatchTargets.from_set(targets, np.asarray(rows), device, slack)))
+        _, where, rows = by_set.setdefault(id(e.targets), (e.targets, [], []))
+        where.append(i)
+        rows.append(e.row)
+    parts = [
+        (w, BatchTargets.from_set(t, np.asarray(r), device, slack)) for t, w, r in by_set.values()
+    ]
     if len(parts) == 1:
         return parts[0][1]
     order = torch.as_tensor(np.argsort(np.concatenate([w for w, _ in parts])), device=device)
     merged = {}
     for name in BatchTargets.FIELDS:
         pieces = [getattr(b, name) for _, b in parts]
-        if any(p is None for p in pieces):
-            if not all(p is None for p in pieces):
-                raise ValueError(f"targets in one batch differ in {name}")
-            merged[name] = None
-            continue
-        merged[name] = torch.cat(pieces)[order]
+        nones = sum(p is None for p in pieces)
+        if 0 < nones < len(pieces):
+            raise ValueError(f"targets in one batch differ in {name}")
+        merged[name] = None if nones else torch.cat(pieces)[order]
     return BatchTargets(**merged)
 
 

@@ -1,24 +1,17 @@
 """How a SODA step runs: eagerly, or captured once per shape as a CUDA graph and replayed.
 
 Executors (`EXECUTORS`):
-- "graph" (the default): on CUDA, the whole step (`step.soda_step`: relaxation, passes,
-  loss, backward, update, argmax, screen, schedules) is captured once per shape with
-  `torch.cuda.graph` and replayed: one launch where the eager step launches thousands of kernels,
-  the weights read where they lie (no copy), every other input a persistent buffer the host
-  writes between replays. The first step at a shape runs eagerly on a side stream (the warm-up
-  capture asks for), then the shape is captured. A model whose step cannot be captured
-  (GPT-Neo's attention copies a host scalar to the device on every forward) runs eagerly, with
-  one warning. Elsewhere (a CPU) the same function runs eagerly.
+- "graph" (the default): on CUDA, the whole step is captured once per shape with
+  `torch.cuda.graph` and replayed (the weights read where they lie, every other input a
+  persistent buffer the host writes between replays). The first step at a shape runs eagerly
+  on a side stream (the warm-up capture asks for), then the shape is captured. A model whose
+  step cannot be captured runs eagerly, with one warning. On a CPU the same function runs eagerly.
 - "eager": the step's kernels one by one on every device.
 
 The two run the same function, so on a CPU they agree bit for bit. On a GPU a captured kernel
-may round otherwise than its eager twin, so a replayed search keeps a trajectory of its own
-there, repeated exactly from run to run; the match check's confirm never runs in a graph, so a
-reported match is exact either way.
-
-The executor is the one setting: the scheduler's policy follows from it and the device
-(`policy_for`): "static" (the bucketed shapes of `scheduler.CAPTURE_SHAPES`) where steps are
-captured, "exact" (each pass at its own shape) wherever nothing is.
+may round otherwise than its eager twin (a trajectory of its own, repeated exactly from run to
+run); the confirm never runs in a graph, so a reported match is exact either way. The
+scheduler's policy follows from the executor and the device (`policy_for`).
 """
 
 from __future__ import annotations
@@ -37,9 +30,8 @@ T = TypeVar("T")
 
 EXECUTORS = ("eager", "graph")
 DEFAULT_EXECUTOR = "graph"  # captured on CUDA; on a CPU the same step as "eager"
-# Captured shapes kept per executor: a run uses a handful (static_batch x static_rows buckets);
-# past this the least recently used is dropped (its memory with it) and built again if it
-# comes back.
+# Captured shapes kept per executor (a run uses a handful); past this the least recently used
+# is dropped, and built again if it comes back.
 MAX_SHAPES = 32
 
 
@@ -87,9 +79,9 @@ class Executor:
         return self.refused is None and captures(self.name, device)
 
     def run(self, key: Hashable | None, step: Callable[[], T], device: torch.device) -> T:
-        """`step()` once, and what it returns: replayed from its capture under `key` (the
-        tensors the capture returned, written again), or captured now (after running it for
-        real, eagerly, as the warm-up), or eagerly (key None, or no capture here)."""
+        """`step()` once, and what it returns: replayed from its capture under `key`, or
+        captured now (after running it eagerly as the warm-up), or eagerly (key None, or no
+        capture here)."""
         if key is None or not self.captures(device):
             return step()
         held = self._graphs.pop(key, None)
@@ -131,19 +123,14 @@ class Executor:
         # with its graph: a replay reads them where the capture found them.
         self._graphs[key] = (graph, outputs, pinned_caches())
         self.builds.append((key, seconds))
-        log.info(
-            "captured a SODA step (shape %s) in %.2f s; %d shapes held",
-            key[:3] if isinstance(key, tuple) else key,
-            seconds,
-            len(self._graphs),
-        )
+        shape = key[:3] if isinstance(key, tuple) else key
+        held = len(self._graphs)
+        log.info("captured a SODA step (shape %s) in %.2f s; %d shapes held", shape, seconds, held)
         return out
 
     def forget(self, owner: Hashable) -> None:
-        """Drop `owner`'s captures (the buffers they read were reallocated, or it is gone):
-        keys begin with their owner. Where no capture is left, the next one takes a fresh pool:
-        the allocator drops a pool with its last graph, and a capture into a dropped pool's
-        handle fails (`use_count > 0`, CUDACachingAllocator)."""
+        """Drop `owner`'s captures (keys begin with their owner). Where none is left, the next
+        capture takes a fresh pool: one into a pool dropped with its last graph fails."""
         for key in [k for k in self._graphs if isinstance(k, tuple) and k[:1] == (owner,)]:
             del self._graphs[key]
         if not self._graphs:
@@ -151,9 +138,8 @@ class Executor:
 
 
 def pinned_caches() -> tuple[Any, ...]:
-    """The tensors the model code caches between calls (`sodaray.model.attention`,
-    `sodaray.model.padding`), held so that a cache cleared or regrown later cannot free memory
-    a captured step reads."""
+    """The tensors the model code caches between calls, held so that a cache cleared or
+    regrown later cannot free memory a captured step reads."""
     from sodaray.model import attention, padding
 
     return tuple(

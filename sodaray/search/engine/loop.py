@@ -1,32 +1,26 @@
 """The engine: every search one model replica runs, in as few batches as the work allows.
 
 Work arrives as `Work` items (a target set, one config, the lengths each target may be searched
-at, callbacks) from any number of callers: one `invert` call, a sweep's shards, a study's
-trials. Each target waits in a queue and enters a batch as soon as a slot is free, so the
-batches stay at their capacity while anything waits, whatever job, trial, config or length the
-searches come from. SODA searches of one precision and one objective shape share one batch at
-any config and length (`SodaBatch` packs them). The equal-length algorithms, GCG and embedding
-search, get a batch per config and length, and the batches of one family (the same key but for
-the length) share one capacity, filled in the order the targets arrived. All batches step in
-turn.
+at, callbacks) from any number of callers (an `invert` call, a sweep's shards, a study's
+trials). Each target waits in a queue and enters a batch as soon as a slot is free, so batches
+stay full while anything waits. SODA searches of one precision and objective shape share one
+batch at any config and length (`SodaBatch`); GCG and embedding search get a batch per config
+and length, and the batches of one family (the same key but for the length) share one
+capacity, filled in the order the targets arrived. All batches step in turn.
 
-Results do not depend on what shares a batch: every hyperparameter, schedule and random draw is
-the search's own, and on CPU every matmul is padded to enough rows that BLAS rounds each row
-alike (`models.invariant_rows`), so searches of other configs, jobs, trials or objectives leave
-a search's arithmetic bit for bit unchanged. Nor on the width of its transformer pass: the
-relaxed pass's attention is width-invariant (`sodaray.model.attention`), so a SODA batch splits its
-slots into passes of similar lengths by cost alone, step by step (`sodaray.search.engine.passes`).
-A model that kept its own attention, or `mix_lengths=False`, runs a pass per length.
+Results do not depend on what shares a batch (every hyperparameter, schedule and random draw
+is the search's own; on CPU every matmul is padded so that BLAS rounds each row alike), nor on
+the width of a transformer pass (the relaxed pass's attention is width-invariant,
+`sodaray.model.attention`), so a SODA batch splits its slots into passes by cost alone
+(`sodaray.search.engine.passes`); a model that kept its own attention, or `mix_lengths=False`,
+runs a pass per length.
 
-A target searched at several lengths (`length="auto"`) enters again at its next length when a
-length ends unfound, its steps and seconds adding up. A work's checkpoints (steps) are reported
-once every one of its targets has finished or taken that many steps: a tuner prunes on them,
-and since each target's trajectory is its own, the counts at a checkpoint do not depend on what
-else ran. A cancelled work's waiting targets leave the queues and its running ones their slots
-at the next step.
-
-`submit` and `cancel` may be called from any thread; `run` (until no work is left) or `serve`
-(until stopped) steps the pools on the calling thread, where every callback runs.
+A target searched at several lengths (`length="auto"`) enters again at its next length when
+one ends unfound, its steps and seconds adding up. A work's checkpoints (steps) are reported
+once every one of its targets has finished or taken that many steps (a tuner prunes on them).
+A cancelled work's waiting targets leave the queues and its running ones their slots at the
+next step. `submit` and `cancel` may be called from any thread; `run` (until no work is left)
+or `serve` (until stopped) steps the pools on the calling thread, where every callback runs.
 """
 
 from __future__ import annotations
@@ -66,11 +60,8 @@ class Engine:
         executor: str | None = None,
     ) -> None:
         self.model, self.mix_lengths = model, mix_lengths
-        # What runs SODA's transformer passes (`sodaray.search.engine.executor`), and the
-        # scheduler's
-        # policy (`sodaray.search.engine.scheduler`): each pass at its own shape under the eager
-        # executor, a few static shapes under one that builds a step per shape. Both checked
-        # here, not at the first batch: an error now.
+        # What runs SODA's steps (`executor`) and the scheduler's policy, both checked here,
+        # not at the first batch: an error now.
         self.executor = Executor(executor)
         self.policy = policy_for(executor, policy, model.device)
         self.on_batch = on_batch
@@ -113,10 +104,8 @@ class Engine:
         self._wake.set()
 
     def settled(self, slot_steps: int) -> None:
-        """A pool read the outcome of `slot_steps` slot-steps, before it counts them or delivers
-        their results (a caller woken by one must find its steps counted), and `on_batch`
-        hears of them: a search's every step, once (a step a lagging batch runs past a search's
-        end is never read)."""
+        """A pool read the outcome of `slot_steps` slot-steps (before it delivers their results:
+        a caller woken by one finds them counted); `on_batch` hears of each search step once."""
         with self._lock:
             self.occupancy.slot_steps += slot_steps
         if self.on_batch is not None:
@@ -173,14 +162,9 @@ class Engine:
     def iterate(self) -> None:
         """Fill the free slots, step every batch once, then report the checkpoints reached."""
         self._fill()
-        active: dict[str, int] = {}
-        for pool in self.pools.values():
-            active[pool.family] = active.get(pool.family, 0) + len(pool)
-        step = Occupancy()
-        for family, count in active.items():
-            if count:  # a family's batches are one batch's worth of slots
-                step.capacity_steps += self.capacity[family]
-                step.steps += 1
+        # A family's batches are one batch's worth of slots.
+        busy = {pool.family for pool in self.pools.values() if len(pool)}
+        step = Occupancy(capacity_steps=sum(self.capacity[f] for f in busy), steps=len(busy))
         # Counted before the step: a search finishing in it wakes its caller, who takes the
         # occupancy so far (`take_occupancy`), and must find this step's slots in it (its
         # slot-steps are counted by the pool, as their outcomes are read: `settled`).
@@ -190,8 +174,7 @@ class Engine:
         for key, pool in list(self.pools.items()):
             sizes = pool.step()
             if sizes is not None:
-                sized.positions += sizes[0]
-                sized.useful += sizes[1]
+                sized.add(Occupancy(positions=sizes[0], useful=sizes[1]))
             if not len(pool) and not pool.queue:
                 del self.pools[key]  # its state's memory goes back, and its captures'
                 pool.batch.close()
@@ -313,11 +296,8 @@ class Engine:
             work.on_done()
 
     def _checkpoints(self) -> None:
-        pending = [
-            w
-            for w, ledger in self.works.items()
-            if ledger.reported < len(w.checkpoints) and not w.cancelled
-        ]
+        pending = [w for w, ledger in self.works.items() if ledger.reported < len(w.checkpoints)]
+        pending = [w for w in pending if not w.cancelled]
         if not pending:
             return
         least: dict[int, int] = {}
@@ -330,11 +310,8 @@ class Engine:
             self._report(work, least.get(id(work), float("inf")))
 
     def _report(self, work: Work, progress: float) -> None:
-        ledger = self.works[work]
-        while (
-            ledger.reported < len(work.checkpoints)
-            and work.checkpoints[ledger.reported] <= progress
-        ):
+        ledger, marks = self.works[work], work.checkpoints
+        while ledger.reported < len(marks) and marks[ledger.reported] <= progress:
             index = ledger.reported
             ledger.reported += 1
             if work.on_checkpoint is not None:

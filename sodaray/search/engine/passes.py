@@ -2,15 +2,11 @@
 splitting a step into passes (`sodaray.search.engine.scheduler.plan_passes`).
 
 A pass pads every sequence in it to the longest, so it costs about `overhead + slots x width`
-sequence positions, where `overhead` is what a pass costs beyond its positions (kernel launches,
-Python dispatch), expressed in positions. The split is free to change from step to step because
-it changes no result: with the model's width-invariant attention (`sodaray.model.attention`), a
-search's arithmetic does not depend on the width of its pass or on its neighbours.
-
-`pass_overhead` measures the overhead once per model on its device: two forward passes of
-different sizes, a straight line through them. On a 2-core CPU, stories260K's is about a hundred
-positions (a pass is mostly dispatch), a 0.5B model's a few; on a GPU below its compute limit it
-is in the thousands, so one pass takes everything.
+positions, `overhead` being its kernel launches and dispatch, in positions. The split may change
+from step to step: with the width-invariant attention it changes no result. `pass_overhead`
+measures it once per model on its device: two forward passes of different sizes, a straight
+line through them (about a hundred positions for stories260K on a 2-core CPU, thousands on a
+GPU, where one pass takes everything).
 """
 
 from __future__ import annotations

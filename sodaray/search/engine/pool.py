@@ -58,20 +58,12 @@ class Pool:
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
         # When the last `lag` steps were launched (the oldest first): an outcome's time.
         self.clocks: deque[float] = deque([time.perf_counter()])
-        self.slot = SlotTable(
-            {
-                "work": object,
-                "row": np.int64,
-                "stage": np.int64,
-                "steps": np.int64,  # steps run
-                "settled": np.int64,  # steps whose outcome was read (a `lag` behind)
-                "base": np.int64,  # steps taken at earlier lengths
-                "max_steps": np.int64,
-                "started": np.float64,
-                "deadline": np.float64,
-                "mark": np.int64,  # its work's next checkpoint step (`Work.marks`)
-            }
-        )
+        # Per slot: its work, row and stage; `steps` run, those `settled` (whose outcome was
+        # read, a `lag` behind), the `base` taken at earlier lengths, `max_steps`, when it
+        # `started`, its `deadline`, and its work's next checkpoint step (`mark`, `Work.marks`).
+        ints = ("row", "stage", "steps", "settled", "base", "max_steps")
+        rest = {"started": np.float64, "deadline": np.float64, "mark": np.int64}
+        self.slot = SlotTable({"work": object, **dict.fromkeys(ints, np.int64), **rest})
 
     def __len__(self) -> int:
         return len(self.slot)
@@ -174,7 +166,8 @@ class Pool:
                 work, row, found = s["work"][slot], int(s["row"][slot]), bool(out.found[slot])
                 seconds = now - float(s["started"][slot])
                 spent = s["settled"][slot] >= s["max_steps"][slot]  # its budget, not its seconds
-                if not found and spent and work.config.scans_positions():
+                # A config's `scan_positions` (SODA's): check every single-token change.
+                if not found and spent and getattr(work.config, "scan_positions", False):
                     began = time.perf_counter()
                     hit = position_scan(self.engine.model, work.targets, row, tokens[j])
                     found, tokens[j] = hit is not None, tokens[j] if hit is None else hit

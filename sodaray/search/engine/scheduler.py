@@ -1,32 +1,24 @@
 """The scheduler: what one replica runs next, as a plan. The engine and its batches only carry
 plans out.
 
-Pure: what waits, what runs and what the device costs go in; which searches enter, how many
-slots a batch holds, and its transformer passes (their slots and the shapes they run at) come
-out, under a named policy. Nothing here touches torch or Ray, so every decision is a function
-a test can call (`tests/test_scheduler.py`). Placing replicas on machines is Ray's; picking the
-replica that takes the next unit is `pick_replica`.
+Pure (no torch, no Ray): what waits, what runs and what the device costs go in; which searches
+enter, how many slots a batch holds and its transformer passes (slots and shapes) come out, under
+a named policy, so every decision is a function a test can call (`tests/test_scheduler.py`).
+Picking the replica that takes the next unit is `pick_replica`.
 
 Policies (`POLICIES`):
-- "exact": each pass runs at its own shape. A pass pads its sequences to its longest and costs
-  a fixed overhead besides (dispatch, kernel launches, reading the weights), so the slots are
-  split where the padding would cost more than another pass (`plan_passes`, dynamic
-  programming over the distinct lengths).
-- "static": every pass runs at one of a few shapes, its batch and input width rounded up to
-  the buckets of `CAPTURE_SHAPES` (`static_batch`, `static_width`), so that a step's kernels
-  are the same from step to step and can be built once per shape and replayed.
-  The padding slots and positions are zeros whose results are dropped. Wherever the exact path
-  is invariant to its batch (one CPU thread, with the width-invariant attention), a search's
-  results are bit for bit those of "exact".
+- "exact": each pass at its own shape. A pass pads its sequences to its longest and costs a
+  fixed overhead besides, so the slots are split where padding would cost more than another
+  pass (`plan_passes`, dynamic programming over the distinct lengths).
+- "static": every pass at one of a few shapes, batch and width rounded up to the buckets of
+  `CAPTURE_SHAPES`, so that a step can be captured once per shape and replayed; the padding's
+  results are dropped. Where the exact path is invariant to its batch (one CPU thread, with
+  the width-invariant attention), results are bit for bit those of "exact".
+A run's policy follows from its executor and device (`executor.policy_for`).
 
-Static shapes pay for themselves only where a step is captured once per shape and replayed,
-and are padding elsewhere, so a run's policy follows from its executor and device
-(`sodaray.search.engine.executor.policy_for`: "static" where steps are captured, else "exact").
-
-`CAPTURE_SHAPES` is the one table of the bucketed shapes a captured step runs at (its batch,
-its state rows, its input width, its screen's candidates); `static_batch`, `static_rows`,
-`static_width` and `static_screen` answer from it, for the scheduler, the step
-(`sodaray.search.soda.step.bucket`) and the screen alike.
+`CAPTURE_SHAPES` is the one table of the bucketed shapes a captured step runs at;
+`static_batch`, `static_rows`, `static_width` and `static_screen` answer from it, for the
+scheduler, the step (`soda.step.bucket`) and the screen alike.
 """
 
 from __future__ import annotations
@@ -41,15 +33,9 @@ POLICIES = ("exact", "static")
 
 @dataclass(frozen=True)
 class CaptureShapes:
-    """The buckets a captured step's shapes are rounded up to:
-    - batch (slots): `min_batch` at least (smaller batches would each be a shape of their
-      own), else the next power of two;
-    - rows (the (rows, V) state's): `min_rows` at least, else a multiple of a power of two,
-      `rows_per_doubling` sizes (a power of two) from one power of two to the next;
-    - width (a pass's input positions): the next power of two up to `width_step`, then the
-      next multiple of `width_step`;
-    - screen (the candidates a captured match-check screen runs): `min_screen` at least, else
-      `screen_per_doubling` sizes per power of two, as the rows."""
+    """The buckets a captured step's shapes are rounded up to: its batch (`static_batch`), the
+    (rows, V) state's rows (`static_rows`), a pass's input width (`static_width`) and a
+    captured screen's candidates (`static_screen`); the `*_per_doubling` are powers of two."""
 
     min_batch: int = 8
     min_rows: int = 8
@@ -115,23 +101,21 @@ def check_policy(policy: str) -> str:
 
 
 def static_batch(count: int) -> int:
-    """The static batch a pass of `count` slots runs at: the next power of two, from
-    `CAPTURE_SHAPES.min_batch`."""
+    """The next power of two from `CAPTURE_SHAPES.min_batch` (smaller batches would each be a
+    shape of their own)."""
     return max(CAPTURE_SHAPES.min_batch, 1 << max(count - 1, 0).bit_length())
 
 
 def static_rows(count: int) -> int:
-    """The rows a captured step runs over for `count` live rows (a slot of length n has n):
-    `CAPTURE_SHAPES.rows_per_doubling` sizes per power of two, from `CAPTURE_SHAPES.min_rows`,
-    so a bucket wastes at most 1/rows_per_doubling of the (rows, V) state's arithmetic while a
-    batch's rows come and go, and a handful of buckets (a capture each) covers a run."""
+    """The rows a captured step runs over for `count` live rows: `rows_per_doubling` sizes per
+    power of two, so a bucket wastes at most 1/rows_per_doubling of the state's arithmetic and a
+    handful of buckets (a capture each) covers a run."""
     return _per_doubling(count, CAPTURE_SHAPES.min_rows, CAPTURE_SHAPES.rows_per_doubling)
 
 
 def static_screen(count: int) -> int:
-    """The candidates a captured screen runs for `count`: `CAPTURE_SHAPES.screen_per_doubling`
-    sizes per power of two from `CAPTURE_SHAPES.min_screen` (at four, a shape wastes at most a
-    quarter of its rows and a batch of B slots needs about 4 log2(B / 8) captures)."""
+    """The candidates a captured screen runs for `count`: `screen_per_doubling` sizes per power
+    of two from `min_screen`, as the rows."""
     return _per_doubling(count, CAPTURE_SHAPES.min_screen, CAPTURE_SHAPES.screen_per_doubling)
 
 
@@ -145,10 +129,9 @@ def _per_doubling(count: int, least: int, per: int) -> int:
 
 
 def static_width(longest: int) -> int:
-    """The static input width of a pass whose longest input is `longest`: a power of two up to
-    `CAPTURE_SHAPES.width_step`, then a multiple of it. Short inputs are the common case
-    (lengths 1-3 in the paper's tables) and widths of 16 would multiply their cost; a power of
-    two at most doubles a pass's width, and the attention pads to its block either way."""
+    """The static input width for a longest input of `longest`: a power of two up to
+    `width_step` (short inputs are the common case: a power of two at most doubles a pass's
+    width), then a multiple of it (the attention pads to its block either way)."""
     step = CAPTURE_SHAPES.width_step
     if longest <= step:
         return 1 << max(longest - 1, 0).bit_length()
@@ -191,17 +174,11 @@ def plan_passes(
 
 def admit(free: int, heads: Sequence[Sequence[int]]) -> list[int]:
     """How many waiting searches each pool of a family takes: `free` slots go to the waiting
-    searches in the order they arrived, whichever pool (config, length) they wait in.
-    `heads[i]` are pool i's first waiting arrival numbers, in order (at least `free` of them,
-    or all it has)."""
+    searches in the order they arrived, whichever pool they wait in; `heads[i]`: pool i's first
+    waiting arrival numbers, in order (at least `free` of them, or all it has)."""
     taken = [0] * len(heads)
-    while free > 0:
-        waiting = [(h[taken[i]], i) for i, h in enumerate(heads) if taken[i] < len(h)]
-        if not waiting:
-            break
-        _, i = min(waiting)
+    for _, i in sorted((a, i) for i, h in enumerate(heads) for a in h)[: max(free, 0)]:
         taken[i] += 1
-        free -= 1
     return taken
 
 

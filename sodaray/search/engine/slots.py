@@ -1,11 +1,7 @@
 """Slot bookkeeping shared by the engine and every batch: host columns per slot (`SlotTable`),
-tensors with spare capacity (`Buffers`), and the one rule for removing slots.
-
-Searches enter a batch at its end and leave it from anywhere. Removing is "the last live rows
-move into the holes": every array indexed by slot (a pool's and a batch's host tables, a
-batch's tensors) applies the same `(holes, movers)` plan, so a change copies only the rows that
-move, and the big per-row state (SODA's Z and moments, tens of MB per slot on a large
-vocabulary) is never copied whole.
+tensors with spare capacity (`Buffers`), and the one rule for removing slots: the last live rows
+move into the holes, every array indexed by slot applying the same `(holes, movers)` plan, so
+the big per-row state (SODA's Z and moments) is never copied whole.
 """
 
 from __future__ import annotations
@@ -42,15 +38,10 @@ def locate(keys: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 class SlotTable:
-    """Host columns indexed by slot, one owner of a batch's per-slot numbers on the host: every
-    column has `len(self)` entries in slot order. `append` adds slots at the end; `remove`
-    applies a removal plan (`removal_plan`) to every column at once. A column may hold objects
-    (dtype `object`) or rows of a fixed width (a 2-D column; its width is taken from its first
-    append).
-
-    Removing makes new arrays and leaves the old ones as they were: a step launched before the
-    removal may still read the columns it was given (a lagging batch's status). Writes in place
-    (`table["steps"] += 1`, `table["mark"][i] = ...`) go to the live column."""
+    """Host columns indexed by slot, `len(self)` entries each in slot order: objects (dtype
+    `object`) or rows of a fixed width (2-D, the width from the first append). `remove` makes
+    new arrays and leaves the old as they were (a lagging batch's status may still read them);
+    writes in place (`table["steps"] += 1`) go to the live column."""
 
     def __init__(self, columns: dict[str, Any]) -> None:
         self._columns = {name: np.zeros(0, dtype=kind) for name, kind in columns.items()}
@@ -104,7 +95,7 @@ class Buffers:
     spare capacity: appending writes the new rows (the buffer doubles when full), removing moves
     the last rows into the holes. `self["z"]` is the live view; in-place ops on it are kept.
     `guard` rows always follow the live ones (zeros at first, then whatever rows left): an op
-    over `guarded(name)` keeps its scalar tail off the live rows (see `padding.pad_rows`)."""
+    over them too keeps its scalar tail off the live rows (see `padding.pad_rows`)."""
 
     def __init__(self, guard: int = 0) -> None:
         self.count, self.guard = 0, guard
@@ -118,10 +109,6 @@ class Buffers:
 
     def __getitem__(self, name: str) -> Tensor:
         return self._buffers[name][: self.count]
-
-    def guarded(self, name: str) -> Tensor:
-        """The live rows and the guard rows after them."""
-        return self._buffers[name][: self.count + self.guard]
 
     def view(self, name: str, rows: int) -> Tensor:
         """Rows [0, rows) of a buffer, live or not (a step at a bucketed shape reads rows past

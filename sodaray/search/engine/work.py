@@ -14,13 +14,11 @@ from sodaray.search.engine.base import InversionResult, SearchConfig
 
 @dataclass(eq=False)
 class Work:
-    """Targets to invert with one config. `plans[row]` lists the lengths to search target `row`
-    at, in order (the next is tried when one ends unfound). `on_result(row, result)` runs as
-    each target finishes; `on_checkpoint(index, step)` once every target has finished or taken
-    `checkpoints[index]` steps; `on_done()` once every target has finished (or the work was
-    cancelled, or failed: see `error`). At each checkpoint the engine keeps, for every target
-    still searching then, its loss and candidate at exactly that step (`marks`): what a
-    tuner's early value is made of, the same whatever else shared the batch."""
+    """Targets to invert with one config. `plans[row]`: the lengths to search target `row` at,
+    in order (the next when one ends unfound). `on_result(row, result)` runs as each target
+    finishes; `on_checkpoint(index, step)` once every target has finished or taken
+    `checkpoints[index]` steps (`marks` then holds each running target's loss and candidate at
+    that step); `on_done()` once every target has finished, or it was cancelled or failed."""
 
     targets: TargetSet
     config: SearchConfig

@@ -1,29 +1,23 @@
 """SODA: Sparse One-hot Discrete Adam (Algorithm 1 of "GPT, But Backwards", Skapars et al. 2025).
 
-Per target, auxiliary inputs Z (n x V) start at zero. Each step:
-  1. relaxed one-hots softmax(Z / tau) @ E are fed as inputs_embeds;
-  2. the loss against the observed output is differentiated with respect to Z;
-  3. Adam without bias correction (by default), then multiplicative decay Z *= lambda;
-  4. hard-max check: argmax(Z) tokens go through the model; a match stops that target;
-  5. every t1 of its own steps the Adam moments reset; every t2 steps Z is also re-drawn from
-     N(0, 0.1^2).
+Per target, auxiliary inputs Z (n x V) start at zero. Each step: relaxed one-hots
+softmax(Z / tau) @ E are fed as inputs_embeds; the loss against the observed output is
+differentiated with respect to Z; Adam without bias correction (by default), then decay
+Z *= lambda; the hard-max check sends argmax(Z) through the model, and a match stops that
+target; every t1 of its own steps the Adam moments reset, every t2 Z is re-drawn from N(0, 0.1^2).
 
-One batch holds searches of any input length, any SODA config and any objective that observes
-the same shape (`Objective.shape`): the state is packed as rows, Z (T, V) with T the sum of the
-slots' lengths, so no row is padding; every hyperparameter, schedule and step counter is the
-slot's own (`state.SodaState`); the loss is grouped by objective. A search's trajectory
-depends on its own config, target and (seed, sample id), not on what shares its batch or its
-pass: bit for bit on one CPU thread (width-invariant attention, `sodaray.model.attention`;
-row-invariant matmuls, `padding.pad_rows`).
+One batch holds searches of any input length, SODA config and objective of one shape
+(`Objective.shape`): Z is packed as rows (T, V), T the sum of the slots' lengths; every
+hyperparameter, schedule and step counter is the slot's own (`state.SodaState`). A search's
+trajectory depends on its own config, target and (seed, sample id), not on what shares its
+batch or pass: bit for bit on one CPU thread (`sodaray.model.attention`, `padding.pad_rows`).
 
-The step itself is one function of the batch's device buffers (`step.soda_step`), captured
-per shape on CUDA (`sodaray.search.engine.executor`). It reads nothing back: it ends in a status
-(tokens, loss) that travels to the host while the next step runs. The host then screens the
-slots whose tokens that step changed (`sodaray.search.soda.screen`) and reads the verdicts while the
-step after runs (`SodaBatch.step`, `lag` 2): a search that matched or spent its budget at step
-k has taken steps k + 1 and k + 2 too, whose results are dropped; its result is step k's. The
-host keeps the rare work: the confirm of a screened candidate in the canonical shape, and the
-keyed re-draws of Z.
+The step (`step.soda_step`, captured per shape on CUDA) reads nothing back: its status (tokens,
+loss) travels to the host while the next step runs; the host then screens the slots whose tokens
+changed (`sodaray.search.soda.screen`) and reads the verdicts a step later (`lag` 2): a search
+that matched or spent its budget at step k has taken steps k + 1 and k + 2 too, whose results
+are dropped. The host keeps the rare work: the confirm of a screened candidate, and the keyed
+re-draws of Z.
 """
 
 from __future__ import annotations
@@ -40,32 +34,16 @@ from torch import Tensor
 from sodaray.model.loaded import LoadedModel
 from sodaray.objective.scoring import confirm
 from sodaray.objective.targets import TargetSet
-from sodaray.search.engine.base import (
-    BatchSearch,
-    EngineSettings,
-    SearchConfig,
-    SlotEntry,
-    StepOutcome,
-)
+from sodaray.search.engine import base
 from sodaray.search.engine.executor import Executor, policy_for
 from sodaray.search.engine.passes import pass_overhead
 from sodaray.search.engine.scheduler import Scheduler
 from sodaray.search.engine.slots import locate
 from sodaray.search.soda.fused_step import FusedWorkspace, fused_soda_step, invalidate, resolve
-from sodaray.search.soda.relaxed import (
-    Workspace,
-    workspace_pad,
-)
+from sodaray.search.soda.relaxed import Workspace, workspace_pad
 from sodaray.search.soda.screen import Screened, Screener, changed_slots
 from sodaray.search.soda.state import SodaState, keyed_normal, observed_of
-from sodaray.search.soda.step import (
-    Status,
-    StepInputs,
-    bucket,
-    padding_rows_from_row0,
-    plan_inputs,
-    soda_step,
-)
+from sodaray.search.soda.step import Status, StepInputs, bucket, plan_inputs, soda_step
 
 _OWNERS = itertools.count()
 
@@ -118,40 +96,30 @@ class _LazyLoss:
 class _HostStatus:
     """Where statuses land on the host: three sets (the step just launched, the last one, whose
     tokens are being screened, and the one before, whose outcome is read), pinned on CUDA so
-    that the copy out is asynchronous; numpy views made once per size."""
-
-    SETS = 3
+    that the copy out is asynchronous; numpy views made once per size (a set doubles to grow)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device, self.turn = device, 0
-        self.sets: list[tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]] = []
+        self.pin, self.turn = device.type == "cuda", 0
+        self.sets: list[tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]] | None] = [None] * 3
 
     def take(self, rows: int, slots: int) -> tuple[tuple[Tensor, ...], tuple[np.ndarray, ...]]:
-        self.turn = (self.turn + 1) % self.SETS
-        while len(self.sets) < self.SETS:
-            self.sets.append(self._make(rows, slots))
-        held, views = self.sets[self.turn]
-        if len(held[0]) < rows or len(held[1]) < slots:
-            self.sets[self.turn] = self._make(
-                max(rows, 2 * len(held[0])), max(slots, 2 * len(held[1]))
+        self.turn = (self.turn + 1) % len(self.sets)
+        got = self.sets[self.turn]
+        if got is None or len(got[0][0]) < rows or len(got[0][1]) < slots:
+            had = (0, 0) if got is None else (len(got[0][0]), len(got[0][1]))
+            rows, slots = max(rows, 2 * had[0]), max(slots, 2 * had[1])
+            held = (
+                torch.empty(rows, dtype=torch.long, pin_memory=self.pin),
+                torch.empty(slots, dtype=torch.float32, pin_memory=self.pin),
             )
-            held, views = self.sets[self.turn]
-        return held, views
-
-    def _make(self, rows: int, slots: int) -> tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]]:
-        pin = self.device.type == "cuda"
-        held = (
-            torch.empty(rows, dtype=torch.long, pin_memory=pin),
-            torch.empty(slots, dtype=torch.float32, pin_memory=pin),
-        )
-        return held, tuple(t.numpy() for t in held)
+            self.sets[self.turn] = got = (held, tuple(t.numpy() for t in held))
+        return got
 
 
-class SodaBatch(BatchSearch):
-    """SODA searches of any lengths and configs in one batch (see the module docstring).
-    `precision` (the gradient pass's arithmetic) is the one setting the whole batch shares;
-    `mix_lengths` False keeps each pass to one length; `policy` is the scheduler's (None: the
-    one `executor` brings on the model's device: `sodaray.search.engine.executor.policy_for`)."""
+class SodaBatch(base.BatchSearch):
+    """SODA searches of any lengths and configs in one batch (see the module docstring), of one
+    `precision`; `mix_lengths` False keeps each pass to one length; `policy` the scheduler's
+    (None: the one `executor` brings on the model's device, `executor.policy_for`)."""
 
     mixes_lengths: ClassVar[bool] = True
     # A step's outcome reaches the engine two steps later: its tokens are screened while the
@@ -169,11 +137,9 @@ class SodaBatch(BatchSearch):
         fused: str = "auto",
     ) -> None:
         self.model, self.precision = model, precision
-        # The fused vocabulary kernels (`soda_fused`), where `fused` and the device allow.
         self.fused = resolve(fused, model.device)
-        # Steps at bucketed shapes (`step.bucket`, one pass) where the executor captures
-        # them (None), or as asked: True takes a capture's shapes on any device (on a CPU,
-        # eagerly: tests check them there), False the slots' own shapes.
+        # Steps at bucketed shapes where the executor captures them (None), or as asked: True
+        # takes a capture's shapes on any device (tests check them on a CPU), False never.
         self.bucketed = bucketed
         self.executor = executor if executor is not None else Executor("eager")
         # Lengths share a pass only where that changes no result (`sodaray.model.attention`).
@@ -198,19 +164,13 @@ class SodaBatch(BatchSearch):
 
     @classmethod
     def create(
-        cls, model: LoadedModel, config: SearchConfig, length: int, engine: EngineSettings
+        cls, model: LoadedModel, config: base.SearchConfig, length: int, engine: base.EngineSettings
     ) -> SodaBatch:
-        return cls(
-            model,
-            config.precision,
-            engine.mix_lengths,
-            engine.policy,
-            engine.executor,
-            fused=config.fused,
-        )
+        args = (config.precision, engine.mix_lengths, engine.policy, engine.executor)
+        return cls(model, *args, fused=config.fused)
 
     @classmethod
-    def family(cls, config: SearchConfig, targets: TargetSet) -> list[Any]:
+    def family(cls, config: base.SearchConfig, targets: TargetSet) -> list[Any]:
         """One precision and objective shape (any config, loss and length), one step kind."""
         return [config.precision, targets.objective.shape(), config.fused]
 
@@ -222,7 +182,7 @@ class SodaBatch(BatchSearch):
         return self.state.z
 
     # ---- entering and leaving -------------------------------------------------------------------
-    def add(self, entries: Sequence[SlotEntry]) -> None:
+    def add(self, entries: Sequence[base.SlotEntry]) -> None:
         self.screener.writing()
         self.state.add(entries, self.precision)
 
@@ -253,15 +213,14 @@ class SodaBatch(BatchSearch):
             state.rows.reserve(rows + state.rows.guard)
             state.slots.reserve(slots)
         x = plan_inputs(state, self.scheduler, capture, self._shapes)
-        padding_rows_from_row0(state, len(state.row_slot), x.rows)
+        _rows_from_row0(state, len(state.row_slot), x.rows)
         self.inputs, state.dirty = x, False
         return x
 
-    def step(self, steps_after: np.ndarray) -> StepOutcome:
+    def step(self, steps_after: np.ndarray) -> base.StepOutcome:
         """Launch one step of every slot (`steps_after`: each slot's count after it), screen
-        the last step's changed tokens, then read the screen of the step before: the outcome
-        is that step's (`lag`), in the current slot order (`StepOutcome.settled`: the slots
-        it covers)."""
+        the last step's changed tokens, and return the outcome of the step before (`lag`), in
+        the current slot order (`StepOutcome.settled`: the slots it covers)."""
         if self.state.dirty:  # a re-plan may grow (move) the buffers a screen reads
             self.screener.writing()
         x = self.refresh()
@@ -278,15 +237,10 @@ class SodaBatch(BatchSearch):
                 self.workspace.fit(z, workspace_pad(z, embedding))
             key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
         if self.executor.captures(dev):
-            # Reallocated: what was captured reads old memory. A screen reads the observed
-            # rows (`slots`) alone.
+            # Reallocated: what was captured reads old memory (a screen the observed rows only).
             state = self.state
-            addresses = (
-                state.rows.addresses()
-                + state.slots.addresses()
-                + self.workspace.addresses()
-                + self.fused_ws.addresses()
-            )
+            addresses = state.rows.addresses() + state.slots.addresses()
+            addresses += self.workspace.addresses() + self.fused_ws.addresses()
             if addresses != self._addresses:
                 self.executor.forget(self.owner)
                 self._addresses = addresses
@@ -296,16 +250,14 @@ class SodaBatch(BatchSearch):
         resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
             key = (*key, resetting)
-        if self.fused and not x.flags[4]:  # the fluency penalty is the eager step's alone
+        fused = self.fused and not x.flags[4]  # the fluency penalty is the eager step's alone
 
-            def run() -> Status:
+        def run() -> Status:
+            if fused:
                 return fused_soda_step(self.state, x, self.precision, self.fused_ws, resetting)
-        else:
-
-            def run() -> Status:
-                status = soda_step(self.state, x, self.precision, self.workspace, resetting)
-                invalidate(self.state)  # Z moved without its statistics (none kept: no-op)
-                return status
+            status = soda_step(self.state, x, self.precision, self.workspace, resetting)
+            invalidate(self.state)  # Z moved without its statistics (none kept: no-op)
+            return status
 
         status = self.executor.run(key, run, dev)
         launch = self._launch(status)
@@ -320,9 +272,8 @@ class SodaBatch(BatchSearch):
         return self._outcome(read, positions, useful)
 
     def _launch(self, status: Status) -> _Launch:
-        """The status of the step just launched, on its way to the host: copied into host
-        buffers (on CUDA pinned ones, asynchronously). A CPU's loss stays the step's own
-        tensor (fresh each step), read only where a search ends."""
+        """The status of the step just launched, copied to host buffers (asynchronously from
+        CUDA); a CPU's loss stays the step's own tensor, read only where a search ends."""
         s = self.state
         rows, slots = len(s.row_slot), len(s)
         held, views = self._status.take(rows, slots)
@@ -339,8 +290,8 @@ class SodaBatch(BatchSearch):
         return _Launch(s.host["id"], s.row_slot, s.row_offset, views[0][:rows], loss, event)
 
     def _screen(self, launch: _Launch, before: _Launch | None) -> None:
-        """Launch the screen of `launch`'s slots whose tokens changed since `before` (the step
-        before it) and that are still in the batch (`sodaray.search.soda.screen`)."""
+        """Launch the screen of `launch`'s slots still in the batch whose tokens changed since
+        `before` (the step before it)."""
         launch.wait()
         then = None
         if before is not None:
@@ -352,17 +303,10 @@ class SodaBatch(BatchSearch):
         if len(picks):
             dev = self.model.device
             capture = self.executor.captures(dev) and self.screener.executor.captures(dev)
-            launch.screened = self.screener.launch(
-                self.owner,
-                picks,
-                current,
-                launch.tokens,
-                launch.row_slot,
-                launch.row_offset,
-                capture,
-            )
+            rows = (launch.tokens, launch.row_slot, launch.row_offset)
+            launch.screened = self.screener.launch(self.owner, picks, current, *rows, capture)
 
-    def _outcome(self, launch: _Launch | None, positions: int, useful: int) -> StepOutcome:
+    def _outcome(self, launch: _Launch | None, positions: int, useful: int) -> base.StepOutcome:
         """`launch`'s outcome in the current slot order: the slots it covers (those in the batch
         then and now), which matched (screened on the device, confirmed here), and their loss."""
         count = len(self.state)
@@ -378,7 +322,7 @@ class SodaBatch(BatchSearch):
             if len(screened):
                 found[screened] = self._confirm(launch, screened)
             loss = _LazyLoss(launch, self._index)
-        return StepOutcome(found, loss, positions, useful, settled=settled)
+        return base.StepOutcome(found, loss, positions, useful, settled=settled)
 
     def _confirm(self, launch: _Launch, slots: np.ndarray) -> np.ndarray:
         """The confirm of screened candidates (current slots `slots`), per objective group."""
@@ -393,41 +337,27 @@ class SodaBatch(BatchSearch):
                 for c in chosen
             ]
             objective, atol, rtol = s.groups[int(g)]
-            found[mine] = confirm(
-                self.model,
-                objective,
-                candidates,
-                observed_of(s, len(s)),
-                torch.as_tensor(chosen, device=self.model.device),
-                atol,
-                rtol,
-                list(s.host["misses"][chosen]),
-            )
+            rows = (observed_of(s, len(s)), torch.as_tensor(chosen, device=self.model.device))
+            misses = list(s.host["misses"][chosen])
+            found[mine] = confirm(self.model, objective, candidates, *rows, atol, rtol, misses)
         return found
 
     @torch.no_grad()
     def redraw(self, steps_after: np.ndarray) -> None:
-        """The keyed re-draws of Z due after this step, their moments reset with them.
-        Keyed by (seed, sample id, draw number), not by the order a shared generator is
-        consumed in, so a sample follows the same trajectory whatever its batch neighbours,
-        its slot, or the actor a retried shard lands on."""
+        """The re-draws of Z due after this step, their moments reset with them, keyed by
+        (seed, sample id, draw number): a sample's trajectory does not depend on its batch
+        neighbours, its slot, or the actor a retried shard lands on."""
         h = self.state.host
         due = np.flatnonzero(self.state.due("reinit", steps_after))
         if not len(due):
             return
         vocab = self.state.z.shape[-1]
-        fresh = torch.cat(
-            [
-                keyed_normal(
-                    (int(h["length"][s]), vocab),
-                    int(h["seed"][s]),
-                    int(h["sample_id"][s]),
-                    int(steps_after[s]) // int(h["reinit"][s]),
-                )
-                * float(h["reinit_std"][s])
-                for s in due
-            ]
-        )
+        keys = [h[k][due].tolist() for k in ("length", "seed", "sample_id", "reinit", "reinit_std")]
+        draws = [
+            keyed_normal((n, vocab), seed, sample, int(steps_after[s]) // period) * std
+            for s, n, seed, sample, period, std in zip(due, *keys, strict=True)
+        ]
+        fresh = torch.cat(draws)
         rows = self.state.slot_rows()
         dev = self.model.device
         where = torch.as_tensor(np.concatenate([rows[s] for s in due]), device=dev)
@@ -437,3 +367,14 @@ class SodaBatch(BatchSearch):
         self.state.rows["v"][where] = 0.0
         self.state.z[where] = fresh.to(dev, non_blocking=True)
         invalidate(self.state, where)
+
+
+def _rows_from_row0(state: SodaState, start: int, end: int) -> None:
+    """Rows [start, end) of the per-row tables take row 0's numbers: a guard or bucket row
+    computes like a live one (finite temperature, eps), and its results are dropped."""
+    if end <= start or not len(state.row_slot):
+        return
+    for table in ("h32", "h64", "hi"):
+        state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
+    if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
+        state.rows.view("fs", end)[start:end, 2] = 0.0

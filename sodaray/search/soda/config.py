@@ -11,12 +11,8 @@ from sodaray.search.engine.base import BatchSearch, SearchConfig
 
 @dataclass
 class SodaConfig(SearchConfig):
-    """SODA's knobs, defaulting to the paper's TinyStories-33M values.
-
-    The four switches reproduce the paper's ablation rows: `bias_correction` (off in SODA),
-    `use_decay` (off means lambda = 1), `use_resets` (moment resets every `reset_period`
-    steps) and `use_reinit` (re-draw Z every `reinit_period` steps).
-    """
+    """SODA's knobs, defaulting to the paper's TinyStories-33M values; the four switches
+    (`bias_correction`, `use_decay`, `use_resets`, `use_reinit`) are its ablation rows."""
 
     learning_rate: float = 0.065
     decay: float = 0.9
@@ -34,30 +30,20 @@ class SodaConfig(SearchConfig):
     use_decay: bool = True
     use_resets: bool = True
     use_reinit: bool = True
-    # Arithmetic of the gradient pass only: "bfloat16" (a bf16 copy of the model; AMX/tensor
-    # cores) or "tf32" (CUDA matmuls). The hard-max check always runs at the model's own
-    # precision, so every reported match is exact; trajectories differ from float32.
+    # Arithmetic of the gradient pass only ("bfloat16": a bf16 copy of the model; "tf32": CUDA
+    # matmuls); the hard-max check runs at the model's own, so every reported match is exact.
     precision: str = "float32"
-    # "sum": each sample is optimised on its own loss (Algorithm 1 as written; a sample's
-    # trajectory does not depend on its batch). "mean": the authors' code, one loss averaged
-    # over the samples in the batch, so each gradient is 1/B of its own. Adam is blind to the
-    # scale of a gradient except through eps, so "mean" acts as eps * B: with B in the hundreds
-    # the many low-probability coordinates fall under eps and move in proportion to their
-    # gradient instead of by about `learning_rate` each. B counts the batch's searches of the
-    # config as a step runs, and a search stays for the one step its outcome takes to reach the
-    # host (`soda/batch.py`): under "mean" a trajectory depends on its batch, and on that step,
-    # by design.
+    # "sum": each sample on its own loss (Algorithm 1 as written). "mean": the authors' code,
+    # one loss averaged over the config's B searches in the batch as a step runs, so each
+    # gradient is 1/B of its own and Adam acts as with eps * B; a trajectory then depends on
+    # its batch, by design.
     loss_reduction: str = "sum"
-    # Not in the paper: when a search ends its budget unfound, check every single-token change
-    # of its final input, position by position (`sodaray.search.engine.scan`): up to length x V
-    # exact checks after the budget, so give it a smaller `max_steps` to compare at equal cost.
-    # Off: out of the job hash.
+    # Not in the paper: a search that ends its budget unfound checks every single-token change
+    # of its final input (`sodaray.search.engine.scan`: up to length x V exact checks).
     scan_positions: bool = False
-    # The CUDA step's full-vocabulary passes as fused Triton kernels (`soda.kernels`):
-    # "off" (the eager step everywhere), "auto" (fused on CUDA where triton imports), "on"
-    # (fused, or an error where it cannot run). Fused steps follow the eager formulas, not
-    # their bits; a CPU batch stays eager under "auto", bit for bit. "auto" by measurement on a
-    # GPU (benchmarks/RESULTS.md): out of the job hash, so jobs written before keep theirs.
+    # The CUDA step's full-vocabulary passes as fused Triton kernels (`soda.kernels`): "off",
+    # "auto" (on CUDA where triton imports) or "on" (else an error). Fused steps follow the
+    # eager formulas, not their bits; a CPU batch stays eager under "auto", bit for bit.
     fused: str = "auto"
 
     algorithm = "soda"
@@ -79,9 +65,6 @@ class SodaConfig(SearchConfig):
         from sodaray.search.soda.batch import SodaBatch  # loaded when a search runs
 
         return SodaBatch
-
-    def scans_positions(self) -> bool:
-        return self.scan_positions
 
     @classmethod
     def variant_label(cls, params: dict[str, Any]) -> str:

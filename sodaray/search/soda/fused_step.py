@@ -1,21 +1,17 @@
 """The SODA step with its full-vocabulary passes fused (`sodaray.search.soda.kernels`'s Triton
 kernels): the CUDA path's alternative to `step.soda_step`, behind the `fused` setting.
 
-A step here: the last step's update kernel left each row's unnormalised probabilities Q at
-the GEMM's dtype and their sum (`SodaState`'s `q` and `fs` tables); the forward softmax kernel
-computes them only for rows whose Z or tau changed since (admitted, re-drawn, padding rows);
-X = (Q @ E) / sum is the leaf of the autograd pass (the model and the loss, as in
-`step.step_loss`), so the backward stops at dX (rows, d); dP = dX @ E^T is one GEMM;
-<dP, P> comes from the narrow side as <dX, X>; then one kernel does the softmax backward,
-1/tau, Adam, decay, the moment resets and the argmax, and writes the next step's Q and its
-statistics at the next step's temperature (the annealing schedule runs before it).
-Observed-logits objectives (all logits, raw space, Huber or squared error) take the fused
-loss kernel (`FusedLogitsLoss`); any other objective its eager form.
+The last step's update kernel left each row's unnormalised probabilities Q (at the GEMM's dtype)
+and their sum in `SodaState`'s `q` and `fs` tables; the forward kernel recomputes them only for
+rows whose Z or tau changed since. X = (Q @ E) / sum is the autograd leaf (the model and the
+loss as in `step.step_loss`); dP = dX @ E^T is one GEMM and <dP, P> is <dX, X>; then one kernel
+does the softmax backward, 1/tau, Adam, decay, resets and argmax, and writes the next step's Q
+at the next temperature. Observed-logits objectives (raw space, Huber or squared error) take
+the fused loss kernel (`FusedLogitsLoss`); any other objective its eager form.
 
-Trajectories follow the eager step's formulas but not its bits (other summation orders, Q
-at the GEMM's dtype, <dP, P> from dX): the CPU path stays eager (`bits_digest.py`), and a
-fused step is used only where `resolve` says so. Like the eager step it reads nothing back to
-the host, so on CUDA it can be captured (`sodaray.search.engine.executor`).
+Trajectories follow the eager step's formulas but not its bits, so the CPU path stays eager
+(`bits_digest.py`) and a fused step runs only where `resolve` says so. Like the eager step it
+reads nothing back to the host, so on CUDA it can be captured.
 """
 
 from __future__ import annotations
@@ -34,16 +30,15 @@ from sodaray.search.denormals import flush_denormals
 from sodaray.search.soda import kernels as fused
 from sodaray.search.soda.relaxed import tf32
 from sodaray.search.soda.state import SodaState
-from sodaray.search.soda.step import Status, StepInputs, _correction, step_loss
+from sodaray.search.soda.step import Status, StepInputs, _correction, annealed, step_loss
 
 SETTINGS = ("off", "auto", "on")
 
 
 def resolve(setting: str, device: torch.device) -> bool:
     """Whether a batch on `device` takes the fused step: `off` never; `auto` on CUDA where
-    Triton imports; `on` wherever the kernels can run (CUDA, or a CPU under Triton's
-    interpreter, `TRITON_INTERPRET=1`: tests and `benchmarks/vocab_passes.py`), else a
-    ValueError."""
+    Triton imports; `on` wherever the kernels can run (CUDA, or a CPU under
+    `TRITON_INTERPRET=1`), else a ValueError."""
     if setting not in SETTINGS:
         raise ValueError(f"fused must be one of {', '.join(SETTINGS)}, not {setting!r}")
     if setting == "off":
@@ -80,9 +75,8 @@ class FusedWorkspace:
 
 class FusedLogitsLoss(torch.autograd.Function):
     """Each slot's observed-logits loss (B,) from its final states `h` (B, m, d): the logits
-    h @ W^T (one GEMM), the loss and its gradient in one kernel pass (`fused.logits_loss`),
-    the gradient kept in the logits' buffer; the backward is dlogits @ W, scaled per slot by
-    the incoming gradient on the narrow side."""
+    h @ W^T, then the loss and its gradient (kept in the logits' buffer) in one kernel pass;
+    the backward is dlogits @ W, scaled per slot on the narrow side."""
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, observed: Tensor, huber: bool, delta: float):
@@ -106,14 +100,9 @@ class FusedLogitsLoss(torch.autograd.Function):
 
 def _fusable(model: LoadedModel, objective: Objective, batch: BatchTargets) -> Tensor | None:
     """The unembedding weight where the objective's loss can take the fused kernel, else None."""
-    if not (
-        objective.kind == "logits"
-        and objective.top_k is None
-        and objective.space == "raw"
-        and objective.fluency_weight == 0
-        and model.split_forward
-        and batch.observed_values is not None
-    ):
+    plain = objective.kind == "logits" and objective.top_k is None and objective.space == "raw"
+    plain = plain and objective.fluency_weight == 0 and model.split_forward
+    if not plain or batch.observed_values is None:
         return None
     head = model.model.get_output_embeddings()
     if getattr(head, "bias", None) is not None or not isinstance(head, torch.nn.Linear):
@@ -147,9 +136,8 @@ def fused_loss(
 def fused_soda_step(
     state: SodaState, x: StepInputs, precision: str, ws: FusedWorkspace, resetting: bool
 ) -> Status:
-    """`step.soda_step` with the fused kernels (see the module docstring): one step of
-    every slot, in place, and its status. The fluency penalty (which needs P's gradient) is
-    the eager step's alone: the caller does not send it here."""
+    """`step.soda_step` with the fused kernels (see the module docstring). The fluency
+    penalty (which needs P's gradient) is the eager step's alone."""
     if x.flags[4]:
         raise ValueError("the fused step has no fluency penalty: run the eager step")
     run = state.model.for_precision(precision)
@@ -174,38 +162,18 @@ def fused_soda_step(
         step = state.column("hi", "step", x.rows)
         step.add_(1)
         bias, anneals, decays, resets = x.flags[:4]
-        tau_next = _annealed(state, x.rows, step) if anneals else tau
+        tau_next = annealed(state, x.rows, step).float() if anneals else tau
         zero = None
         if resets and resetting:
-            zero = (torch.remainder(step, state.column("hi", "reset", x.rows)) == 0).int()
+            zero = (torch.remainder(step, state.column("hi", "reset", x.rows)) == 0).int().view(-1)
         tokens = torch.empty(x.rows, dtype=torch.int64, device=z.device)
-        fused.update(
-            z,
-            state.rows.view("m", x.rows),
-            state.rows.view("v", x.rows),
-            dp,
-            stats,
-            rowdot,
-            h32,
-            tau_next,
-            tokens,
-            q,
-            correction=_correction(state, x.rows, step) if bias else None,
-            decay=decays,
-            zero=None if zero is None else zero.view(-1),
-        )
+        m, v = (state.rows.view(name, x.rows) for name in "mv")
+        correction = _correction(state, x.rows, step) if bias else None
+        last = dict(correction=correction, decay=decays, zero=zero)
+        fused.update(z, m, v, dp, stats, rowdot, h32, tau_next, tokens, q, **last)
         if anneals:
             tau.copy_(tau_next)
     return Status(tokens[: x.live], loss.detach())
-
-
-def _annealed(state: SodaState, rows: int, step: Tensor) -> Tensor:
-    """The next step's temperature per row, (rows, 1) float32: `step.schedules`'s."""
-    start = state.column("h64", "temperature", rows)
-    end = state.column("h64", "temperature_end", rows)
-    budget = state.column("hi", "budget", rows)
-    at = torch.minimum(step, budget).double() / budget.double()
-    return (start * (end / start) ** at).float()
 
 
 def invalidate(state: SodaState, rows: Tensor | slice | None = None) -> None:

@@ -1,39 +1,32 @@
-"""Fused full-vocabulary kernels of the CUDA step (Triton), each beside the eager formula it
-stands for (`*_reference`), and the bytes of (rows, V) tensors each launch reads and writes
-(`VocabTraffic`, what `benchmarks/vocab_passes.py` counts: aten never sees these kernels).
+"""Fused full-vocabulary kernels of the CUDA step (Triton), and the bytes of (rows, V) tensors
+each launch reads and writes (`VocabTraffic`, what `benchmarks/vocab_passes.py` counts: aten
+never sees these kernels). The eager formulas they stand for are in tests/test_fused_kernels.py.
 
-- `softmax_forward`: Q = exp(Z / tau - c) per row, unnormalised, written at the dtype of `out`
-  (the GEMM's: float32 or bfloat16), with each row's statistics in `stats` (rows, 4): the
-  shift c, the sum s of Q (so P = Q / s), a freshness flag, and the max of Z / tau. Only the
-  rows whose flag is not 1 are computed (Z read twice, Q written): the others hold the Q and
-  statistics the last `update` left for this Z and tau.
-- `update`: the softmax backward (dZ = P * (dP - <dP, P>) / tau, P recomputed from Z and the
-  row's statistics; <dP, P> given per row, computed from the narrow side as <dX, P @ E>), Adam
-  (`adam_step`'s arithmetic: per-row learning rate, 1 - beta1, 1 - beta2, eps, optional bias
-  correction), the multiplicative decay, the moment resets, the argmax of the new Z, and the
-  next step's Q and statistics at its temperature (shifted by the old max, so no second pass;
-  a row whose max moved by more than `DRIFT` is marked stale for the forward to redo): one
-  pass over Z, m, v and dP, and Q written.
+- `softmax_forward`: Q = exp(Z / tau - c) per row, unnormalised, at the dtype of `out`, with
+  each row's (shift c, sum s of Q, freshness flag, max of Z / tau) in `stats`; only rows whose
+  flag is not 1 are computed: the others hold what the last `update` left for this Z and tau.
+- `update`: the softmax backward (P recomputed from Z and the row's statistics; <dP, P> given
+  per row), Adam (`adam_step`'s arithmetic), the decay, the moment resets, the argmax of the
+  new Z, and the next step's Q and statistics at its temperature (shifted by the old max; a
+  row whose max moved by more than `DRIFT` is marked stale): one pass over Z, m, v and dP.
 - `logits_loss`: the observed-logits objective (Huber or squared error, the mean over a
   slot's entries) and its gradient in one pass over the predicted and observed rows.
 
-Tensors are CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` (the tests' way); every
-kernel masks the tail of a vocabulary that is not a multiple of its block. The kernels are
-compiled on first use (`_kernels`), so the interpreter switch may be set after this module
-is imported. Contracts: Z, m, v, dP, P and the logits are row-contiguous (last stride 1); the
-per-row columns ((rows, 1) views of the state's tables) may have any row stride.
+Tensors are CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` (the tests' way), which
+may be set after import (`_kernels` compiles on first use); a vocabulary need not be a multiple
+of the block. Z, m, v, dP, P and the logits are row-contiguous; per-row columns may be strided.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
-
-from sodaray.search.adam import adam_step
 
 BLOCK = 1024  # vocabulary columns a program holds at once (CUDA)
 # Under the interpreter (CPU tensors) each block costs numpy calls: wider blocks, same masks.
@@ -63,26 +56,13 @@ class VocabTraffic:
             log.append((name, sum(t.numel() * t.element_size() for t in tensors)))
 
 
-class launching:
-    """Marks a kernel launch: a counter of aten operations skips what runs inside it (Triton's
-    interpreter copies the operands with aten ops; `VocabTraffic` counts the kernel's own)."""
-
-    def __enter__(self) -> None:
-        VocabTraffic.local.inside = True
-
-    def __exit__(self, *exc: Any) -> None:
-        VocabTraffic.local.inside = False
-
-
-class counting:
+@contextlib.contextmanager
+def counting() -> Iterator[list[tuple[str, int]]]:
     """`with counting() as log:` collects (kernel name, bytes) per launch into `log`."""
-
-    def __enter__(self) -> list[tuple[str, int]]:
-        self.log: list[tuple[str, int]] = []
-        VocabTraffic.local.log = self.log
-        return self.log
-
-    def __exit__(self, *exc: Any) -> None:
+    VocabTraffic.local.log = log = []
+    try:
+        yield log
+    finally:
         VocabTraffic.local.log = None
 
 
@@ -225,10 +205,15 @@ def _kernels() -> tuple[Any, Any, Any]:
 
 
 def _launch(kernel: Any, rows: int, *args: Any, **constants: Any) -> None:
-    """One program per row (none where there are no rows), at the device's block width."""
+    """One program per row (none where there are no rows), at the device's block width. A
+    counter of aten operations skips what runs inside (`VocabTraffic.local.inside`: Triton's
+    interpreter copies the operands with aten ops; `VocabTraffic` counts the kernel's own)."""
     if rows:
-        with launching():
+        VocabTraffic.local.inside = True
+        try:
             kernel[(rows,)](*args, **constants, B=BLOCK if args[0].is_cuda else CPU_BLOCK)
+        finally:
+            VocabTraffic.local.inside = False
 
 
 def _rows_ok(*tensors: Tensor) -> None:
@@ -256,14 +241,6 @@ def softmax_forward(z: Tensor, tau: Tensor, stats: Tensor, out: Tensor) -> Tenso
     return out
 
 
-def softmax_forward_reference(z: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
-    """The eager formula (`RelaxedEmbedding.forward`): the probabilities, and each row's
-    (max of z / tau, sum of exp(z / tau - max)), (rows, 2)."""
-    x = z / tau
-    mx = x.max(-1, keepdim=True).values
-    return torch.softmax(x, -1), torch.cat([mx, torch.exp(x - mx).sum(-1, keepdim=True)], 1)
-
-
 # ---- the backward, Adam, decay, resets, argmax -------------------------------------------------
 def update(
     z: Tensor, m: Tensor, v: Tensor, dp: Tensor, stats: Tensor, rowdot: Tensor, h32: Tensor,
@@ -271,13 +248,11 @@ def update(
     correction: tuple[Tensor, Tensor] | None = None, decay: bool = False,
     zero: Tensor | None = None,
 ) -> None:  # fmt: skip
-    """In place: Z, m, v one SODA update from dP = dL/dP (rows, V) (float32 or bfloat16),
-    `rowdot` (rows,) = <dP, P>; `h32` the state's (rows, 6) float32 table (learning rate,
-    1 - beta1, 1 - beta2, eps, tau, decay: `state.H32`); `stats` the rows' (shift, sum,
-    fresh, max) at tau (`softmax_forward`'s), replaced by the new Z's at `tau_next` (rows, 1),
-    whose Q goes to `q` (rows, V); `tokens` (rows,) int64 gets each row's argmax.
-    `correction`: (1 - beta1^t, 1 - beta2^t) float32 per row; `decay`: multiply by the decay
-    column; `zero`: (rows,) nonzero where the moments reset after it."""
+    """In place: Z, m, v one SODA update from dP = dL/dP (rows, V), `rowdot` = <dP, P> (rows,),
+    `h32` the state's (rows, 6) table (`state.H32`); `stats` (`softmax_forward`'s) replaced by
+    the new Z's at `tau_next` (rows, 1), whose Q goes to `q`; `tokens` (rows,) int64 gets each
+    row's argmax. `correction`: float32 per row; `decay`: multiply by the decay column; `zero`:
+    (rows,) nonzero where the moments reset after it."""
     _rows_ok(z, m, v, dp, stats, q)
     if h32.stride(-1) != 1 or h32.shape[-1] != 6:
         raise ValueError("update takes the (rows, 6) h32 table")
@@ -292,35 +267,6 @@ def update(
     )  # fmt: skip
     VocabTraffic.add("update (Z, m, v, dP read)", z, m, v, dp)
     VocabTraffic.add("update (Z, m, v, next Q write)", z, m, v, q)
-
-
-def update_reference(
-    z: Tensor, m: Tensor, v: Tensor, dp: Tensor, probs: Tensor, rowdot: Tensor, h32: Tensor, *,
-    correction: tuple[Tensor, Tensor] | None = None, decay: bool = False,
-    zero: Tensor | None = None,
-) -> Tensor:  # fmt: skip
-    """The eager step's formulas on the same operands (in place; returns the argmax): the
-    public softmax backward (`RelaxedEmbedding.backward`'s), the division by tau, `adam_step`,
-    the decay and the moment resets (`step.update`, `step.schedules`)."""
-    col = lambda i: h32[:, i : i + 1]  # noqa: E731
-    grad = dp.float().sub(rowdot[:, None]).mul_(probs).div_(col(4))
-    adam_step(
-        z,
-        grad,
-        m,
-        v,
-        learning_rate=col(0),
-        one_minus_beta1=col(1),
-        one_minus_beta2=col(2),
-        eps=col(3),
-        correction=correction,
-    )
-    if decay:
-        z.mul_(col(5))
-    if zero is not None:
-        m.masked_fill_(zero[:, None] != 0, 0.0)
-        v.masked_fill_(zero[:, None] != 0, 0.0)
-    return z.argmax(-1)
 
 
 # ---- the objective -----------------------------------------------------------------------------
@@ -338,19 +284,3 @@ def logits_loss(
     VocabTraffic.add("logits_loss (logits, observed read)", pred, observed)
     VocabTraffic.add("logits_loss (gradient write)", pred)
     return out
-
-
-def logits_loss_reference(
-    pred: Tensor, observed: Tensor, *, huber: bool, delta: float
-) -> tuple[Tensor, Tensor]:
-    """The eager objective (`LogitsObservation.loss`) per row (summed, rows,) and the gradient
-    of the rows' summed losses, by autograd."""
-    leaf = pred.float().detach().requires_grad_(True)
-    with torch.enable_grad():
-        if huber:
-            each = torch.nn.functional.huber_loss(leaf, observed, reduction="none", delta=delta)
-        else:
-            each = (leaf - observed).square()
-        loss = each.sum(-1)
-        (grad,) = torch.autograd.grad(loss.sum(), leaf)
-    return loss.detach(), grad

@@ -28,16 +28,10 @@ def tf32(enabled: bool):
 
 
 class Workspace:
-    """Two (T, V) buffers reused every step, the probabilities and the gradient.
-
-    A fresh tensor that size is a new mmap each step, and touching its pages costs as much as
-    the softmax itself. They keep spare rows, so a batch whose row count changes as searches
-    come and go reallocates only when it outgrows them.
-
-    `padded` is `probs` with `pad` zero rows after it, the rows `pad_rows` would append for the
-    product with the embedding: kept zero in the buffer (the softmax writes only `probs`), so a
-    step neither copies the (T, V) probabilities into a padded tensor nor launches that copy.
-    """
+    """Two (T, V) buffers reused every step (a fresh one is a new mmap whose pages cost as much
+    as the softmax), the probabilities and the gradient, with spare rows: a batch reallocates
+    only when it outgrows them. `padded` is `probs` with the `pad` zero rows `pad_rows` would
+    append for the product with the embedding, kept zero in the buffer (no (T, V) copy)."""
 
     def __init__(self) -> None:
         self._probs: Tensor | None = None
@@ -71,11 +65,9 @@ class Workspace:
 
 
 def _aten_out(name: str) -> Any:
-    """The `out=` overload of an ATen kernel, or None where this torch lacks it. These are the
-    kernels autograd itself runs for softmax (so outcomes match `torch.softmax` bit for bit),
-    written into the workspace's buffers; they are not public API, so a torch without them
-    takes the public path (`tests/test_soda_kernels.py` fails if the pinned torch does, and
-    `benchmarks/bench_kernels.py` measures what the public path costs)."""
+    """The `out=` overload of an ATen kernel (autograd's own for softmax: bits match
+    `torch.softmax`), or None where this torch lacks it (not public API: the public path then;
+    `tests/test_soda_kernels.py` fails if the pinned torch lacks it)."""
     try:
         return getattr(torch.ops.aten, name).out
     except (AttributeError, RuntimeError):
@@ -94,13 +86,9 @@ def workspace_pad(z: Tensor, embedding: Tensor) -> int:
 
 
 class RelaxedEmbedding(torch.autograd.Function):
-    """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers.
-
-    Z is (T, V), packed rows; tau a float or a (T, 1) column (each row its slot's temperature).
-    Backward needs only dZ: dP = dX @ E^T (one matmul), then the softmax backward and the 1/tau
-    scale in place. Saves the probabilities (needed by the backward anyway) and nothing else.
-    The in-place and out= kernels are the same ones autograd runs, so values are bit-identical.
-    """
+    """softmax(Z / tau) @ E as one explicit 2-D matmul each way, in the workspace's buffers:
+    Z (T, V) packed rows, tau a float or a (T, 1) column. Backward gives dZ only: dP = dX @ E^T,
+    then the softmax backward and 1/tau in place, with autograd's own kernels (the same bits)."""
 
     @staticmethod
     def forward(ctx, z: Tensor, embedding: Tensor, temperature: Hyper, ws: Workspace) -> Tensor:

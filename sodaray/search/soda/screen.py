@@ -1,20 +1,15 @@
 """The match check's screen, run a step behind the step, on the searches whose tokens it changed.
 
-The step (`step.soda_step`) ends in each row's token. When the host has read a step's
-tokens (while the next step runs), it compares them with the step before's, slot by slot, and
-only the slots whose tokens changed go through the model: a slot whose tokens did not change
-was screened at the step that made them, and whether they match depends on them and the slot's
-target alone (the screen never turns a match down; the confirm decides, in one shape). So a
-search is screened at every step it reaches a new candidate, and every find is found at the
-step that made it, while a step screens only the slots it moved.
+When the host has read a step's tokens (while the next step runs), only the slots whose tokens
+changed go through the model: an unchanged slot was screened at the step that made its tokens,
+and whether they match depends on them and its target alone (the screen never turns a match
+down; the confirm decides, in one shape). So every find is found at the step that made it.
 
-The screen is one function of a packed host-built input (`Screener.launch`: each candidate's
-sequence, its observed positions, its slot's row in the observed buffers), captured on CUDA once
-per shape (`scheduler.static_screen`'s bucketed candidate counts) with its own executor and
-memory pool, and run eagerly elsewhere; on CUDA after the next step on its stream, or beside
-it on a stream of its own (`SIDE_STREAM`). Its verdicts travel to the host while the next step
-runs; the host reads them a step later still (`SodaBatch.lag` is 2) and confirms what passed
-(`SodaBatch._confirm`).
+The screen is one function of a packed host-built input (`Screener.launch`), captured on CUDA
+once per shape (`scheduler.static_screen`'s buckets) with its own executor and memory pool, and
+run eagerly elsewhere; on CUDA after the next step on its stream, or beside it on a stream of
+its own (`SIDE_STREAM`). The host reads its verdicts a step later still (`SodaBatch.lag` is 2)
+and confirms what passed (`SodaBatch._confirm`).
 """
 
 from __future__ import annotations
@@ -175,18 +170,18 @@ class Screener:
         meta[:, m] = current[-1]  # a bucket's padding rows: the last candidate's slot
         meta[:count, m] = current
         meta[:, m + 1] = np.arange(k)
-        spans = []
-        for g in np.unique(groups):
-            chosen = np.flatnonzero(groups == g)
-            spans.append((int(g), int(chosen[0]), int(chosen[-1]) + 1))
-        spans[-1] = (spans[-1][0], spans[-1][1], k)  # its padding rows: verdicts never read
+        kinds, first = np.unique(groups, return_index=True)  # each group's candidates a run
+        ends = [*first[1:].tolist(), k]  # the last's padding rows too: verdicts never read
+        spans = [(int(g), int(a), b) for g, a, b in zip(kinds, first, ends, strict=True)]
         key = (owner, k, rows, length, spans[0][0]) if capture else None
+
+        shape = (k, rows, length, m, spans)
+
+        def run(inputs: Tensor) -> Tensor:  # a capture reads `inputs` where they lie
+            return self.executor.run(key, lambda: screen(state, inputs, shape), dev)
+
         if not cuda:  # the host's buffer is the input; verdicts read where they lie
-            inputs = held[:size]
-            verdicts = self.executor.run(
-                key, lambda: screen(state, inputs, k, rows, length, m, spans), dev
-            )
-            return Screened(picks, verdicts)
+            return Screened(picks, run(held[:size]))
         # Only a captured screen goes beside: an eager one would make the model's caches on a
         # stream the step's does not wait for.
         stream = self._side(dev) if capture else None
@@ -199,9 +194,7 @@ class Screener:
                 inputs = torch.empty_like(held, device=dev)
                 self._device[(stream is not None, size)] = inputs
             inputs.copy_(held, non_blocking=True)
-            verdicts = self.executor.run(
-                key, lambda: screen(state, inputs, k, rows, length, m, spans), dev
-            )
+            verdicts = run(inputs)
             out, passed = self._grown(self._out, k, torch.bool, dev)
             out[:k].copy_(verdicts, non_blocking=True)
             event = self._busy[self.turn] = torch.cuda.Event()
@@ -231,23 +224,14 @@ class Screener:
 
 
 @torch.no_grad()
-def screen(
-    state: SodaState,
-    packed: Tensor,
-    k: int,
-    rows: int,
-    length: int,
-    m: int,
-    spans: list[tuple[int, int, int]],
-) -> Tensor:
-    """Which of `k` candidates pass the match check's screen, (k,) bool: their sequences
-    (`packed`'s first block, (rows, length), padding rows after them) in one batch at the
-    model's own precision and attention, held to a necessary condition of a match against
-    their slots' observed rows: the observation's probe where it has one (its largest observed
-    logits, loosened past anything a shape does to the arithmetic), else the whole test so
-    loosened. It never turns a match down; the confirm, on the host, decides. `spans`:
-    (objective group, first, end) candidate ranges. Reads nothing back (a capture's rule)."""
-    model = state.model
+def screen(state: SodaState, packed: Tensor, shape: tuple) -> Tensor:
+    """Which of `k` candidates pass the match check's screen, (k,) bool (`shape`: k, rows,
+    length, m and `spans`, the (objective group, first, end) candidate ranges): their sequences
+    (`packed`'s first block, (rows, length)) in one batch at the model's own precision, held to
+    a necessary condition of a match against their slots' observed rows: the observation's probe
+    where it has one, else the whole test, loosened past anything a shape does to the
+    arithmetic. It never turns a match down (the confirm decides) and reads nothing back."""
+    model, (k, rows, length, m, spans) = state.model, shape
     ids = packed[: rows * length].view(rows, length)
     meta = packed[rows * length : rows * length + k * (m + 2)].view(k, m + 2)
     hidden = model.hidden(model.embed(ids), prepadded=True)

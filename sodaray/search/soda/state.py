@@ -1,21 +1,16 @@
 """SODA's persistent batch: every value a step reads, in device buffers that admission and removal
 write slot by slot, and the host's mirror of what it needs to plan.
 
-Per row (a slot of length n has n rows, packed; `Buffers` with one guard row after them): Z and
-Adam's moments (T, V), and three small tables of the slot's numbers, one column each:
-- `h32` (float32): learning rate, 1 - beta1, 1 - beta2, eps, the temperature of the next step,
-  decay: the step's arithmetic reads them as (T, 1) columns;
-- `h64` (float64): the temperature's start and end, beta1, beta2: the schedules' inputs, computed
-  on the device in float64 and rounded to float32 once;
-- `hi` (int64): steps taken, step budget, reset period, re-draw period (`OFF`: none), and 1
-  where the slot bias-corrects Adam.
-Per slot (`Buffers`): the observed rows (`BatchTargets`). On the host, two `SlotTable`s: per slot
-(`host`, `HOST_ARRAYS`) the same numbers, its continuation and the confirm's misses; per row
-(`row_map`) its slot and offset.
+Per row (a slot of length n has n rows, packed; one guard row after them): Z and Adam's moments
+(T, V), and three tables of the slot's numbers, one column each: `h32` (float32, the step's
+arithmetic: `H32`), `h64` (float64, the schedules' inputs, rounded to float32 once: `H64`) and
+`hi` (int64: `HI`; `OFF` for a period that never fires). Per slot: the observed rows
+(`BatchTargets`). On the host, two `SlotTable`s: per slot (`host`, `HOST_ARRAYS`) the same
+numbers, its continuation and the confirm's misses; per row (`row_map`) its slot and offset.
 
-Nothing here is rebuilt per step: a step only reads these buffers (and writes Z, the moments,
-the step counts and the temperature). A composition change (`add`, `remove`) writes the rows and
-slots that changed and marks the batch dirty for the step's planner (`step.plan_inputs`).
+A step only reads these buffers (and writes Z, the moments, the step counts and the
+temperature). A composition change (`add`, `remove`) writes the rows and slots that changed and
+marks the batch dirty for the step's planner (`step.plan_inputs`).
 """
 
 from __future__ import annotations
@@ -33,32 +28,19 @@ from sodaray.objective.observations import BatchTargets, screen_slack
 from sodaray.search.engine.base import SlotEntry, keyed_generator, observed_rows
 from sodaray.search.engine.slots import Buffers, SlotTable, removal_plan
 
-# Columns of the per-row tables (their order is the tables' layout).
+# Columns of the per-row tables, in their order (`tau`: the next step's temperature; the first
+# four are `adam_step`'s arguments by name).
 H32 = ("learning_rate", "one_minus_beta1", "one_minus_beta2", "eps", "tau", "decay")
 H64 = ("temperature", "temperature_end", "beta1", "beta2")
 HI = ("step", "budget", "reset", "reinit", "bias")
 OFF = 1 << 62  # a period no search reaches: a schedule that is off never fires
 
-# Per-slot host columns (`SodaState.host`), kept in slot order beside the buffers.
-HOST_ARRAYS = {
-    "length": np.int64,
-    "reinit": np.int64,  # 0: no re-draws
-    "reinit_std": np.float64,
-    "bias": bool,
-    "anneals": bool,  # temperature_end set and not the temperature
-    "decays": bool,  # decay below 1
-    "reset": np.int64,  # 0: no moment resets (the host knows whether a step resets any slot)
-    "mean": bool,  # loss_reduction "mean": the slot's loss is averaged over its config's slots
-    "config": np.int64,  # index into `configs`
-    "group": np.int64,  # index into `groups`: the slot's objective and tolerance
-    "seed": np.int64,
-    "sample_id": np.int64,
-    "id": np.int64,  # unique per slot ever admitted: follows a slot through removals
-    # The slot's observed continuation but its last token (the screen's context), and the
-    # sequences the confirm turned down for it (`scoring.MISS_MEMORY`).
-    "context": np.int64,
-    "misses": object,
-}
+# Per-slot host columns (`SodaState.host`), in slot order beside the buffers (`add` says what
+# each holds): `id` is unique per slot ever admitted, `context` the observed continuation but
+# its last token (the screen's), `misses` what the confirm turned down (`scoring.MISS_MEMORY`).
+_INTS = ("length", "reinit", "reset", "config", "group", "seed", "sample_id", "id", "context")
+HOST_ARRAYS = {**dict.fromkeys(_INTS, np.int64), "reinit_std": np.float64, "misses": object}
+HOST_ARRAYS |= dict.fromkeys(("bias", "anneals", "decays", "mean"), bool)
 
 
 def _row_values(c: Any) -> tuple[list[float], list[float], list[int]]:
@@ -129,13 +111,12 @@ class SodaState:
             group = (e.targets.objective, e.targets.atol, e.targets.rtol)
             if group not in self.groups:
                 self.groups.append(group)
-            end = c.temperature if c.temperature_end is None else c.temperature_end
             for name, value in (
                 ("length", e.length),
                 ("reinit", c.reinit_period if c.use_reinit else 0),
                 ("reinit_std", c.reinit_std),
                 ("bias", c.bias_correction),
-                ("anneals", end != c.temperature),
+                ("anneals", c.temperature_end not in (None, c.temperature)),
                 ("decays", c.use_decay and c.decay != 1.0),
                 ("reset", c.reset_period if c.use_resets else 0),
                 ("mean", c.loss_reduction == "mean"),
@@ -149,44 +130,27 @@ class SodaState:
             ):
                 values[name].append(value)
             self._next_id += 1
-            r32, r64, ri = _row_values(c)
-            h32 += [r32] * e.length
-            h64 += [r64] * e.length
-            hi += [ri] * e.length
+            for table, row in zip((h32, h64, hi), _row_values(c), strict=True):
+                table.extend([row] * e.length)
         self.host.append(values)
         lengths = np.asarray(values["length"], dtype=np.int64)
         total = int(lengths.sum())
         self.slots.append(observed_rows(entries, dev, screen_slack(self.model)).fields())
         # float64 first, then float32: each value rounded once, as a column made from a float
         # (1 - beta from float64 too: `adam_step`).
-        self.rows.append(
-            {
-                "z": torch.zeros((total, vocab), device=dev),
-                "m": torch.zeros((total, vocab), device=dev),
-                "v": torch.zeros((total, vocab), device=dev),
-                "h32": torch.as_tensor(np.asarray(h32, np.float64), device=dev).float(),
-                "h64": torch.as_tensor(np.asarray(h64, np.float64), device=dev),
-                "hi": torch.as_tensor(np.asarray(hi, np.int64), device=dev),
-            }
-            | (self._fused_rows(total, precision) if self.fused else {})
-        )
-        self.row_map.append(
-            {
-                "slot": np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths),
-                "offset": np.concatenate([np.arange(n) for n in lengths]),
-            }
-        )
+        new = {name: torch.zeros((total, vocab), device=dev) for name in "zmv"}
+        new["h32"] = torch.as_tensor(np.asarray(h32, np.float64), device=dev).float()
+        new["h64"] = torch.as_tensor(np.asarray(h64, np.float64), device=dev)
+        new["hi"] = torch.as_tensor(np.asarray(hi, np.int64), device=dev)
+        if self.fused:  # the next step's Q at the GEMM's dtype, and its (shift, sum, fresh, max)
+            dtype = self.model.for_precision(precision).embedding_matrix.dtype
+            new["q"] = torch.zeros((total, vocab), device=dev, dtype=dtype)
+            new["fs"] = torch.zeros((total, 4), device=dev)  # stale (fresh 0)
+        self.rows.append(new)
+        slot = np.repeat(np.arange(first_slot, first_slot + len(entries)), lengths)
+        offset = np.concatenate([np.arange(n) for n in lengths])
+        self.row_map.append({"slot": slot, "offset": offset})
         self.dirty = True
-
-    def _fused_rows(self, total: int, precision: str) -> dict[str, Tensor]:
-        """A fused batch's new rows: the next step's unnormalised probabilities `q` at the
-        GEMM's dtype and their statistics `fs` (shift, sum, fresh, max), stale (fresh 0)."""
-        dtype = self.model.for_precision(precision).embedding_matrix.dtype
-        dev, vocab = self.model.device, self.model.vocab_size
-        return {
-            "q": torch.zeros((total, vocab), device=dev, dtype=dtype),
-            "fs": torch.zeros((total, 4), device=dev),
-        }
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
         count = len(self.slots)
@@ -194,15 +158,13 @@ class SodaState:
         kept[:left] = True
         kept[holes] = False
         kept[movers] = True
-        row_left, row_holes, row_movers = removal_plan(
-            len(self.row_map), np.flatnonzero(~kept[self.row_slot])
-        )
-        self.rows.remove(row_left, row_holes, row_movers)
+        plan = removal_plan(len(self.row_map), np.flatnonzero(~kept[self.row_slot]))
+        self.rows.remove(*plan)
         renumber = np.arange(count)
         renumber[movers] = holes
         # The tables make new arrays, the old left as they were: a launched step's status holds
         # the old (`batch._Launch`), and reads its slots' rows from them steps later.
-        self.row_map.remove(row_left, row_holes, row_movers)
+        self.row_map.remove(*plan)
         self.row_map["slot"] = renumber[self.row_slot]
         self.slots.remove(left, holes, movers)
         self.host.remove(left, holes, movers)
@@ -230,12 +192,8 @@ class SodaState:
         """(any slot bias-corrects, anneals, decays, resets its moments): the step's optional
         arithmetic."""
         h = self.host
-        return (
-            bool(h["bias"].any()),
-            bool(h["anneals"].any()),
-            bool(h["decays"].any()),
-            bool((h["reset"] > 0).any()),
-        )
+        on = (h["bias"], h["anneals"], h["decays"], h["reset"] > 0)
+        return tuple(bool(a.any()) for a in on)  # type: ignore[return-value]
 
     def loss_weights(self) -> np.ndarray | None:
         """Each slot's weight in the backward's seed: None where every slot optimises its own
@@ -257,8 +215,6 @@ def observed_of(state: SodaState, slots: int) -> BatchTargets:
 
 
 def keyed_normal(shape: tuple[int, ...], seed: int, sample_id: int, draw: int) -> Tensor:
-    """Standard normal draws that depend only on (seed, sample id, draw number).
-
-    Drawn on the CPU, so the values do not depend on the device either; the caller moves them.
-    """
+    """Standard normal draws that depend only on (seed, sample id, draw number), drawn on the
+    CPU (the caller moves them), so not on the device either."""
     return torch.randn(shape, generator=keyed_generator(seed, sample_id, draw, "reinit"))

@@ -1,23 +1,20 @@
-"""The SODA step as one function of the persistent batch's buffers: the relaxation,
-the transformer passes at their planned shapes, the loss, the backward to Z, Adam and decay
-(bias correction on the device), argmax, and the schedules of the next step (annealing and
-moment resets), ending in a small status (tokens, loss). The match check's screen runs a step
-later on the slots whose tokens changed (`sodaray.search.soda.screen`).
+"""The SODA step as one function of the persistent batch's buffers: the relaxation, the
+transformer passes at their planned shapes, the loss, the backward to Z, Adam and decay (bias
+correction on the device), argmax, and the next step's schedules (annealing, moment resets),
+ending in a small status (tokens, loss); the match check's screen runs a step later.
 
 No operation here reads a value back to the host or takes a shape from data (but the fluency
-penalty's, which is never captured), so on CUDA the whole step can be captured once per shape
-and replayed (`sodaray.search.engine.executor`); on a CPU it runs eagerly.
+penalty's, never captured), so on CUDA a step can be captured once per shape and replayed.
 
-What a step reads besides the buffers (`StepInputs`: index tensors, the backward's seed) is
-planned on the host when the batch's composition changes (`plan_inputs`): at the slots' own
-shapes ("exact": the live rows and a guard row after them), or at a bucketed shape ("capture":
-`static_rows` rows, `static_batch` slots, one pass), whose tensors are written in place so that
-a captured step finds them where it left them.
+What a step reads besides the buffers (`StepInputs`) is planned on the host when the batch's
+composition changes (`plan_inputs`): at the slots' own shapes ("exact": the live rows and a
+guard row after them), or at a bucketed shape ("capture": one pass), whose tensors are written
+in place so that a captured step finds them where it left them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,22 +23,22 @@ from torch import Tensor
 
 from sodaray.model.attention import invariant
 from sodaray.model.loaded import LoadedModel
-from sodaray.objective.observations import BatchTargets
 from sodaray.objective.scoring import Layout, objective_loss, observed_positions, sequence_embeds
 from sodaray.search.adam import adam_step
 from sodaray.search.denormals import flush_denormals
 from sodaray.search.engine.scheduler import Scheduler, static_batch, static_rows
 from sodaray.search.soda.relaxed import RelaxedEmbedding, Workspace, tf32
-from sodaray.search.soda.state import SodaState, observed_of
+from sodaray.search.soda.state import H32, SodaState, observed_of
+
+Group = tuple[int, Tensor | None, Layout | None, Tensor | None]  # (group, slots, layout, rows)
 
 
 @dataclass
 class Pass:
     """One transformer pass of a step: its slots (host indices; None: every slot), their
-    layout, their packed rows, the slots as a tensor, the batch size and input width it runs at
-    (padding slots and positions are zeros), `spare` rows after the layout's (the guard row)
-    placed in the first padding item, and its objective groups: (group, slots in the pass, their
-    layout and rows), the last three None where the pass holds one group."""
+    layout, packed rows and index (None: all), the batch and input width it runs at (padding is
+    zeros), `spare` rows after the layout's (the guard row) placed in the first padding item,
+    and its objective groups (`Group`; the last three None where it holds one group)."""
 
     slots: np.ndarray | None
     layout: Layout
@@ -50,9 +47,7 @@ class Pass:
     batch: int
     width: int
     spare: int = 1
-    groups: list[tuple[int, Tensor | None, Layout | None, Tensor | None]] = field(
-        default_factory=list
-    )
+    groups: list[Group] = field(default_factory=list)
 
 
 @dataclass
@@ -75,8 +70,7 @@ class StepInputs:
 @dataclass
 class Status:
     """What a step ends in, for the host: each row's token after it (live,) and each slot's
-    relaxed loss (slots,). The match check screens the tokens a step later
-    (`sodaray.search.soda.screen`)."""
+    relaxed loss (slots,)."""
 
     tokens: Tensor
     loss: Tensor
@@ -127,12 +121,7 @@ def plan_inputs(
     slot_len[:count] = lengths
     seed = np.zeros(slots, dtype=np.float32)
     seed[:count] = 1.0 if weights is None else weights
-    arrays = {
-        "row_seq": row_seq,
-        "row_offset": row_pos,
-        "lengths": slot_len,
-        "seed": seed,
-    }
+    arrays = {"row_seq": row_seq, "row_offset": row_pos, "lengths": slot_len, "seed": seed}
     if capture:  # the layout's derived indices, made here so that a re-plan writes them in place
         seq_rows, seq_pos = observed_positions(slot_len, p, m)
         arrays["row_pos"] = row_pos + p
@@ -141,40 +130,25 @@ def plan_inputs(
     # A captured step has its objective built in: a shape is one objective group's.
     shape = (rows, slots, width, int(groups[0]))
     old = shapes.get(shape) if capture and shapes is not None else None
-    if old is not None:
-        _write(old, arrays)
+    if old is not None:  # written where its captured step reads them
+        for name, values in arrays.items():
+            old.held[name].copy_(torch.as_tensor(np.array(values, order="C")), non_blocking=True)
         old.flags = flags
         return old
     t = {name: torch.as_tensor(np.array(a, order="C"), device=dev) for name, a in arrays.items()}
+    layout = Layout(t["lengths"], t["row_seq"], t["row_offset"], width)
     if capture:
-        layout = Layout(t["lengths"], t["row_seq"], t["row_offset"], width)
         layout._derived[("input", p)] = t["row_pos"]
         layout._derived[("observed", p, m)] = (t["seq_rows"][:, :1], t["seq_pos"])
         one = [(int(groups[0]), None, None, None)]
         passes = [Pass(None, layout, None, None, slots, width, spare=0, groups=one)]
     else:
-        layout = Layout(t["lengths"], t["row_seq"], t["row_offset"], width)
         passes = _passes(state, layout, plans)
-    inputs = StepInputs(
-        rows=rows,
-        live=live,
-        slots=slots,
-        passes=passes,
-        seed=t["seed"],
-        flags=flags,
-        capture=capture,
-    )
-    inputs.held = t
+    inputs = StepInputs(rows, live, slots, passes, t["seed"], flags, capture, held=t)
     if capture and shapes is not None:
         inputs.serial = len(shapes)  # a captured step's key: these tensors, while they live
         shapes[shape] = inputs
     return inputs
-
-
-def _write(inputs: StepInputs, arrays: dict[str, np.ndarray]) -> None:
-    """A captured shape's inputs, written where its step reads them."""
-    for name, values in arrays.items():
-        inputs.held[name].copy_(torch.as_tensor(np.array(values, order="C")), non_blocking=True)
 
 
 def _passes(state: SodaState, layout: Layout, plans) -> list[Pass]:
@@ -182,24 +156,17 @@ def _passes(state: SodaState, layout: Layout, plans) -> list[Pass]:
     dev, count, host = state.model.device, len(state), state.host
     passes = []
     for plan in plans:
-        if len(plan.slots) == count:
-            sub, rows, idx = layout, None, None
-            present = host["group"]
-        else:
-            idx = torch.as_tensor(plan.slots, device=dev)
-            sub, rows = layout.select(idx)
-            present = host["group"][plan.slots]
-        groups: list[tuple[int, Tensor | None, Layout | None, Tensor | None]] = []
+        whole = len(plan.slots) == count
+        idx = None if whole else torch.as_tensor(plan.slots, device=dev)
+        sub, rows = (layout, None) if idx is None else layout.select(idx)
+        present = host["group"] if whole else host["group"][plan.slots]
         kinds = np.unique(present)
-        if len(kinds) == 1:
-            groups.append((int(kinds[0]), None, None, None))
-        else:
-            for g in kinds:
-                gi = torch.as_tensor(np.flatnonzero(present == g), device=dev)
-                gl, gr = sub.select(gi, sub.longest)
-                groups.append((int(g), gi, gl, gr))
-        slots = None if rows is None else plan.slots
-        passes.append(Pass(slots, sub, rows, idx, plan.batch, plan.width, 1, groups))
+        groups: list[Group] = [(int(kinds[0]), None, None, None)]
+        if len(kinds) > 1:
+            at = {int(g): torch.as_tensor(np.flatnonzero(present == g), device=dev) for g in kinds}
+            groups = [(g, i, *sub.select(i, sub.longest)) for g, i in at.items()]
+        slots, spare = (None, 1) if whole else (plan.slots, 0)
+        passes.append(Pass(slots, sub, rows, idx, plan.batch, plan.width, spare, groups))
     return passes
 
 
@@ -223,10 +190,9 @@ def soda_step(
 def relaxed_gradient(
     state: SodaState, x: StepInputs, precision: str, workspace: Workspace
 ) -> tuple[Tensor, Tensor]:
-    """d loss / d Z for the step's rows (the live rows and the guard or bucket rows after them:
-    those take a padding item's input, whose outputs no loss reads), and each slot's loss;
-    slots are independent, the batch loss their weighted sum. One transformer pass per
-    planned pass, all in one backward."""
+    """d loss / d Z for the step's rows (the guard or bucket rows after the live ones take a
+    padding item's input, whose outputs no loss reads), and each slot's loss; the batch loss is
+    their weighted sum, one backward through every planned pass."""
     run = state.model.for_precision(precision)
     fluency = x.flags[4]
     z = state.rows.view("z", x.rows)
@@ -257,26 +223,40 @@ def step_loss(
     transformer pass per planned pass, each slot under its objective (`loss_of`, with
     `objective_loss`'s arguments)."""
     observed = observed_of(state, x.slots)
-    continuation = observed.continuation
-    loss: Tensor | None = None
-    for p in x.passes:
-        if p.slots is None:  # one pass holds every slot
-            embeds = sequence_embeds(
-                run, p.layout, rows, continuation, p.width, p.batch, spare=p.spare
-            )
-            hidden = run.hidden(embeds, prepadded=True)
-            return _pass_loss(state, run, hidden, p, observed, probs, loss_of)
+    cont = observed.continuation
+
+    def one(p: Pass) -> Tensor:
         embeds = sequence_embeds(
-            run, p.layout, rows[p.rows], continuation[p.index], p.width, p.batch
+            run, p.layout, _pick(rows, p.rows), _pick(cont, p.index), p.width, p.batch, p.spare
         )
         hidden = run.hidden(embeds, prepadded=True)
-        sub = observed.select(p.index)
-        part = _pass_loss(
-            state, run, hidden, p, sub, None if probs is None else probs[p.rows], loss_of
+        batch = observed if p.index is None else observed.select(p.index)
+        mine = _pick(probs, p.rows)
+        if len(p.groups) == 1:  # each slot under its own objective, once per objective
+            return loss_of(run, state.groups[p.groups[0][0]][0], hidden, p.layout, batch, mine)
+        parts = (
+            (i, loss_of(run, state.groups[g][0], hidden[i], sub, batch.select(i), _pick(mine, r)))
+            for g, i, sub, r in p.groups
         )
+        return _gathered(p.layout.batch, parts)
+
+    if x.passes[0].slots is None:  # one pass holds every slot
+        return one(x.passes[0])
+    return _gathered(x.slots, ((p.index, one(p)) for p in x.passes))
+
+
+def _pick(t: Tensor | None, index: Tensor | None) -> Tensor | None:
+    """`t`'s rows at `index` (None: all of them)."""
+    return t if t is None or index is None else t[index]
+
+
+def _gathered(count: int, parts: Iterable[tuple[Tensor | None, Tensor]]) -> Tensor:
+    """Per-slot losses (count,) from (slots, their losses) parts."""
+    loss = None
+    for idx, part in parts:
         if loss is None:
-            loss = part.new_zeros(x.slots)
-        loss = loss.index_put((p.index,), part)
+            loss = part.new_zeros(count)
+        loss = loss.index_put((idx,), part)
     assert loss is not None
     return loss
 
@@ -289,52 +269,13 @@ def update(state: SodaState, x: StepInputs, grad: Tensor) -> Tensor:
     step = state.column("hi", "step", x.rows)
     step.add_(1)
     h = lambda name: state.column("h32", name, x.rows)  # noqa: E731
-    z = state.rows.view("z", x.rows)
-    adam_step(
-        z,
-        grad,
-        state.rows.view("m", x.rows),
-        state.rows.view("v", x.rows),
-        learning_rate=h("learning_rate"),
-        one_minus_beta1=h("one_minus_beta1"),
-        one_minus_beta2=h("one_minus_beta2"),
-        eps=h("eps"),
-        correction=_correction(state, x.rows, step) if bias else None,
-    )
+    z, m, v = (state.rows.view(name, x.rows) for name in "zmv")
+    correction = _correction(state, x.rows, step) if bias else None
+    # The table's first columns are Adam's arguments by name (learning rate, 1 - betas, eps).
+    adam_step(z, grad, m, v, **{name: h(name) for name in H32[:4]}, correction=correction)
     if decays:  # x * 1.0 is x: skipping it where no slot decays is exact
         z.mul_(h("decay"))
     return step
-
-
-def _pass_loss(
-    state: SodaState,
-    model: LoadedModel,
-    hidden: Tensor,
-    p: Pass,
-    batch: BatchTargets,
-    probs: Tensor | None,
-    loss_of: Callable[..., Tensor] = objective_loss,
-) -> Tensor:
-    """The loss of a pass's slots, each under its own objective (once per objective in it)."""
-    if len(p.groups) == 1:
-        objective = state.groups[p.groups[0][0]][0]
-        return loss_of(model, objective, hidden, p.layout, batch, probs)
-    loss = None
-    for g, idx, sub, rows in p.groups:
-        assert idx is not None and sub is not None and rows is not None
-        part = loss_of(
-            model,
-            state.groups[g][0],
-            hidden[idx],
-            sub,
-            batch.select(idx),
-            None if probs is None else probs[rows],
-        )
-        if loss is None:
-            loss = part.new_zeros(p.layout.batch)
-        loss = loss.index_put((idx,), part)
-    assert loss is not None
-    return loss
 
 
 def _correction(state: SodaState, rows: int, step: Tensor) -> tuple[Tensor, Tensor]:
@@ -343,56 +284,36 @@ def _correction(state: SodaState, rows: int, step: Tensor) -> tuple[Tensor, Tens
     1 where the slot does not correct. In float64, rounded once: what the host computed."""
     col = lambda name: state.column("hi", name, rows)  # noqa: E731
     before = step - 1
-    zeroed = torch.maximum(
-        torch.div(before, col("reset"), rounding_mode="floor") * col("reset"),
-        torch.div(before, col("reinit"), rounding_mode="floor") * col("reinit"),
-    )
-    age = (step - zeroed).double()
+    last = lambda name: torch.div(before, col(name), rounding_mode="floor") * col(name)  # noqa: E731
+    age = (step - torch.maximum(last("reset"), last("reinit"))).double()
     on = col("bias").bool()
-    first = torch.where(on, 1 - state.column("h64", "beta1", rows) ** age, 1.0)
-    second = torch.where(on, 1 - state.column("h64", "beta2", rows) ** age, 1.0)
+    beta = lambda name: state.column("h64", name, rows)  # noqa: E731
+    first, second = (torch.where(on, 1 - beta(b) ** age, 1.0) for b in ("beta1", "beta2"))
     return first.float(), second.float()
 
 
 @torch.no_grad()
 def schedules(state: SodaState, x: StepInputs, step: Tensor, resetting: bool) -> None:
-    """After a step: the next step's temperature where a slot anneals (geometric from its
-    temperature at step 0 to its end at its budget, held there; in float64, rounded once), and
-    the moment resets of slots at a multiple of their reset period (`resetting`: some slot is;
-    the host knows). A re-draw of Z resets its moments too: that is the host's, with the draw
-    (`SodaBatch.redraw`), keyed by seed, sample and draw."""
+    """After a step: the next step's temperature where a slot anneals (`annealed`), and the
+    moment resets of slots at a multiple of their reset period (`resetting`: some slot is). A
+    re-draw of Z, and its moments' reset, is the host's (`SodaBatch.redraw`)."""
     rows, anneals, resets = x.rows, x.flags[1], x.flags[3]
     if anneals:
-        start = state.column("h64", "temperature", rows)
-        end = state.column("h64", "temperature_end", rows)
-        budget = state.column("hi", "budget", rows)
-        at = torch.minimum(step, budget).double() / budget.double()
-        state.column("h32", "tau", rows).copy_(start * (end / start) ** at)
+        state.column("h32", "tau", rows).copy_(annealed(state, rows, step))
     if resets and resetting:
         zero = torch.remainder(step, state.column("hi", "reset", rows)) == 0
         state.rows.view("m", rows).masked_fill_(zero, 0.0)
         state.rows.view("v", rows).masked_fill_(zero, 0.0)
 
 
-def padding_rows_from_row0(state: SodaState, start: int, end: int) -> None:
-    """Rows [start, end) of the per-row tables take row 0's numbers: a guard or bucket row
-    computes like a live one (finite temperature, eps), and its results are dropped."""
-    if end <= start or not len(state.row_slot):
-        return
-    for table in ("h32", "h64", "hi"):
-        state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
-    if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
-        state.rows.view("fs", end)[start:end, 2] = 0.0
+def annealed(state: SodaState, rows: int, step: Tensor) -> Tensor:
+    """The next step's temperature per row after `step` steps, (rows, 1) float64 (rounded
+    where it is stored): geometric from the start to the end at the budget, held there."""
+    start, end = (state.column("h64", name, rows) for name in ("temperature", "temperature_end"))
+    budget = state.column("hi", "budget", rows)
+    at = torch.minimum(step, budget).double() / budget.double()
+    return start * (end / start) ** at
 
 
-__all__ = [
-    "Pass",
-    "Status",
-    "observed_of",
-    "StepInputs",
-    "plan_inputs",
-    "relaxed_gradient",
-    "schedules",
-    "soda_step",
-    "update",
-]
+__all__ = ["Pass", "Status", "StepInputs", "observed_of", "plan_inputs", "relaxed_gradient"]
+__all__ += ["schedules", "soda_step", "update"]
