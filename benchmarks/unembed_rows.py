@@ -1,7 +1,7 @@
 """Whether the loss's unembedding may skip its padding on a device (issue 41).
 
 `LoadedModel.unembed` runs the (N, d) x (d, V) product on exactly N rows, not padded ones, only
-on a CPU, where each row was measured to keep its bits from `invariant_rows` rows up at these
+on a CPU, where each row was measured to keep its bits from `row_rule(device)[0]` rows up at these
 shapes. This checks the same on another device: for each shape, precision and row count N, the
 forward logits and the input gradient (dlogits @ W, its inner dimension the vocabulary) of the
 unpadded product against the padded one, bit for bit. One line per shape and precision:
@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from sodaray.model.padding import invariant_rows, pad_rows
+from sodaray.model.padding import pad_rows, row_rule
 
 SHAPES = {"neo": (768, 50257), "qwen": (896, 151936)}
 
@@ -51,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     start, stop, count = (int(v) for v in args.rows.split(":"))
-    floor = invariant_rows(device)
+    floor = row_rule(device)[0]  # the fewest rows that keep each row's bits
     rows = sorted(
         {max(floor, round(start + i * (stop - start) / max(count - 1, 1))) for i in range(count)}
     )

@@ -175,20 +175,18 @@ def result_rows(
         finished_at=datetime.now(timezone.utc),
         host=socket.gethostname(),
     )
-    rows = []
-    for i, r in enumerate(results):
-        params = dict(r.params)
-        rows.append(
-            {
-                **shared,
-                **{name: getattr(r, name) for name in _RESULT_COLUMNS},
-                "length": None if r.true_tokens is None else len(r.true_tokens),
-                "max_steps": params.get("max_steps"),
-                "params": json.dumps(params, sort_keys=True, default=str),
-                "true_text": None if true_texts is None else true_texts[i],
-                "pii_labels": None if pii_labels is None else pii_labels[i],
-            }
-        )
+    rows = [
+        {
+            **shared,
+            **{name: getattr(r, name) for name in _RESULT_COLUMNS},
+            "length": None if r.true_tokens is None else len(r.true_tokens),
+            "max_steps": dict(r.params).get("max_steps"),
+            "params": json.dumps(dict(r.params), sort_keys=True, default=str),
+            "true_text": None if true_texts is None else true_texts[i],
+            "pii_labels": None if pii_labels is None else pii_labels[i],
+        }
+        for i, r in enumerate(results)
+    ]
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
 
@@ -211,13 +209,11 @@ def result_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     """Parquet files under the given files/folders (temporary and hidden files skipped)."""
     files: list[Path] = []
     for p in listed(paths):
-        kind = what_is(p)
-        if kind == "a directory":
+        if (kind := what_is(p)) == "a directory":
             for f in sorted(p.rglob("*.parquet")):
                 if any(part.startswith(".") for part in f.relative_to(p).parts):
                     continue
-                inner = what_is(f)
-                if inner == "a regular file":
+                if (inner := what_is(f)) == "a regular file":
                     files.append(f)
                 elif inner != "a directory":  # a folder's own files are found inside it
                     # A FIFO or device would block the reader: named, passed over.
@@ -267,8 +263,8 @@ def read_results(paths: str | Path | Iterable[str | Path]) -> pa.Table:
                 f"{f}: result schema version {int(version)} is newer than this sodaray's "
                 f"({SCHEMA_VERSION}); upgrade sodaray"
             )
-        lacking = [c for c in CORE_COLUMNS if c not in schema.names]
-        if lacking:  # every version has them: a file without is not result rows
+        # Every version has them: a file without is not result rows.
+        if lacking := [c for c in CORE_COLUMNS if c not in schema.names]:
             raise ResultsError(f"{f}: lacks the column {lacking[0]} (every result file has it)")
         try:
             table = pq.read_table(f)
@@ -322,8 +318,7 @@ def check_rows(table: pa.Table, path: Path) -> None:
         ),
     )
     for bad, what in checks:
-        count = pc.sum(bad).as_py() or 0
-        if count:
+        if count := pc.sum(bad).as_py() or 0:
             first = table.filter(bad).slice(0, 1).to_pylist()[0]
             rows = "row" if count == 1 else "rows"
             raise ResultsError(

@@ -81,7 +81,7 @@ def test_a_forward_with_the_prepared_mask_launches_fewer_operations(kind, fewer,
     neo = tiny_model(kind)
     x = torch.randn(8, 6, neo.width, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        neo.hidden(x)  # the first call measures once what later ones reuse (`invariant_rows`)
+        neo.hidden(x)  # the first call measures once what later ones reuse (`row_rule`)
         fast = leaf_ops(lambda: neo.hidden(x))
         with_mask = neo.hidden(x)
         neo.static_mask = False

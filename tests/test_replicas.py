@@ -105,7 +105,7 @@ def test_jobs_of_other_configs_share_the_batch_without_changing_a_result(
     """The temperature-0.05 job alone, then beside a temperature-0.1 job in the same batches:
     its rows are the same, bit for bit (tokens, finds, steps, losses), with lengths 1 and 2 in
     one padded batch (the default) and in a batch each. Batches of 8 with lengths 1-2 hold
-    2-16 rows: the few-row matmul kernels are what broke this before `invariant_rows` probed
+    2-16 rows: the few-row matmul kernels are what broke this before `row_rule` probed
     wide inner dimensions."""
     model = [{"id": str(STORIES), "num_cpus": 1, "mix_lengths": mix_lengths}]
     alone = run_sweep(

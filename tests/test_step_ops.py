@@ -3,7 +3,7 @@ about 123), counted as `../shared/tools/opcount.py` and `benchmarks/step_ops.py`
 torch.profiler on CPU, operations that do work, over ten steps; outside = 2 ops(1 layer) -
 ops(2 layers). The count depends on the model's architecture and the step's code paths, not on
 its widths, so small models of the measured shapes stand in for them (their batch of 96 rows
-clears every row-invariance threshold `models.invariant_rows` looks for, as the benchmark's 64
+clears every row-invariance threshold `padding.row_rule(device)[0]` gives, as the benchmark's 64
 do on one thread)."""
 
 from __future__ import annotations

@@ -123,17 +123,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     obj.add_argument("--atol", type=float, help="match tolerance (default by model size)")
     obj.add_argument("--rtol", type=float, help="match tolerance (default by model size)")
-    _add_run_options(p)
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="one JSON result row per target")
-    out.add_argument("--out", help="also write the result rows to this Parquet file")
-    out.add_argument(
-        "--dataset-label", default="", help="dataset name recorded in result rows (for reports)"
-    )
-    p.set_defaults(func=cmd_invert)
-
-
-def _add_run_options(p: argparse.ArgumentParser) -> None:
     srch = p.add_argument_group("search")
     srch.add_argument(
         "--algorithm",
@@ -160,6 +149,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     srch.add_argument("--max-steps", type=int)
     srch.add_argument("--max-batch-size", type=int)
     srch.add_argument("--seed", type=int, help="default 0")
+    _add_run_options(p)
+    p.set_defaults(func=cmd_invert)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """The model placement and output groups of `invert`."""
     run = p.add_argument_group("model placement")
     run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     run.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -175,6 +170,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="prepend BOS as fixed context (default: as the tokenizer does)",
     )
     run.add_argument("--trust-remote-code", action="store_true")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="one JSON result row per target")
+    out.add_argument("--out", help="also write the result rows to this Parquet file")
+    out.add_argument(
+        "--dataset-label", default="", help="dataset name recorded in result rows (for reports)"
+    )
 
 
 def _search(search: Any, show: Any, bar: Any) -> bool:
@@ -218,13 +219,24 @@ def cmd_invert(args: argparse.Namespace) -> int:
     from sodaray.config.families import defaults_for
     from sodaray.experiment import stops
     from sodaray.model.load import load_model
+    from sodaray.objective.targets import read_logits_file
     from sodaray.results import RunContext, result_rows, write_table_atomic
 
     check_flags(args)
     config = config_from_flags(args)  # validate before the (slow) model load
     check_places(args)
     kind = args.objective or ("text" if args.output_text else "logits")
-    observed, top_k = read_observed(args)  # before the load: its top-k decides the objective
+    # The logits file's (values, indices), before the load: a file of top-k logits decides the
+    # top-k observed, and so the objective.
+    observed = read_logits_file(args.logits_file) if args.logits_file else None
+    top_k = args.top_k
+    if observed is not None and observed[1] is not None:
+        top_k = int(observed[1].shape[-1])
+        if args.top_k is not None and args.top_k != top_k:
+            raise CliError(
+                f"--top-k {args.top_k}, but {args.logits_file} holds the top {top_k} logits "
+                "of each position: leave out --top-k"
+            )
     objective = objective_from_flags(args, kind, top_k)
     logging.info("loading %s", args.model)
     placement = ("gguf_file", "device", "dtype", "bos", "trust_remote_code")
@@ -391,25 +403,6 @@ def check_places(args: argparse.Namespace) -> None:
     check_model_files(os.path.expanduser(args.model), args.gguf_file)  # a FIFO, no weights
     if args.logits_file:
         regular_file(args.logits_file, "logits file")  # a directory, /dev/zero: said so
-
-
-def read_observed(args: argparse.Namespace) -> tuple[Any, int | None]:
-    """The logits file's (values, indices), None without one, and the top-k observed: a file of
-    top-k logits decides it."""
-    from sodaray.objective.targets import read_logits_file
-
-    top_k = args.top_k
-    if not args.logits_file:
-        return None, top_k
-    observed = read_logits_file(args.logits_file)
-    if observed[1] is not None:
-        top_k = int(observed[1].shape[-1])
-        if args.top_k is not None and args.top_k != top_k:
-            raise CliError(
-                f"--top-k {args.top_k}, but {args.logits_file} holds the top {top_k} logits "
-                "of each position: leave out --top-k"
-            )
-    return observed, top_k
 
 
 def config_from_flags(args: argparse.Namespace, defaults: Any = None):

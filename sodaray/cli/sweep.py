@@ -187,7 +187,22 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
 
         check = check_run(planned, run)
     if args.json:
-        summary = {**run_summary(sweep.name, run, jobs), "plan": check, "defaults": defaults}
+        summary = {  # what ran, what was skipped or failed, and every job's status
+            "sweep": sweep.name,
+            "jobs": run.jobs,
+            "shards_total": run.shards_total,
+            "shards_run": len(run.done),
+            "shards_skipped": run.shards_skipped,
+            "samples_kept": run.kept,
+            "seconds": round(run.seconds, 3),
+            "occupancy": run.occupancy,
+            "failed": [dataclasses.asdict(f) for f in run.failed],
+            "locked": run.locked,
+            "lock_owners": run.lock_owners,
+            "status": [_job(j) for j in jobs],
+            "plan": check,
+            "defaults": defaults,
+        }
         print(jsontext.dumps(summary))
         return incomplete
     _print_status(jobs)
@@ -273,35 +288,15 @@ def _job(status) -> dict:
     return {**dataclasses.asdict(status), "pending": status.pending}
 
 
-def run_summary(name: str, run, jobs) -> dict:
-    """`sweep run --json`: what ran, what was skipped or failed, and every job's status."""
-    return {
-        "sweep": name,
-        "jobs": run.jobs,
-        "shards_total": run.shards_total,
-        "shards_run": len(run.done),
-        "shards_skipped": run.shards_skipped,
-        "samples_kept": run.kept,
-        "seconds": round(run.seconds, 3),
-        "occupancy": run.occupancy,
-        "failed": [dataclasses.asdict(f) for f in run.failed],
-        "locked": run.locked,
-        "lock_owners": run.lock_owners,
-        "status": [_job(j) for j in jobs],
-    }
-
-
 def _quick(sweep, args: argparse.Namespace):
     """A quick look (`--max-steps` / `--limit`) as its own sweep, NAME-quick, so its results,
     status and report never mix with the full run's."""
     if args.steps is not None:
         raise ValueError("--steps is now --max-steps (the step budget has one name)")
-    steps, limit = args.max_steps, args.limit
-    if steps is not None and steps < 1:
-        raise ValueError(f"--max-steps must be at least 1, not {steps}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"--limit must be at least 1, not {limit}")
-    return sweep if steps is None and limit is None else sweep.quick(steps)
+    for name, value in (("--max-steps", args.max_steps), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, not {value}")
+    return sweep if args.max_steps is None and args.limit is None else sweep.quick(args.max_steps)
 
 
 def cmd_sweep_plan(args: argparse.Namespace) -> int:
@@ -390,11 +385,10 @@ def cmd_sweep_status(args: argparse.Namespace) -> int:
     jobs = sweep_status(args.out)
     if not jobs:
         raise ValueError(f"no sweep jobs (.sodaray/jobs/*/job.json) under {args.out}")
-    if not args.json:
+    if args.json:  # JSON Lines: one job a line, for jq and scripts
+        print("\n".join(jsontext.dumps(_job(j)) for j in jobs))
+    else:
         _print_status(jobs)
-        return 0
-    for j in jobs:  # JSON Lines: one job a line, for jq and scripts
-        print(jsontext.dumps(_job(j)))
     return 0
 
 

@@ -79,6 +79,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from functools import partial
 
     from sodaray.cli.progress import TrialProgress
+    from sodaray.cli.sweep import estimate_lines, priced_lines
     from sodaray.config.validation import check_output_dir
     from sodaray.costs.devices import load_costs
     from sodaray.costs.flops import check_rate
@@ -121,8 +122,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.dry_run:
         study = describe(spec, args, costs)
         print(jsontext.dumps(study, default=str))
-        for line in dry_run_lines(study["estimate"]):
-            print(line, file=sys.stderr)
+        estimate = study["estimate"]  # in `sweep plan`'s words (stderr: stdout is its JSON)
+        lines = priced_lines(estimate["costs"], {estimate["kind"]}, "trials")
+        lines.append(
+            f"total: {estimate['trials']} trials x {estimate['samples']:,} samples, at most "
+            f"{estimate['sample_steps']:,} sample-steps"
+        )
+        lines += estimate_lines(estimate, "the trials across the workers; start-up not counted")
+        if estimate["wall_seconds"] is None:
+            lines.append(
+                "no price: pass --rate SAMPLE_STEPS_PER_SECOND, --calibrate, or --costs FILE for "
+                "a CPU model (measured by bench_invert.py --suite gpu --device cpu)"
+            )
+        print("\n".join(lines), file=sys.stderr)
         return 0
     model = spec.on_model(args.model).model
     defaults = model_defaults(model)  # read once here: a config that cannot be read stops now
@@ -210,24 +222,6 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
         "space": {p.name: p.describe() for p in spec.space},
         "estimate": plan_study(spec, trials=trials, costs=costs, **pricing),
     }
-
-
-def dry_run_lines(estimate: dict[str, Any]) -> list[str]:
-    """`tune --dry-run`'s estimate in `sweep plan`'s words (stderr: stdout is its JSON)."""
-    from sodaray.cli.sweep import estimate_lines, priced_lines
-
-    lines = priced_lines(estimate["costs"], {estimate["kind"]}, "trials")
-    lines.append(
-        f"total: {estimate['trials']} trials x {estimate['samples']:,} samples, at most "
-        f"{estimate['sample_steps']:,} sample-steps"
-    )
-    lines += estimate_lines(estimate, "the trials across the workers; start-up not counted")
-    if estimate["wall_seconds"] is None:
-        lines.append(
-            "no price: pass --rate SAMPLE_STEPS_PER_SECOND, --calibrate, or --costs FILE for a "
-            "CPU model (measured by bench_invert.py --suite gpu --device cpu)"
-        )
-    return lines
 
 
 def no_trial_completed(run) -> str | None:

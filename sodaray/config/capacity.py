@@ -116,9 +116,6 @@ def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> N
     vocab = int(model.vocab_size)
     if algorithm == "embedding":  # (B, n, d) state; distances in vocab chunks
         vocab = int(model.embedding_matrix.shape[1]) + 8192
-    check_memory(
-        float(STATE_BUFFERS) * 4 * batch * length * vocab,
-        f"a search state of {batch} targets x {length} positions x {vocab}",
-        device_memory(model.device),
-        "lower max_batch_size or the length",
-    )
+    what = f"a search state of {batch} targets x {length} positions x {vocab}"
+    needed = float(STATE_BUFFERS) * 4 * batch * length * vocab
+    check_memory(needed, what, device_memory(model.device), "lower max_batch_size or the length")

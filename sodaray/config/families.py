@@ -180,14 +180,9 @@ class Defaults:
 
     def to_dict(self) -> dict[str, Any]:
         """For JSON output and job files: the family, the preset, the space and why."""
-        family = self.family
-        return {
-            "family": None if family is None else family.name,
-            "model_type": self.model_type,
-            "preset": None if family is None else family.preset,
-            "space": "raw" if family is None else family.space,
-            "why": self.why(),
-        }
+        f = self.family
+        out = {"family": f and f.name, "model_type": self.model_type, "preset": f and f.preset}
+        return {**out, "space": f.space if f else "raw", "why": self.why()}
 
 
 def starting_params(

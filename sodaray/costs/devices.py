@@ -226,14 +226,9 @@ def costs_from_data(data: Any, where: str) -> DeviceCosts:
 
 def costs_to_data(costs: DeviceCosts) -> dict[str, Any]:
     """`costs` as a costs file holds them (a file's `measured` steps are not read back)."""
-    data: dict[str, Any] = {
-        "device": costs.device,
-        "kind": costs.kind,
-        "source": costs.source,
-        "precisions": {
-            name: {k: float(getattr(c, k)) for k in CONSTANTS}
-            for name, c in costs.precisions.items()
-        },
+    data: dict[str, Any] = dict(device=costs.device, kind=costs.kind, source=costs.source)
+    data["precisions"] = {
+        name: {k: float(getattr(c, k)) for k in CONSTANTS} for name, c in costs.precisions.items()
     }
     if costs.startup_seconds:
         data["startup_seconds"] = float(costs.startup_seconds)

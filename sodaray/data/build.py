@@ -98,12 +98,8 @@ def _load_source(
             desc = f"hf:{hub.repo}[{hub.split}] (English)"
             return None, records, {"source": desc, "documents": len(records)}
         except sources.HubUnreachable as exc:
-            log.warning(
-                "cannot reach the Hugging Face hub for %s (%s); falling back to synthetic PII "
-                "text, as with --source synthetic",
-                hub.repo,
-                exc.reason,
-            )
+            why = "cannot reach the Hugging Face hub for %s (%s); falling back to synthetic PII "
+            log.warning(why + "text, as with --source synthetic", hub.repo, exc.reason)
             info["fallback"] = "synthetic"
     elif source != "synthetic":
         records = sources.read_local_pii_records(source)
@@ -247,14 +243,10 @@ def build_dataset(
     with tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, disable=not enabled) as bar:
         samples = _draw(req, tok_info, loaded, bar)
     _, pii_records, info = loaded
-    if info["documents_reused"]:
-        log.warning(
-            "%s has too few usable documents for a fresh one per sample: %d of %d samples "
-            "reuse a document (documents_reused in the dataset metadata)",
-            req.source,
-            info["documents_reused"],
-            total,
-        )
+    if reused := info["documents_reused"]:
+        why = "%s has too few usable documents for a fresh one per sample: %d of %d samples "
+        why += "reuse a document (documents_reused in the dataset metadata)"
+        log.warning(why, req.source, reused, total)
     args = dict(model=model, gguf_file=gguf_file, dataset=name, lengths=req.lengths)
     args.update(per_length=req.per_length, seed=req.seed, source=req.source)
     if name == "random":
@@ -395,11 +387,8 @@ def _draw(req: _Request, tok_info: TokenizerInfo, loaded: tuple, bar: Any) -> li
     info["records"] = "whole records of each length, first in source order"
     if short:
         info["records_missing"] = {str(n): k for n, k in short.items()}
-        log.warning(
-            "%s has too few whole records of some lengths (missing per length: %s)",
-            req.source,
-            short,
-        )
+        why = "%s has too few whole records of some lengths (missing per length: %s)"
+        log.warning(why, req.source, short)
     return samples
 
 

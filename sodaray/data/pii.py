@@ -52,6 +52,11 @@ TEMPLATES = (
 )
 _SLOT = re.compile(r"\{([A-Z]+)\}")
 _DATE_FORMATS = ("%B %d, %Y", "%m/%d/%Y", "%d %B %Y", "%Y-%m-%d")
+# Labels whose value is the Faker method of that name, called without arguments.
+_FAKER = dict(GIVENNAME="first_name", SURNAME="last_name", USERNAME="user_name", CITY="city")
+_FAKER |= dict(TELEPHONENUM="phone_number", SOCIALNUM="ssn", ACCOUNTNUM="bban", EMAIL="email")
+_FAKER |= dict(ZIPCODE="zipcode", STREET="street_name", BUILDINGNUM="building_number")
+_FAKER["CREDITCARDNUMBER"] = "credit_card_number"
 
 
 class Span(NamedTuple):
@@ -92,26 +97,15 @@ class SyntheticPii:
         assert not missing, f"no template starts with {missing}"
         fake = self.fake
         upper = string.ascii_uppercase
-        self._makers: dict[str, Callable[[], str]] = {
-            "GIVENNAME": fake.first_name,
-            "SURNAME": fake.last_name,
-            "USERNAME": fake.user_name,
+        plain = {label: getattr(fake, name) for label, name in _FAKER.items()}
+        self._makers: dict[str, Callable[[], str]] = plain | {
             "IDCARDNUM": lambda: fake.bothify("??#######", letters=upper),
-            "CITY": fake.city,
-            "TELEPHONENUM": fake.phone_number,
-            "SOCIALNUM": fake.ssn,
-            "ACCOUNTNUM": fake.bban,
             "PASSWORD": lambda: fake.password(length=self.random.randint(8, 14)),
-            "EMAIL": fake.email,
-            "ZIPCODE": fake.zipcode,
             "TAXNUM": lambda: fake.numerify("##-#######"),
-            "STREET": fake.street_name,
             "DRIVERLICENSENUM": lambda: fake.bothify("?###-####-####", letters=upper),
             "DATEOFBIRTH": lambda: fake.date_of_birth(minimum_age=18, maximum_age=90).strftime(
                 self.random.choice(_DATE_FORMATS)
             ),
-            "BUILDINGNUM": fake.building_number,
-            "CREDITCARDNUMBER": fake.credit_card_number,
         }
 
     def next_label(self) -> str:

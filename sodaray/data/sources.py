@@ -63,9 +63,8 @@ class HubSource:
         if self.example is not None:
             hint = "pass --source PATH with a local JSONL/CSV/text file"
             hint += f" (e.g. ../shared/data/{self.example})"
-        return HubUnreachable(
-            f"cannot reach the Hugging Face hub for {self.repo} ({why}); {hint}", why
-        )
+        message = f"cannot reach the Hugging Face hub for {self.repo} ({why}); {hint}"
+        return HubUnreachable(message, why)
 
 
 HUB_SOURCES = {

@@ -19,22 +19,15 @@ from sodaray.io.files import read_json_object, what_is
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def local_config(model: ModelSpec) -> dict[str, Any] | None:
-    """`model`'s local `config.json`, read by the bounded JSON rule; None when there is none
-    here to read (a hub id, a GGUF file, no such regular file)."""
-    location = model.location  # where the model is loaded from (a hub id names no folder here)
-    if model.gguf_file or location.endswith(".gguf"):
-        return None
-    path = Path(location) / "config.json"
-    if what_is(path) != "a regular file":
-        return None
-    return read_json_object(path, "model config")
-
-
 def _config_count(model: ModelSpec, keys: tuple[str, ...], text_first: bool) -> int | None:
-    """The first positive whole number under `keys` in `model`'s local `config.json`, its own
-    section and a multimodal wrapper's `text_config` (first when `text_first`); None if none."""
-    config = local_config(model) or {}
+    """The first positive whole number under `keys` in `model`'s local `config.json` (read by
+    the bounded JSON rule; none for a hub id or a GGUF file), its own section and a multimodal
+    wrapper's `text_config` (first when `text_first`); None if none."""
+    location = model.location  # where the model is loaded from (a hub id names no folder here)
+    path = Path(location) / "config.json"
+    config: dict[str, Any] = {}
+    if not (model.gguf_file or location.endswith(".gguf")) and what_is(path) == "a regular file":
+        config = read_json_object(path, "model config")
     sections = [config, config.get("text_config")]
     for section in reversed(sections) if text_first else sections:
         for key in keys if isinstance(section, dict) else ():
@@ -42,11 +35,6 @@ def _config_count(model: ModelSpec, keys: tuple[str, ...], text_first: bool) -> 
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
-
-
-def config_context(model: ModelSpec) -> int | None:
-    """The longest sequence `model` takes, from its local config; None when none says."""
-    return _config_count(model, CONTEXT_KEYS, text_first=False)
 
 
 def config_vocab(model: ModelSpec) -> int | None:
@@ -70,7 +58,7 @@ def _tokenizer_adds_bos(model: ModelSpec) -> int:
 def check_fits(model: ModelSpec, longest: int, output_tokens: int) -> None:
     """Refuse (ValueError, one line) an input of `longest` tokens with `output_tokens` observed
     that cannot fit `model`'s context, where its config says the context."""
-    limit = config_context(model)
+    limit = _config_count(model, CONTEXT_KEYS, text_first=False)
     if limit is None:
         return
     fixed = 1 if model.bos else 0

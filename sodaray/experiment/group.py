@@ -166,19 +166,6 @@ class ActorGroup:
         for ref in ready:
             self.now_placed(ref)
 
-    def not_placed(self) -> str:
-        """Why the run stops while this group waits for room (`NotPlaced`'s message)."""
-        import ray
-
-        free = ray.available_resources()
-        room = ", ".join(f"{free.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
-        return (
-            f"no replica of {self.model} (each asks {self.request}) could be placed within "
-            f"{self.placement.stall_s:g} s: the cluster has {room} free; its work is left "
-            "unfinished: free or add resources and run the command again, or give "
-            "--wait-for-nodes SECONDS"
-        )
-
     def cancel(self, key: str) -> bool:
         """Stop a unit: a waiting one is dropped (returns True: no event will come for it); a
         running one yields its rows so far, marked cancelled."""
@@ -314,7 +301,16 @@ def _check_placement(groups: list[ActorGroup]) -> float | None:
         return None
     for group in live:
         if now - group.waiting_since >= group.placement.stall_s:
-            raise NotPlaced(group.not_placed())
+            import ray
+
+            free = ray.available_resources()
+            room = ", ".join(f"{free.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
+            raise NotPlaced(
+                f"no replica of {group.model} (each asks {group.request}) could be placed within "
+                f"{group.placement.stall_s:g} s: the cluster has {room} free; its work is left "
+                "unfinished: free or add resources and run the command again, or give "
+                "--wait-for-nodes SECONDS"
+            )
     return min((g.placement.stall_s - (now - g.waiting_since) for g in live), default=None)
 
 

@@ -123,14 +123,8 @@ class ModelSpec:
         entry's options and `options` (`device`: default CUDA when there is one, else CPU)."""
         from sodaray.model.load import load_model
 
-        return load_model(
-            where or self.location,
-            gguf_file=self.gguf_file,
-            dtype=self.dtype,
-            bos=self.bos,
-            trust_remote_code=self.trust_remote_code,
-            **options,
-        )
+        own = {k: getattr(self, k) for k in ("gguf_file", "dtype", "bos", "trust_remote_code")}
+        return load_model(where or self.location, **own, **options)
 
     def request(self) -> tuple[str, float, float]:
         """What one replica asks Ray for, as the resource checks take it: (label, CPUs, GPUs)."""
@@ -325,47 +319,6 @@ def parse_model(
     if model is not None:
         spec = spec.with_id(model)
         where = f"--model (for {where})"
-    check_model(spec, where, fail)
-    return spec
-
-
-def parse_dataset(
-    entry: Any, where: str, fail: Fail, default_name: str = "", base: Path | None = None
-) -> DatasetSpec:
-    """A dataset entry of a file in the folder `base` (its relative paths are read from it)."""
-    if not isinstance(entry, dict):
-        raise fail(where, "a mapping: `path` to a built dataset, or `build` (a spec)")
-    known_fields(entry, DATASET_KEYS, where, fail)
-    spec = DatasetSpec(**{"name": default_name, **entry}, base=None if base is None else str(base))
-    return check_dataset(spec, where, fail)
-
-
-def parse_objective(entry: Any, where: str, fail: Fail) -> dict[str, Any]:
-    """An objective mapping (with an optional `grid` of values), coerced by field type; every
-    combination it expands to is checked."""
-    if not isinstance(entry, dict):
-        raise fail(where, "a mapping of objective fields")
-    known_fields(entry, OBJECTIVE_KEYS, where, fail)
-    check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
-    with _failing(fail, where):  # by field type, grid values too; NaN refused
-        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
-        if entry.get("grid"):
-            out["grid"] = {
-                k: [coerce_fields(Objective, {k: v})[k] for v in values]
-                for k, values in entry["grid"].items()
-            }
-    for objective in expand_objective(out):
-        with _failing(fail, where, (TypeError, ValueError)):
-            make_objective(objective)  # with finite, non-negative tolerances
-    return out
-
-
-def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    base = {k: v for k, v in entry.items() if k != "grid"}
-    return [{**base, **values} for values in grid(entry.get("grid") or {})]
-
-
-def check_model(spec: ModelSpec, where: str, fail) -> None:
     with _failing(fail, where):
         location, preset_file = spec.location, spec.preset_location
     if looks_local(spec.id) and not Path(location).exists():
@@ -384,24 +337,17 @@ def check_model(spec: ModelSpec, where: str, fail) -> None:
         with _failing(fail, f"{where}.preset_file", (OSError, ValueError)):
             check_preset_params(load_preset_file(preset_file), preset_file)
             load_preset_objective(preset_file)
+    return spec
 
 
-def check_preset_params(params: dict[str, Any], path: str | Path) -> None:
-    """Every key of a preset file's parameters a SODA parameter (values are checked where they
-    are applied), else one line naming the file: a sweep or tuning file given as a preset was
-    refused later, by a message that named no file."""
-    from sodaray.search.soda.config import SodaConfig
-
-    known = {f.name for f in fields(SodaConfig)} | set(SodaConfig.RENAMED)
-    unknown = [k for k in params if k not in known]
-    if unknown:
-        raise ValueError(
-            f"{path}: {brief(unknown[0])} is not a SODA parameter (a preset file holds SODA's "
-            "parameters, flat or under `soda:`; not a sweep or tuning file)"
-        )
-
-
-def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
+def parse_dataset(
+    entry: Any, where: str, fail: Fail, default_name: str = "", base: Path | None = None
+) -> DatasetSpec:
+    """A dataset entry of a file in the folder `base` (its relative paths are read from it)."""
+    if not isinstance(entry, dict):
+        raise fail(where, "a mapping: `path` to a built dataset, or `build` (a spec)")
+    known_fields(entry, DATASET_KEYS, where, fail)
+    spec = DatasetSpec(**{"name": default_name, **entry}, base=None if base is None else str(base))
     if spec.name == "":
         raise fail(f"{where}.name", "required field missing")
     path_name(spec.name, f"{where}.name", fail)  # it names the dataset's cache file
@@ -439,3 +385,43 @@ def check_dataset(spec: DatasetSpec, where: str, fail) -> DatasetSpec:
             shown = looked_for(spec.build["source"], spec.base)
             raise fail(f"{where}.build.source", f"no such source file: {shown}")
     return spec
+
+
+def parse_objective(entry: Any, where: str, fail: Fail) -> dict[str, Any]:
+    """An objective mapping (with an optional `grid` of values), coerced by field type; every
+    combination it expands to is checked."""
+    if not isinstance(entry, dict):
+        raise fail(where, "a mapping of objective fields")
+    known_fields(entry, OBJECTIVE_KEYS, where, fail)
+    check_grid(entry.get("grid") or {}, f"{where}.grid", fail)
+    with _failing(fail, where):  # by field type, grid values too; NaN refused
+        out = coerce_fields(Objective, {k: v for k, v in entry.items() if k != "grid"})
+        if entry.get("grid"):
+            out["grid"] = {
+                k: [coerce_fields(Objective, {k: v})[k] for v in values]
+                for k, values in entry["grid"].items()
+            }
+    for objective in expand_objective(out):
+        with _failing(fail, where, (TypeError, ValueError)):
+            make_objective(objective)  # with finite, non-negative tolerances
+    return out
+
+
+def expand_objective(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    base = {k: v for k, v in entry.items() if k != "grid"}
+    return [{**base, **values} for values in grid(entry.get("grid") or {})]
+
+
+def check_preset_params(params: dict[str, Any], path: str | Path) -> None:
+    """Every key of a preset file's parameters a SODA parameter (values are checked where they
+    are applied), else one line naming the file: a sweep or tuning file given as a preset was
+    refused later, by a message that named no file."""
+    from sodaray.search.soda.config import SodaConfig
+
+    known = {f.name for f in fields(SodaConfig)} | set(SodaConfig.RENAMED)
+    unknown = [k for k in params if k not in known]
+    if unknown:
+        raise ValueError(
+            f"{path}: {brief(unknown[0])} is not a SODA parameter (a preset file holds SODA's "
+            "parameters, flat or under `soda:`; not a sweep or tuning file)"
+        )

@@ -69,9 +69,8 @@ def run_inverter(
     obs = _observation(targets, meta)
     m = min(meta.output_tokens, obs.shape[1])
     if m < meta.output_tokens:
-        log.warning(
-            "targets observe %d positions, the inverter was trained on %d", m, meta.output_tokens
-        )
+        trained = meta.output_tokens
+        log.warning("targets observe %d positions, the inverter was trained on %d", m, trained)
     params = {k: v for k, v in config.to_dict().items() if k != "seed"}
     params.update(init=meta.init, shape=meta.shape, observation=meta.observation)
     results: list[InversionResult | None] = [None] * len(targets)
@@ -86,24 +85,14 @@ def run_inverter(
             batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device, slack)
             found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
             per = (time.perf_counter() - t0) / len(chunk)
+            run = dict(steps=1, seconds=per, final_loss=float("nan"), predicted_length=n)
+            run |= dict(algorithm="inverter", seed=config.seed, params=params)
             for j, row in enumerate(chunk):
                 true = None if targets.true_tokens is None else list(targets.true_tokens[row])
-                res = InversionResult(
-                    sample_id=targets.sample_ids[row],
-                    tokens=pred[j],
-                    text=model.decode(pred[j]),
-                    found=bool(found[j]),
-                    exact=None if true is None else pred[j] == true,
-                    steps=1,
-                    seconds=per,
-                    final_loss=float("nan"),
-                    predicted_length=n,
-                    algorithm="inverter",
-                    seed=config.seed,
-                    true_tokens=true,
-                    lengths_tried=[n],
-                    params=params,
-                )
+                exact = None if true is None else pred[j] == true
+                ids = dict(sample_id=targets.sample_ids[row], tokens=pred[j], true_tokens=true)
+                got = dict(text=model.decode(pred[j]), found=bool(found[j]), exact=exact)
+                res = InversionResult(**ids, **got, lengths_tried=[n], **run)
                 results[row] = res
                 if on_result is not None:
                     on_result(res)

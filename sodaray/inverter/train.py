@@ -323,14 +323,9 @@ def _exact_rate(net: Inverter, obs: torch.Tensor, inputs: list[list[int]], batch
 def generate(net: Inverter, obs: torch.Tensor, length: int, meta: InverterMeta) -> list[list[int]]:
     """Greedy decoding of `length` tokens, eos and pad masked out (the length is given)."""
     net.eval()
-    out = net.t5.generate(
-        **net.encoder_inputs(obs),
-        max_new_tokens=length,
-        min_new_tokens=length,
-        do_sample=False,
-        num_beams=1,
-        bad_words_ids=[[meta.pad_id], [meta.eos_id]],
-    )
+    sizes = dict(max_new_tokens=length, min_new_tokens=length, do_sample=False, num_beams=1)
+    bad = [[meta.pad_id], [meta.eos_id]]
+    out = net.t5.generate(**net.encoder_inputs(obs), **sizes, bad_words_ids=bad)
     return [row[1 : length + 1] for row in out.tolist()]  # drop the decoder start token
 
 
@@ -433,17 +428,11 @@ def train_inverter(
         val_loss = _val_loss(net, obs[val_idx], labels[val_idx], cfg.batch_size)
         exact = _exact_rate(net, obs[val_idx], val_inputs, cfg.batch_size)
         state["seconds"] += time.perf_counter() - t0
-        row = {
-            "epoch": epoch + 1,
-            "train_loss": total / len(train_idx),
-            "val_loss": val_loss,
-            "val_exact": exact,
-            "seconds": state["seconds"],
-        }
+        row = {"epoch": epoch + 1, "train_loss": total / len(train_idx), "val_loss": val_loss}
+        row |= {"val_exact": exact, "seconds": state["seconds"]}
         state["history"].append(row)
-        log.info(
-            "epoch %d train %.4f val %.4f exact %.3f", epoch + 1, row["train_loss"], val_loss, exact
-        )
+        what = (epoch + 1, row["train_loss"], val_loss, exact)
+        log.info("epoch %d train %.4f val %.4f exact %.3f", *what)
         if val_loss < state["best_val"]:
             state["best_val"] = val_loss
             save_inverter(out / "best", net, meta)

@@ -225,21 +225,12 @@ def check_model_files(
 # A model config's sizes, each a whole number from 1 to its bound when given: far above any
 # model, far below what hangs or exhausts memory while transformers builds the empty model (a
 # `num_hidden_layers` of 10**9 runs for minutes; a negative `vocab_size` is a traceback).
-CONFIG_SIZES = {
-    "vocab_size": 1 << 24,
-    "hidden_size": 1 << 18,
-    "intermediate_size": 1 << 20,
-    "num_hidden_layers": 10_000,
-    "num_attention_heads": 1 << 14,
-    "num_key_value_heads": 1 << 14,
-    "max_position_embeddings": 1 << 26,
-    "n_embd": 1 << 18,
-    "n_layer": 10_000,
-    "n_head": 1 << 14,
-    "n_positions": 1 << 26,
-    "num_layers": 10_000,
-    "num_heads": 1 << 14,
-}
+CONFIG_SIZES = (
+    {"vocab_size": 1 << 24, "hidden_size": 1 << 18, "intermediate_size": 1 << 20}
+    | dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), 10_000)
+    | dict.fromkeys(("num_attention_heads", "num_key_value_heads", "n_head", "num_heads"), 1 << 14)
+    | {"max_position_embeddings": 1 << 26, "n_embd": 1 << 18, "n_positions": 1 << 26}
+)
 
 
 def check_model_config(

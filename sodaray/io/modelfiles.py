@@ -135,8 +135,7 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
     end = 0
     for _ in range(tensors):
         skip_string()
-        dims = take("I")
-        if dims > _GGUF_MAX_DIMS:
+        if (dims := take("I")) > _GGUF_MAX_DIMS:
             raise error(f"{path}: damaged GGUF header ({dims} dimensions in a tensor)")
         shape = [take("Q") for _ in range(dims)]
         kind, offset = take("I"), take("Q")
@@ -201,10 +200,7 @@ def weight_file_errors() -> tuple[type[BaseException], ...]:
 
 # A tokenizer's JSON files, in the order a damaged one is looked for.
 TOKENIZER_JSON = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
+    *("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json"),
     "added_tokens.json",
 )
 TOKENIZER_FILES = (*TOKENIZER_JSON, "tokenizer.model", "spiece.model", "merges.txt", "vocab.txt")

@@ -95,12 +95,10 @@ def make_folder(base: str | os.PathLike, path: str | os.PathLike) -> Path:
 def remove_file(base: str | os.PathLike, path: str | os.PathLike) -> bool:
     """Remove the name `path` under `base` (a link there is removed itself, never followed;
     no folder on the way may be a link). False when nothing was there."""
-    try:
-        with _folder(base, path, create=False) as (fd, name):
-            os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        return False
-    return True
+    with contextlib.suppress(FileNotFoundError), _folder(base, path, False) as (fd, name):
+        os.unlink(name, dir_fd=fd)
+        return True
+    return False
 
 
 def move_file(base: str | os.PathLike, src: str | os.PathLike, dst: str | os.PathLike) -> None:
@@ -125,11 +123,9 @@ def touch_file(base: str | os.PathLike, path: str | os.PathLike) -> None:
 def what_is_at(base: str | os.PathLike, path: str | os.PathLike) -> str | None:
     """What is at `path` itself (a link is "a symbolic link", not its target), its folders
     checked by the rule; None when nothing."""
-    try:
-        with _folder(base, path, create=False) as (fd, name):
-            return _kind(name, fd)
-    except FileNotFoundError:
-        return None
+    with contextlib.suppress(FileNotFoundError), _folder(base, path, False) as (fd, name):
+        return _kind(name, fd)
+    return None
 
 
 def prepare_file(base: str | os.PathLike, path: str | os.PathLike) -> Path:

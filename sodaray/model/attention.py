@@ -48,13 +48,7 @@ def invariant() -> Iterator[None]:
 
 
 def _padded_attention(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float | None,
-    softcap: float | None,
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None, cap: Any
 ) -> Tensor:
     """softmax(q k^T * scale + mask) v over zero-padded positions; (B, L, H, hd) like SDPA.
     Grouped-query heads stay grouped: a key head's query heads are rows of one matmul."""
@@ -66,15 +60,15 @@ def _padded_attention(
     q = q.reshape(batch, kv_heads, groups * width, dim)  # one key head's query heads: rows
     k = nn.functional.pad(key, (0, 0, 0, width - keys))
     v = nn.functional.pad(value, (0, 0, 0, width - keys))
-    scale = dim**-0.5 if scaling is None else scaling
+    scale = dim**-0.5 if scale is None else scale
     bias = _causal_bias(width, keys - length, keys, groups, query.device, query.dtype)
     bias = bias.view(1, 1, groups, width, width)
-    if attention_mask is not None:
+    if mask is not None:
         # SDPA's mask joins the causal bias, so that whether transformers sends one for a width
         # (a sliding window does from some width on) changes no kernel, only the bias's values,
         # exact 0s wherever both let a query see a key: the same bits with a mask or without.
-        bias = bias + _mask_bias(attention_mask, length, keys, width, heads, kv_heads, bias.dtype)
-    if softcap is None:  # the usual case: one fused op
+        bias = bias + _mask_bias(mask, length, keys, width, heads, kv_heads, bias.dtype)
+    if cap is None:  # the usual case: one fused op
         per_head = bias.shape[0] * bias.shape[1] > 1  # else one (GW, W) bias for every head
         rows = bias.expand(batch, kv_heads, -1, -1, -1) if per_head else bias
         rows = rows.reshape(-1, groups * width, width)  # (1 or B x kv heads, GW, W)
@@ -83,7 +77,7 @@ def _padded_attention(
         scores = torch.baddbmm(rows, q_rows, k_cols, alpha=scale)
     else:
         scores = torch.matmul(q, k.transpose(-1, -2))
-        scores = torch.tanh(scores * (scale / softcap)) * softcap
+        scores = torch.tanh(scores * (scale / cap)) * cap
         scores = scores.view(batch, kv_heads, groups, width, width) + bias
     scores = scores.view(batch, kv_heads, groups * width, width)
     # Half precision: the softmax in float32, as the models' own eager attention.
@@ -149,10 +143,8 @@ def _attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    out = _padded_attention(
-        module, query, key, value, attention_mask, scaling, kwargs.get("softcap")
-    )
-    return out, None
+    cap = kwargs.get("softcap")
+    return _padded_attention(query, key, value, attention_mask, scaling, cap), None
 
 
 _registered = False

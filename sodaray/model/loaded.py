@@ -245,12 +245,11 @@ class LoadedModel:
         if mask is None:
             return False
         positions = prepared_positions(tokens.shape[1], self.device)
+        prepared = dict(attention_mask=mask, position_ids=positions)
         try:
             with torch.no_grad():
                 own = self.model(input_ids=tokens, use_cache=False).logits
-                given = self.model(
-                    input_ids=tokens, use_cache=False, attention_mask=mask, position_ids=positions
-                ).logits
+                given = self.model(input_ids=tokens, use_cache=False, **prepared).logits
         except Exception as exc:  # a model that takes no 4D mask: it builds its own
             log.debug("prepared mask unavailable: %s", exc)
             return False

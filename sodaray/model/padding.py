@@ -75,15 +75,9 @@ def row_rule(device: torch.device) -> tuple[int, int]:
             least = least if streak else rows + multiple
             rows += multiple
     _ROW_RULES[key] = (least, multiple)
-    log.info(
-        "matmuls on %s keep each row's bits from %d rows, in multiples of %d", key, least, multiple
-    )
+    why = "matmuls on %s keep each row's bits from %d rows, in multiples of %d"
+    log.info(why, key, least, multiple)
     return least, multiple
-
-
-def invariant_rows(device: torch.device) -> int:
-    """The fewest rows from which a matmul on `device` keeps each row's bits (`row_rule`)."""
-    return row_rule(device)[0]
 
 
 def rows_invariant(rows: int, device: torch.device) -> bool:
@@ -140,6 +134,5 @@ _POSITIONS: dict[tuple[int, str], Tensor] = {}
 def prepared_positions(length: int, device: torch.device) -> Tensor:
     """(1, L) position ids 0 .. L-1, made once per length and device: what a transformers model
     makes on every forward when given none (two operations per forward). Only ever read."""
-    return cached(
-        _POSITIONS, (length, str(device)), lambda: torch.arange(length, device=device)[None]
-    )
+    key = (length, str(device))
+    return cached(_POSITIONS, key, lambda: torch.arange(length, device=device)[None])

@@ -160,8 +160,7 @@ def targets_from_text(
     if not all(observed):
         raise ValueError("an observed output text is empty")
     encoded = [model.encode(text) for text in observed]
-    lengths = {len(e) for e in encoded}
-    if len(lengths) > 1:
+    if len(lengths := {len(e) for e in encoded}) > 1:
         raise ValueError(
             "observed texts tokenize to different lengths "
             f"({sorted(lengths)}); invert them in separate calls"
@@ -279,7 +278,6 @@ def read_logits_file(path: str | Path) -> tuple[np.ndarray, np.ndarray | None]:
         data = load_file(str(path))
     except Exception as exc:
         raise ValueError(f"cannot read logits file {path}: {first_line(exc)}") from exc
-    key = "values" if "values" in data else "logits" if "logits" in data else None
-    if key is None:
+    if (key := "values" if "values" in data else "logits" if "logits" in data else None) is None:
         raise ValueError(f"{path}: expected a tensor named 'values' or 'logits'")
     return data[key], data.get("indices")

@@ -60,8 +60,7 @@ def build_report(
     where = ", ".join(map(str, paths))
     if extrapolate is not None:  # checked before the rows are read
         budget.check_target(extrapolate)
-    bad = [f for f in formats if f not in RENDERERS]
-    if bad:
+    if bad := [f for f in formats if f not in RENDERERS]:
         raise ValueError(f"unknown report format {bad[0]!r}; choose from {', '.join(FORMATS)}")
     df, copies = drop_copies(load_frame(paths))
     if extrapolate is not None:  # before anything is written
@@ -115,8 +114,7 @@ def _add_figure(report: Report, out: Path, name: str, plot, skipped: Skipped) ->
 def _with_cosine(df: pd.DataFrame, embedding_model: str | None, report: Report) -> pd.DataFrame:
     """The rows with their cosine similarities (where a sentence-embedding model is found),
     and the report's notes on what the rows leave out."""
-    embedder = metrics.load_sentence_embedder(embedding_model)
-    if embedder is None:
+    if (embedder := metrics.load_sentence_embedder(embedding_model)) is None:
         report.notes.append(
             "Cos. Sim. skipped: no local sentence-embedding model (pass --embedding-model PATH "
             f"or put {metrics.DEFAULT_EMBEDDER} in the Hugging Face cache)."
@@ -137,8 +135,7 @@ def _finish(out: Path, report: Report) -> None:
     named, the index written and the manifest listing this report's files."""
     written = {f.name: _digest(f) for f in report.files}
     _remove_earlier(out, written)
-    line = _others(out, written)
-    if line:
+    if line := _others(out, written):
         report.warn(line)
     index = out / INDEX
     write_file(out, index, _index(report))
@@ -213,8 +210,7 @@ def _others(out: Path, written: dict[str, str | None]) -> str | None:
         f.name
         for f in out.iterdir()
         if f.suffix in LEFTOVER_SUFFIXES
-        and f.name not in written
-        and f.name != INDEX
+        and f.name not in {*written, INDEX}
         and what_is(f) == "a regular file"
     )
     if not names:
@@ -228,8 +224,7 @@ def _index(report: Report) -> str:
     lines = [f"# sodaray report ({report.rows} result rows)", ""]
     lines += [f"> **Warning:** {w}\n" for w in report.warnings]
     lines += [to_markdown(t) for t in report.tables]
-    figures = [f for f in report.files if f.suffix == ".png"]
-    if figures:
+    if figures := [f for f in report.files if f.suffix == ".png"]:
         lines += ["## Figures", ""]
         for f in figures:
             lines += [f"![{f.stem}]({f.name})", ""]

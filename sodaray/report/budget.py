@@ -198,28 +198,26 @@ def _budget_panel(ax, g: Group, target: int) -> None:
     """One panel of `budget_figure`: `g`'s measured share and each fit's curve."""
     samples = g.fit.samples
     steps = _curve_steps(samples.budget, target)
+
+    def curve(points: dict, color: str, hatch: str, z: int, step: str | None = None, **line):
+        """A line through `points` (step -> share) over its hatched interval band."""
+        xs, shares = list(points), list(points.values())
+        (drawn,) = ax.plot(xs, [100 * p.value for p in shares], color=color, zorder=z + 2, **line)
+        bounds = [(p.low, p.high) for p in shares]
+        return drawing.interval_band(
+            ax, xs, bounds, color, hatch, step=step, linewidth=0.5, zorder=z
+        ), drawn
+
     handles, labels = [], []
     for j, model in enumerate(bud.MODELS):
         style = drawing.series_style(j + 1)
-        est = g.fit.extrapolated[model]
-        values = [100 * est[s].value for s in steps]
-        (line,) = ax.plot(steps, values, color=style.color, linestyle=style.dash, zorder=3)
-        bounds = [(est[s].low, est[s].high) for s in steps]
-        band = drawing.interval_band(
-            ax, steps, bounds, style.color, style.hatch, linewidth=0.5, zorder=1
-        )
-        handles.append((band, line))
+        est = {s: g.fit.extrapolated[model][s] for s in steps}
+        handles.append(curve(est, style.color, style.hatch, 1, linestyle=style.dash))
         labels.append(f"{LABELS[model]}, 95% bootstrap")
     measured = bud.measured(samples, list(range(1, samples.budget + 1)))
-    xs = list(measured)
-    ys = [100 * p.value for p in measured.values()]
-    (line,) = ax.plot(xs, ys, drawstyle="steps-post", color="black", linewidth=1.6, zorder=4)
-    bounds = [(p.low, p.high) for p in measured.values()]
     hatch = drawing.series_style(0).hatch
-    band = drawing.interval_band(
-        ax, xs, bounds, "black", hatch, step="post", linewidth=0.5, zorder=2
-    )
-    handles.insert(0, (band, line))
+    line = {"drawstyle": "steps-post", "linewidth": 1.6}
+    handles.insert(0, curve(measured, "black", hatch, 2, "post", **line))
     labels.insert(0, f"measured (n={samples.n}), 95% Wilson")
     ax.axvline(samples.budget, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log")
@@ -234,8 +232,7 @@ def budget_figure(found: list[Group], target: int) -> drawing.Plot | None:
     """A panel per model, configuration and length: the measured share exact by step (a step
     function to the budget, its Wilson band hatched), and each fit's curve from step 1 to
     `target` with its bootstrap band (hatched, one hatching per fit), on a log step axis."""
-    drawn = [g for g in found if g.fit.extrapolated]
-    if not drawn:
+    if not (drawn := [g for g in found if g.fit.extrapolated]):
         return None
     plt = drawing.pyplot()
     fig, axes = plt.subplots(

@@ -41,9 +41,8 @@ def _clear_suptitle(fig) -> None:
     found = [c for c in fig.get_children() if isinstance(c, Text) and c.get_text() == text]
     if not text or not found:
         return
-    title = found[0]
     renderer = fig.canvas.get_renderer()
-    bottom = title.get_window_extent(renderer).y0
+    bottom = found[0].get_window_extent(renderer).y0
     tops = [ax.get_tightbbox(renderer).y1 for ax in fig.axes]
     if tops and max(tops) > bottom:
         fig.tight_layout(rect=(0, 0, 1, bottom / fig.bbox.height))

@@ -99,10 +99,6 @@ class BudgetFit:
     at_edge: dict[str, bool] = field(default_factory=dict)
     fitted_at_budget: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def other(self) -> int:
-        return int(self.samples.other.sum())
-
 
 def measured(samples: Samples, budgets: Sequence[int]) -> dict[int, Proportion]:
     """The share exact within s steps, for each s, with its Wilson 95% interval."""
@@ -117,11 +113,6 @@ def _log_survival(model: str, z: np.ndarray) -> np.ndarray:
     if model == "loglogistic":
         return -np.logaddexp(0.0, z)
     return -np.exp(z)  # Weibull (also the found part of the cure model)
-
-
-def _log_density(model: str, z: np.ndarray, log_shape: np.ndarray, log_t: np.ndarray):
-    """log f(t) at z = shape * (log t - log scale): f = shape / t * e^z * S (log-logistic: S^2)."""
-    return log_shape - log_t + z + (1 + (model == "loglogistic")) * _log_survival(model, z)
 
 
 def cdf(model: str, steps: float | np.ndarray, scale, shape) -> np.ndarray:
@@ -139,7 +130,9 @@ def _terms(model: str, s: Samples, z: np.ndarray, ls: np.ndarray) -> np.ndarray:
     (the cure model's censored samples enter through its closed form instead: 0 here)."""
     log_t = np.log(s.steps)
     censored = 0.0 if model == "weibull_cure" else _log_survival(model, z)
-    return np.where(s.exact, _log_density(model, z, ls, log_t), censored)
+    # log f(t) = log(shape / t * e^z * S) (log-logistic: S^2)
+    density = ls - log_t + z + (1 + (model == "loglogistic")) * _log_survival(model, z)
+    return np.where(s.exact, density, censored)
 
 
 def _loglik(model: str, s: Samples, weights: np.ndarray, mu: np.ndarray, ls: np.ndarray):

@@ -11,8 +11,6 @@ import pandas as pd
 from sodaray.report import drawing, metrics
 from sodaray.report.rows import by_setting, named, standard_rows, tuning_rows
 
-Panels = list[tuple[str, int, dict[int, int]]]  # each panel's setting, n and n by length
-
 
 def _model_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """A panel per model and configuration, labelled with what tells them apart (the model's
@@ -27,18 +25,11 @@ def _model_settings(rows: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     ]
 
 
-def _figure_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """SODA's standard rows, tuning trials aside (as the tables: see `tuning_rows`)."""
-    return standard_rows(df[(df["variant"] == "SODA") & ~tuning_rows(df)])
-
-
-def _panels_caption(panels: Panels) -> str:
-    """Each panel's n and its n per length: `temperature=0.05: n=12 (length 1: 4, ...)`."""
-    parts = []
-    for setting, n, by_length in panels:
-        lengths = ", ".join(f"length {k}: {v}" for k, v in by_length.items())
-        parts.append(f"{setting + ': ' if setting else ''}n={n} ({lengths})")
-    return ("Panels: " if len(panels) > 1 else "") + "; ".join(parts) + "."
+def _figure_rows(df: pd.DataFrame, *known: str) -> pd.DataFrame:
+    """SODA's standard rows, tuning trials aside (as the tables: see `tuning_rows`), where the
+    `known` columns are not null."""
+    base = standard_rows(df[(df["variant"] == "SODA") & ~tuning_rows(df)])
+    return base[base[list(known)].notna().all(axis=1)]
 
 
 def _panel_figure(
@@ -48,11 +39,14 @@ def _panel_figure(
     count: Callable[[pd.DataFrame], int],
     axes_text: tuple[str, str, str],
     what: str,
-) -> tuple[Any, Panels]:
+    caption: str,
+) -> drawing.Plot | None:
     """One panel per model and configuration (rows of different configurations are never one
     curve), each drawn by `draw(ax, rows, every length)` -> (legend handles, n by length);
-    `axes_text`: the y label, the legend's title and the x label; `what` the title's first line.
-    Returns the figure and each panel's setting, n (`count`) and n by length."""
+    `axes_text`: the y label, the legend's title and the x label; `what` the title's first line;
+    `caption` followed by each panel's n (`count`) and its n per length. None: no rows."""
+    if base.empty:
+        return None
     plt = drawing.pyplot()
     settings = _model_settings(base)
     fig, axes = plt.subplots(
@@ -73,17 +67,14 @@ def _panel_figure(
         panels.append((setting, n, by_length))
     axes[-1][0].set_xlabel(xlabel)
     fig.suptitle(drawing.title(base, what, [n for _, n, _ in panels]), fontsize="medium")
-    return fig, panels
-
-
-def _step_curve(rows: pd.DataFrame) -> pd.Series:
-    """Exact by step, evaluated at every step where a sample was found (where the function
-    changes) and on an even grid up to the budget (where markers go): drawn as steps, it is the
-    exact function, not a line sloping between grid points."""
-    grid = metrics.solved_by_step(rows).index
-    exact = rows["exact"].fillna(False).astype(bool)
-    found = {int(s) for s in rows.loc[exact, "steps"].dropna()}
-    return metrics.solved_by_step(rows, sorted(set(grid) | found))
+    parts = [  # `temperature=0.05: n=12 (length 1: 4, ...)`
+        f"{setting + ': ' if setting else ''}n={n} ("
+        + ", ".join(f"length {k}: {v}" for k, v in by_length.items())
+        + ")"
+        for setting, n, by_length in panels
+    ]
+    panels_text = ("Panels: " if len(panels) > 1 else "") + "; ".join(parts) + "."
+    return drawing.Plot(fig, f"{caption} n: samples. {panels_text}")
 
 
 def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
@@ -93,7 +84,10 @@ def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
     for j, n in enumerate(lengths):
         style = drawing.series_style(all_lengths.index(n))
         sel = rows[rows["length"] == n]
-        curve = _step_curve(sel)
+        # Evaluated at every find (where the function changes) and on an even grid (where
+        # markers go): drawn as steps, it is the exact function, not a line between grid points.
+        finds = {int(s) for s in sel.loc[sel["exact"].fillna(False).astype(bool), "steps"].dropna()}
+        curve = metrics.solved_by_step(sel, sorted(set(metrics.solved_by_step(sel).index) | finds))
         count = by_length[n] = drawing.known_count(sel)
         every = max(1, len(curve) // 8)
         (line,) = ax.plot(
@@ -129,25 +123,19 @@ def _draw_steps(ax, rows: pd.DataFrame, all_lengths: list[int]):
 def exact_vs_steps_figure(df: pd.DataFrame) -> drawing.Plot | None:
     """Exact vs steps, one step function per input length with its 95% Wilson band, one panel
     per configuration."""
-    base = _figure_rows(df)
-    base = base[base["length"].notna()]
-    if base.empty:
-        return None
-    fig, panels = _panel_figure(
+    base = _figure_rows(df, "length")
+    return _panel_figure(
         base,
         3.6,
         _draw_steps,
         drawing.known_count,
         ("exact (%)", "line: exact by step\nhatched: 95% Wilson", "steps"),
         "Exact inversion vs steps",
-    )
-    caption = (
         f"Exact inversion against search steps ({drawing.source(base)}): per input length, "
         "the share of samples whose input was recovered exactly within s steps (a step "
         "function, drawn as steps), with its 95% Wilson interval as a hatched band (one "
-        f"hatching per length). n: samples. {_panels_caption(panels)}"
+        "hatching per length).",
     )
-    return drawing.Plot(fig, caption)
 
 
 def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
@@ -200,24 +188,18 @@ def _draw_positions(ax, rows: pd.DataFrame, all_lengths: list[int]):
 def exact_by_position_figure(df: pd.DataFrame) -> drawing.Plot | None:
     """Tokens recovered by position, one group of bars per input length (as the paper's), one
     panel per configuration."""
-    base = _figure_rows(df)
-    base = base[base["true_tokens"].notna() & base["length"].notna()]
-    if base.empty:
-        return None
-    fig, panels = _panel_figure(
+    base = _figure_rows(df, "true_tokens", "length")
+    return _panel_figure(
         base,
         3.4,
         _draw_positions,
         len,
         ("recovered (%)", "bar: recovered\nwhisker: 95% Wilson", "token position"),
         "Tokens recovered by position",
-    )
-    caption = (
         f"Tokens recovered in place, by position in the input ({drawing.source(base)}): one "
         "group of bars per input length (colour, hatching and marker per length), whiskers "
-        f"the 95% Wilson interval. n: samples. {_panels_caption(panels)}"
+        "the 95% Wilson interval.",
     )
-    return drawing.Plot(fig, caption)
 
 
 DODGE = 1.08  # x factor between the series' points of one model on the log axis
@@ -227,16 +209,11 @@ BOS_FILLS = {"BOS": "full", "no BOS": "none", "model default": "left"}
 Series = list[tuple[int, str, list[tuple[Any, Any, metrics.Proportion, str]]]]
 
 
-def _bos_label(value: Any) -> str:
-    """A job's `bos` setting as its label (None or missing: the model's default)."""
-    if value is None or pd.isna(value):
-        return "model default"
-    return "BOS" if value else "no BOS"
-
-
 def _scaling_series(base: pd.DataFrame) -> Series:
     """A series per input length and BOS setting: a point per model and configuration."""
-    bos = base["bos"].map(_bos_label)
+    bos = base["bos"].map(  # a job's `bos` setting (None or missing: the model's default)
+        lambda v: "model default" if v is None or pd.isna(v) else "BOS" if v else "no BOS"
+    )
     series = []
     for (length, flag), rows in base.groupby([base["length"].astype(int), bos]):
         points = [
@@ -313,8 +290,7 @@ def scaling_figure(df: pd.DataFrame) -> drawing.Plot | None:
     models measured at it, each point with its 95% Wilson interval; each line its own colour,
     marker and dash (its whiskers dashed alike), filled markers with a BOS before the input,
     hollow without, half-filled where the model's default was used."""
-    base = _figure_rows(df)
-    base = base[base["length"].notna() & base["model_parameters"].notna()]
+    base = _figure_rows(df, "length", "model_parameters")
     if base["model_name"].nunique() < 2:
         return None
     series = _scaling_series(base)
@@ -322,8 +298,7 @@ def scaling_figure(df: pd.DataFrame) -> drawing.Plot | None:
     from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
-    handles: list = []
-    labels: list[str] = []
+    handles, labels = [], []
     for x_index, xlabel in enumerate(("parameters", "vocabulary size")):
         ax = axes[x_index]
         _scaling_panel(ax, series, x_index, (handles, labels) if x_index == 1 else None)

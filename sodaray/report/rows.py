@@ -68,13 +68,6 @@ def variant_label(algorithm: str, params: str | None) -> str:
     return ALGORITHMS[algorithm].variant_label(row_params(params))
 
 
-def _value(x: Any) -> Any:
-    """A configuration value, NaN (a null from pandas) as None."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return x.item() if hasattr(x, "item") else x
-
-
 def row_params(params: str | None) -> dict[str, Any]:
     """A row's `params` column (JSON of its algorithm's parameters), read back: result files
     come from anywhere, so it is bounded as any JSON read and must hold an object."""
@@ -92,7 +85,9 @@ def row_config(params: str | None, objective: dict[str, Any]) -> dict[str, Any]:
     are left out rather than compared as None; top-k None means every logit and is kept."""
     config = row_params(params)
     for key, value in objective.items():
-        value = _value(value)
+        if isinstance(value, float) and math.isnan(value):  # a null from pandas
+            value = None
+        value = value.item() if hasattr(value, "item") else value
         if value is None and key != "top_k":
             continue
         if key == "fluency_weight":
@@ -219,8 +214,7 @@ def by_setting(rows: pd.DataFrame, exclude: tuple[str, ...] = ()) -> list[tuple[
     for c in configs:
         for k, v in c.items():
             seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
-    varying = sorted(k for k, vals in seen.items() if len(vals) > 1)
-    if not varying:
+    if not (varying := sorted(k for k, vals in seen.items() if len(vals) > 1)):
         return [("", rows)]
     keys = [tuple(c.get(k, _MISSING) for k in varying) for c in configs]
     groups: dict[str, list[int]] = {}

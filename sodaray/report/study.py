@@ -109,8 +109,7 @@ def save_plots(
     out = OutputFolder(folder) if out is None else out
     import optuna
 
-    fig = history_figure(study, value_label, metric)
-    if fig is None:
+    if (fig := history_figure(study, value_label, metric)) is None:
         reason = "no completed trial yet"
         log.info("plots skipped: %s", reason)
         return [], [Skipped(name, reason) for name in PLOTS]
@@ -126,10 +125,8 @@ def save_plots(
     from optuna.visualization import matplotlib as ovm
 
     skipped = []
-    for name, plot in {
-        "importances": ovm.plot_param_importances,
-        "parallel_coordinate": ovm.plot_parallel_coordinate,
-    }.items():
+    plots = (ovm.plot_param_importances, ovm.plot_parallel_coordinate)
+    for name, plot in zip(PLOTS[1:], plots, strict=True):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Optuna's matplotlib plots are experimental

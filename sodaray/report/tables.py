@@ -288,8 +288,7 @@ def privacy_source_note(rows: pd.DataFrame) -> str:
     if "dataset_source" not in rows.columns:
         return ""
     sources = rows["dataset_source"].dropna().astype(str)
-    synthetic = int(sources.str.startswith("synthetic").sum())
-    if not synthetic:
+    if not (synthetic := int(sources.str.startswith("synthetic").sum())):
         return ""
     share = "" if synthetic == len(rows) else f" ({synthetic} of {len(rows)} rows)"
     return (
@@ -357,11 +356,11 @@ def table_length(df: pd.DataFrame) -> list[Table]:
         for setting, part in by_setting(assumed):
             for true in sorted(int(n) for n in part["length"].unique()):
                 rows = part[part["length"] == true]
-                cells = []
-                for n in tried:
-                    sel = rows[rows["predicted_length"] == n]
-                    k = int(sel["found"].astype(bool).sum())
-                    cells.append(Cell.rate(metrics.proportion(k, len(sel))) if len(sel) else EMPTY)
+                found = [rows.loc[rows["predicted_length"] == n, "found"] for n in tried]
+                cells = [
+                    Cell.rate(metrics.proportion(f.astype(bool).sum(), len(f))) if len(f) else EMPTY
+                    for f in found
+                ]
                 table.rows.append((named(str(true), setting), cells))
         tables.append(table)
     auto = df[(df["length_mode"] == "auto") & df["length"].notna()]
@@ -425,8 +424,7 @@ def build_tables(df: pd.DataFrame) -> tuple[list[Table], list[Skipped]]:
     skipped: list[Skipped] = []
     paper = df[~tuning_rows(df)]
     for name, (build, need) in TABLES.items():
-        made = build(df if name == "jobs" else paper)
-        if made:
+        if made := build(df if name == "jobs" else paper):
             tables += made
         else:
             skipped.append(Skipped(name, need))

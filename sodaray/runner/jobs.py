@@ -89,25 +89,16 @@ def plan_jobs(
             out.make_folder(meta)
             plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, out=out)
             plans[job.name] = plan
-            info = {
-                "sweep": job.sweep,
-                "job": job.name,
-                "config_hash": job.config_hash,
-                "samples": len(rows["sample_id"]),
-                "shards": shards,
-                "shard_size": job.shard_size,
-                "sample_ids": id_ranges(rows["sample_id"]),
-                "dataset_hash": identity.hash,
-                "config": job.config(),
-                "overrides": list(overrides or []),
-                "places": places,  # where the model and a build's source lie (`EarlierJobs`)
-                "defaults": None if job.defaults is None else job.defaults.to_dict(),
-            }
+            info: dict[str, Any] = dict(sweep=job.sweep, job=job.name, config_hash=job.config_hash)
+            info |= dict(samples=len(rows["sample_id"]), shards=shards, shard_size=job.shard_size)
+            info |= dict(sample_ids=id_ranges(rows["sample_id"]), dataset_hash=identity.hash)
+            info |= dict(config=job.config(), overrides=list(overrides or []))
+            # `places`: where the model and a build's source lie (`EarlierJobs`).
+            info |= dict(places=places, defaults=job.defaults and job.defaults.to_dict())
             owner = acquire_lock(meta, out) if lock else None
             if owner is not None:
-                log.warning(
-                    "skipping %s: another driver runs it (%s)", job.name, describe_owner(owner)
-                )
+                who = describe_owner(owner)
+                log.warning("skipping %s: another driver runs it (%s)", job.name, who)
                 plan.locked_by = owner
                 continue
             if lock:

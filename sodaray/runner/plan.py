@@ -9,6 +9,7 @@ estimate is an upper bound; `check_run` also prices the steps a run actually too
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -29,10 +30,7 @@ def select_counts(
 ) -> dict[int, int]:
     """Per-length counts the runner selects: `samples_per_length` of each length, then at most
     `limit` in all, taken evenly across lengths (as `execute.select_rows` does)."""
-    counts = {
-        n: k if samples_per_length is None else min(k, samples_per_length)
-        for n, k in sorted(available.items())
-    }
+    counts = {n: min(k, samples_per_length or k) for n, k in sorted(available.items())}
     if limit is None or limit >= sum(counts.values()):
         return counts
     chosen = dict.fromkeys(counts, 0)
@@ -92,10 +90,9 @@ def check_jobs_vocab(jobs: list[Job], where: str | Path) -> None:
     seen: set[tuple[int, str]] = set()  # (model entry, dataset file) pairs checked
     for job in jobs:
         if id(job.model) not in vocabs:
-            try:
+            vocabs[id(job.model)] = None  # a damaged config: loading it says what is wrong
+            with contextlib.suppress(ValueError):
                 vocabs[id(job.model)] = config_vocab(job.model)
-            except ValueError:
-                vocabs[id(job.model)] = None  # a damaged config: loading it says what is wrong
         vocab, top_k = vocabs[id(job.model)], job.objective.top_k
         if vocab is None:
             continue
@@ -223,9 +220,7 @@ def check_run(plan: dict[str, Any], run: Any) -> dict[str, Any]:
         paid = row.get("startup_seconds") or 0.0
         startup[row["model"]] = max(startup.get(row["model"], 0.0), paid)
         sample_steps = sum(d.sample_steps for d in run.done if d.job == job)
-        m = models.setdefault(
-            row["model"], {"floor": 0.0, "batch": 0.0, "work": 0.0, "replicas": 1}
-        )
+        m = models.setdefault(row["model"], dict(floor=0.0, batch=0.0, work=0.0, replicas=1))
         m["replicas"] = max(m["replicas"], row["replicas"])
         if row["batch_steps"]:  # priced by device costs: floors per batch-step, work per sample
             m["floor"] += row["floor_seconds"] * share

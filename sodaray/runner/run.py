@@ -254,16 +254,12 @@ class _Shards:
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
         self.groups: list[ActorGroup] = []
+        where = dict(max_attempts=cluster.max_attempts, placement=placement)
         try:
             for same in models.values():
                 spec = max((p.job.model for p in same), key=lambda m: m.replicas)
                 shards = [(p, i) for p in same for i in p.pending]
-                group = ActorGroup(
-                    spec,
-                    max_attempts=cluster.max_attempts,
-                    replicas=min(spec.replicas, len(shards)),
-                    placement=placement,
-                )
+                group = ActorGroup(spec, replicas=min(spec.replicas, len(shards)), **where)
                 self.groups.append(group)
                 for plan, index in shards:
                     unit = shard_unit(plan, index, keep_every)

@@ -85,12 +85,8 @@ class EmbeddingBatch(base.UniformBatch):
         dev = self.model.device
         keys = [base.keyed_generator(self.cfg.seed, e.sample_id, 0, "start") for e in entries]
         x = torch.stack([torch.randn((self.n, d), generator=g) for g in keys]).to(dev)
-        return {
-            "x": x * self.cfg.init_std,
-            "m": torch.zeros_like(x),
-            "v": torch.zeros_like(x),
-            "age": torch.zeros(len(entries), device=dev),
-        }
+        zero = torch.zeros_like(x)  # copied into the slots' buffers: one serves every column
+        return {"x": x * self.cfg.init_std, "m": zero, "v": zero, "age": zero[:, 0, 0]}
 
     @property
     def x(self) -> Tensor:

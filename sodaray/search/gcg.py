@@ -56,12 +56,6 @@ class GcgConfig(base.SearchConfig):
             )
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    said = "out of memory" in text or "not enough memory" in text
-    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and said)
-
-
 class GcgBatch(base.UniformBatch):
     """Current tokens (B, n) of a batch of equal-length GCG searches of one config."""
 
@@ -160,7 +154,9 @@ class GcgBatch(base.UniformBatch):
                 part = slice(start, start + size)
                 out[part] = self._loss(flat[part], owner[part])
             except (torch.OutOfMemoryError, RuntimeError) as exc:
-                if not is_out_of_memory(exc) or self.chunk == 1:
+                text = str(exc).lower()
+                said = "out of memory" in text or "not enough memory" in text
+                if not (said or isinstance(exc, torch.OutOfMemoryError)) or self.chunk == 1:
                     raise
                 self.chunk = max(1, self.chunk // 2)
                 log.warning(

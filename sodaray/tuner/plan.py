@@ -48,21 +48,12 @@ def plan_study(
     time = price(work, costs, rate, None if model is None else lambda: calibrate_rate(work, model))
     total = Totals()
     total.add(work, time)
-    return {
-        "samples_by_length": {str(n): k // trials for n, k in work.samples_by_length.items()},
-        "samples": work.samples // trials,
-        "max_steps": work.max_steps,
-        "trials": trials,
-        "sample_steps_per_trial": work.sample_steps // trials,
-        "sample_steps": work.sample_steps,
-        "flops": work.flops,
-        "kind": work.kind,
-        "workers": workers,
-        "replicas": work.replicas,
-        "costs": describe_tables(costs),
-        **time.fields(),
-        "calibrated": time.priced_by == "calibration",
-        "gpu_hours": total.gpu_hours,
-        "cpu_hours": total.cpu_hours,
-        "bound": "upper: found samples stop early and pruned trials end at a checkpoint",
-    }
+    per_trial = {str(n): k // trials for n, k in work.samples_by_length.items()}
+    out: dict[str, Any] = dict(samples_by_length=per_trial, samples=work.samples // trials)
+    out |= dict(max_steps=work.max_steps, trials=trials)
+    out |= dict(sample_steps_per_trial=work.sample_steps // trials, sample_steps=work.sample_steps)
+    out |= dict(flops=work.flops, kind=work.kind, workers=workers, replicas=work.replicas)
+    out |= {"costs": describe_tables(costs), **time.fields()}
+    out |= dict(calibrated=time.priced_by == "calibration", gpu_hours=total.gpu_hours)
+    bound = "upper: found samples stop early and pruned trials end at a checkpoint"
+    return out | dict(cpu_hours=total.cpu_hours, bound=bound)

@@ -131,11 +131,9 @@ def run_tuning(
         # ownership of the study ended; a second signal meanwhile waits, leaving none RUNNING.
         with stops.deferred():
             if loop is not None and loop.live:
-                why = (
-                    f"stopped by {stops.signal_name()}"
-                    if isinstance(exc, KeyboardInterrupt)
-                    else f"the run stopped: {first_line(exc)}"
-                )
+                why = f"the run stopped: {first_line(exc)}"
+                if isinstance(exc, KeyboardInterrupt):
+                    why = f"stopped by {stops.signal_name()}"
                 live = [trial for trial, _ in loop.live.values()]
                 with contextlib.suppress(Exception):  # the storage may be what failed
                     names = {p.name for p in spec.space}
@@ -189,14 +187,8 @@ def study_replicas(spec: TuningSpec, workers: int, cluster: Cluster) -> Iterator
     """`workers` replicas of the study's model on Ray (`cluster`), each taking a batch's worth
     of trials (or arms) and the next one waiting; killed on the way out."""
     with ray_session([spec.model.request()], cluster) as placement:
-        group = ActorGroup(
-            spec.model,
-            max_attempts=cluster.max_attempts,
-            fill=1.0,
-            min_units=1,
-            replicas=workers,
-            placement=placement,
-        )
+        sizes = dict(fill=1.0, min_units=1, replicas=workers, placement=placement)
+        group = ActorGroup(spec.model, max_attempts=cluster.max_attempts, **sizes)
         try:
             yield group
         finally:
@@ -381,17 +373,15 @@ class _Trials:
                     self.group.cancel(unit.key)
             return None
         seconds = time.perf_counter() - started
+        if isinstance(output, Failure) and not output.final:
+            return None  # tried again by the group, in this trial
+        del self.live[unit.key]
+        self.signals.pop(unit.key, None)  # its values were set on the trial as they came
         if isinstance(output, Failure):
-            if not output.final:
-                return None  # tried again by the group, in this trial
-            del self.live[unit.key]
-            self.signals.pop(unit.key, None)  # its values were set on the trial as they came
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             log.warning("trial %d failed (%s)", trial.number, output.error)
             return TrialOutcome(trial.number, "failed", None, trial.params, seconds, output.error)
         assert isinstance(output, Finished)
-        del self.live[unit.key]
-        self.signals.pop(unit.key, None)
         table = output.table
         path = trial_file(self.run.out, trial.number)
         write_table_atomic(table, path, self.run.output)

@@ -270,14 +270,12 @@ def _check_values(spec: TuningSpec, fail) -> None:
                 raise fail(f"space.{p.name}", str(exc).removeprefix(prefix)) from exc
     # A family's defaults wait for the study's run (or `--dry-run`), which read the model's
     # config; every family's values are valid.
-    try:
-        spec.config({}, defaults=False)
-    except (TypeError, ValueError) as exc:
-        raise fail("fixed", str(exc).removeprefix("config: ")) from exc
-    try:  # the model's preset settings under the file's objective: a clash is the preset's
-        spec.objective_for({}, defaults=False)
-    except (TypeError, ValueError) as exc:
-        raise fail("model.preset_file", str(exc)) from exc
+    # The model's preset settings under the file's objective: a clash is the preset's.
+    for check, where in ((spec.config, "fixed"), (spec.objective_for, "model.preset_file")):
+        try:
+            check({}, defaults=False)
+        except (TypeError, ValueError) as exc:
+            raise fail(where, str(exc).removeprefix("config: ")) from exc
 
 
 def _param(name: str, entry: Any, where: str, fail) -> ParamSpace:

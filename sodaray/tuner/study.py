@@ -57,21 +57,13 @@ def _identity(spec: TuningSpec) -> dict[str, Any]:
     when they apply, so that studies they do not concern keep their hashes."""
     preset = {"preset": [spec.model.preset, preset_content(spec.model.preset_location)]}
     effect = spec.defaults_effect()
-    return {
-        **(preset if spec.model.preset or spec.model.preset_file else {}),
-        **({"defaults": effect} if effect else {}),
-        **({"confirm": "both"} if spec.confirms_raw() else {}),
-        "model": spec.model.identity(),
-        "data": spec.data.identity(),
-        "algorithm": spec.algorithm,
-        "objective": spec.objective,
-        "fixed": spec.fixed,
-        "space": [dataclasses.asdict(p) for p in spec.space],
-        "steps": spec.max_steps,
-        "metric": spec.metric,
-        "checkpoints": spec.checkpoints,
-        "seed": spec.seed,
-    }
+    out: dict[str, Any] = preset if spec.model.preset or spec.model.preset_file else {}
+    out |= {"defaults": effect} if effect else {}
+    out |= {"confirm": "both"} if spec.confirms_raw() else {}
+    out |= dict(model=spec.model.identity(), data=spec.data.identity(), algorithm=spec.algorithm)
+    out |= dict(objective=spec.objective, fixed=spec.fixed, steps=spec.max_steps)
+    out |= dict(space=[dataclasses.asdict(p) for p in spec.space], metric=spec.metric)
+    return out | dict(checkpoints=spec.checkpoints, seed=spec.seed)
 
 
 def preset_content(path: str | None) -> dict[str, Any] | None:
@@ -106,11 +98,7 @@ def claim_study(study: Any, spec: TuningSpec, url: str, study_name: str) -> None
 
 
 def open_study(
-    spec: TuningSpec,
-    url: str,
-    study_name: str,
-    storage: Any = None,
-    owner: RunOwner | None = None,
+    spec: TuningSpec, url: str, study_name: str, storage: Any = None, owner: RunOwner | None = None
 ) -> tuple[Any, list[int]]:
     """Create or resume the study in `storage` (default: `open_storage(url)`): refuse one made
     by a different tuning file, record this run in it (`owner`, default a new `RunOwner`),
@@ -120,14 +108,10 @@ def open_study(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with unreadable_storage(url):
-        study = optuna.create_study(
-            study_name=study_name,
-            storage=open_storage(url) if storage is None else storage,
-            sampler=make_sampler(spec),
-            pruner=make_pruner(spec),
-            direction="maximize",
-            load_if_exists=True,
-        )
+        storage = open_storage(url) if storage is None else storage
+        sampler, pruner = make_sampler(spec), make_pruner(spec)
+        how = dict(sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True)
+        study = optuna.create_study(study_name=study_name, storage=storage, **how)
     claim_study(study, spec, url, study_name)
     owner = RunOwner.new() if owner is None else owner
     others = owner.register(study)  # before the trials are counted: see `make_sampler`
@@ -207,9 +191,7 @@ def make_pruner(spec: TuningSpec):
     if spec.pruner == "successive_halving":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=first, reduction_factor=2)
     if spec.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(
-            min_resource=first, max_resource=spec.max_steps, reduction_factor=2
-        )
+        return optuna.pruners.HyperbandPruner(first, spec.max_steps, reduction_factor=2)
     return optuna.pruners.NopPruner()
 
 

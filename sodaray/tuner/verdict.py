@@ -180,10 +180,8 @@ def evaluate(
         ids, exact = (result.column(c).to_pylist() for c in ("sample_id", "exact"))
         arm.exact = {int(i): bool(e) for i, e in zip(ids, exact, strict=True)}
     tuned, default = arms[0].exact, arms[1].exact
-    only = (
-        sum(tuned[i] and not default.get(i, False) for i in tuned),
-        sum(default[i] and not tuned.get(i, False) for i in default),
-    )
+    pairs = ((tuned, default), (default, tuned))
+    only = tuple(sum(a[i] and not b.get(i, False) for i in a) for a, b in pairs)
     test = (f"{data.name}, seed {data.build['seed']}", len(rows["sample_id"]), spec.max_steps)
     objective = dataclasses.asdict(spec.objective_for({}))
     best_of = (name, best.number, float(best.value), spec.metric)

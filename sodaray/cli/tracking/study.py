@@ -64,30 +64,6 @@ class StudyTracker:
         shared |= {"dataset": dataclasses.asdict(spec.data), "metric": spec.metric}
         return store.flat_params({**shared, **settings, "overrides": self.overrides})
 
-    def study_params(self) -> dict[str, str]:
-        """The study's settings: what every trial shares, the space it searches, and how."""
-        spec = self.spec
-        fields = "max_steps sampler pruner checkpoints seed trials start_from".split()
-        return self._params(
-            file=str(spec.path),
-            model={**spec.model.identity(), "preset": spec.model.preset},
-            preset_file=spec.model.preset_file,
-            objective=dataclasses.asdict(spec.objective_for({})),
-            space={p.name: _space(p) for p in spec.space},
-            **{name: getattr(spec, name) for name in fields},
-        )
-
-    def trial_params(self, params: dict[str, Any], number: int) -> dict[str, str]:
-        """A trial's: its algorithm's whole config and objective, as a sweep's jobs log them, and
-        its sampled values apart."""
-        return self._params(
-            trial=number,
-            model=self.spec.model.identity(),
-            params=self.spec.config(params).to_dict(),
-            objective=dataclasses.asdict(self.spec.objective_for(params)),
-            sampled=params,
-        )
-
     def _open(self, study: Any = None) -> str:
         """The study's run, found again or made (with its settings) on first use."""
         if self.parent:
@@ -97,7 +73,17 @@ class StudyTracker:
         parent, new = store.find_run(client, exp, self.key, f"study {self.study_name}", tags)
         if not new:  # a resumed study: running again while this run adds its trials
             client.update_run(parent, "RUNNING")
-        store.log_params(client, parent, self.study_params())
+        spec = self.spec  # the study's settings: what every trial shares, its space, and how
+        fields = "max_steps sampler pruner checkpoints seed trials start_from".split()
+        settings = self._params(
+            file=str(spec.path),
+            model={**spec.model.identity(), "preset": spec.model.preset},
+            preset_file=spec.model.preset_file,
+            objective=dataclasses.asdict(spec.objective_for({})),
+            space={p.name: _space(p) for p in spec.space},
+            **{name: getattr(spec, name) for name in fields},
+        )
+        store.log_params(client, parent, settings)
         note = self.spec.description or f"study {self.study_name} from {self.spec.path}"
         run_tags = {
             store.NOTE_TAG: note,
@@ -122,7 +108,14 @@ class StudyTracker:
         tags = {store.KIND_TAG: "trial", STUDY_TAG: self.study_name}
         tags["sodaray.trial"] = str(trial.number)
         run_id, _ = store.find_run(client, self.exp, key, name, tags, parent)
-        store.log_params(client, run_id, self.trial_params(trial.params, trial.number))
+        params = self._params(  # its whole config and objective, as a sweep's jobs log them
+            trial=trial.number,
+            model=spec.model.identity(),
+            params=spec.config(trial.params).to_dict(),
+            objective=dataclasses.asdict(spec.objective_for(trial.params)),
+            sampled=trial.params,
+        )
+        store.log_params(client, run_id, params)
         # `value`: under the file's metric (the `metric` param), as Optuna calls it.
         metrics = [] if trial.value is None else [("value", trial.value, 0)]
         # What each checkpoint reported to the pruner: the exact rate, ties broken as the

@@ -191,9 +191,6 @@ class Engine:
             free = self.capacity[family] - sum(len(p) for p in pools)
             if free <= 0:
                 continue
-            if len(pools) == 1:
-                pools[0].admit(free)
-                continue
             heads = []
             for pool in pools:
                 pool.head()  # drops cancelled work from the front
@@ -243,8 +240,7 @@ class Engine:
 
     def finished(self, done: Finished) -> None:
         """A target's search at one length ended: its result, or its next length."""
-        work, row, stage, tokens, found = done.work, done.row, done.stage, done.tokens, done.found
-        loss, steps, seconds = done.loss, done.steps, done.seconds
+        work, row, stage, tokens, found, loss, steps, seconds = done
         partial = self.works[work].partial
         prior_steps, prior_seconds, tried = partial.pop(row, (0, 0.0, []))
         length = work.plans[row][stage]
@@ -255,22 +251,11 @@ class Engine:
             return
         targets, config = work.targets, work.config
         true = None if targets.true_tokens is None else list(targets.true_tokens[row])
-        result = InversionResult(
-            sample_id=targets.sample_ids[row],
-            tokens=tokens,
-            text=self.model.decode(tokens),
-            found=found,
-            exact=None if true is None else tokens == true,
-            steps=steps,
-            seconds=seconds,
-            final_loss=loss,
-            predicted_length=length,
-            algorithm=config.algorithm,
-            seed=config.seed,
-            true_tokens=true,
-            lengths_tried=tried,
-            params=params_of(config),
-        )
+        exact = None if true is None else tokens == true
+        text, sample = self.model.decode(tokens), targets.sample_ids[row]
+        fields = (sample, tokens, text, found, exact, steps, seconds, loss, length)  # in order
+        result = InversionResult(*fields, config.algorithm, config.seed, true, tried)
+        result.params = params_of(config)
         work.results[row] = result
         if work.on_result is not None:
             work.on_result(row, result)
@@ -278,9 +263,9 @@ class Engine:
     def settle(self, work: Work) -> None:
         """Finish `work` once nothing of it waits or runs."""
         ledger = self.works.get(work)
-        if ledger is not None and ledger.queued == 0 and ledger.active == 0:
-            if work.cancelled or len(work.results) == len(work.plans):
-                self._done(work)
+        idle = ledger is not None and ledger.queued == 0 and ledger.active == 0
+        if idle and (work.cancelled or len(work.results) == len(work.plans)):
+            self._done(work)
 
     def _done(self, work: Work) -> None:
         if work.done:

@@ -32,13 +32,10 @@ def pass_overhead(model: LoadedModel) -> float:
     key = model.model
     if key not in _OVERHEAD:
         small, large = _forward_seconds(model, 1), _forward_seconds(model, 6)
-        # pad_rows adds an item (and more up to `invariant_rows` rows): 2 and 7 items of 8.
+        # pad_rows adds an item (and more up to `row_rule(device)[0]` rows): 2 and 7 items of 8.
         per_position = (large - small) / (7 * 8 - 2 * 8)
-        if per_position <= 0:
-            overhead = MAX_OVERHEAD
-        else:
-            overhead = float(np.clip(small / per_position - 2 * 8, 0.0, MAX_OVERHEAD))
-        _OVERHEAD[key] = overhead
+        fit = small / per_position - 2 * 8 if per_position > 0 else MAX_OVERHEAD
+        _OVERHEAD[key] = overhead = float(np.clip(fit, 0.0, MAX_OVERHEAD))
         log.info("%s: a pass costs %.0f positions beyond its own", model.name, overhead)
     return _OVERHEAD[key]
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -22,8 +21,7 @@ from sodaray.search.engine.slots import SlotTable, removal_plan
 from sodaray.search.engine.work import Ledger, Work
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(NamedTuple):
     """A target's search at one length that ended: whose it was (`work`, its `row`, the `stage`
     of its length plan) and what it reached, steps and seconds at this length alone."""
 
@@ -57,7 +55,7 @@ class Pool:
         self.engine, self.family, self.batch = engine, family, batch
         self.queue: deque[tuple[int, Work, int, int]] = deque()  # (arrival, work, row, stage)
         # When the last `lag` steps were launched (the oldest first): an outcome's time.
-        self.clocks: deque[float] = deque([time.perf_counter()])
+        self.clocks = deque([time.perf_counter()], maxlen=max(batch.lag, 1))
         # Per slot: its work, row and stage; `steps` run, those `settled` (whose outcome was
         # read, a `lag` behind), the `base` taken at earlier lengths, `max_steps`, when it
         # `started`, its `deadline`, and its work's next checkpoint step (`mark`, `Work.marks`).
@@ -98,18 +96,11 @@ class Pool:
             ledger.active += 1
             limit = work.config.max_seconds
             base = ledger.partial.get(row, (0, 0.0, []))[0]
-            for name, value in (
-                ("work", work),
-                ("row", row),
-                ("stage", stage),
-                ("steps", 0),
-                ("settled", 0),
-                ("base", base),
-                ("max_steps", work.config.step_budget()),
-                ("started", now),
-                ("deadline", np.inf if limit is None else now + limit),
-                ("mark", _next_mark(work, base)),
-            ):
+            deadline = np.inf if limit is None else now + limit
+            budget, mark = work.config.step_budget(), _next_mark(work, base)
+            # In the table's column order (`__init__`).
+            values = (work, row, stage, 0, 0, base, budget, now, deadline, mark)
+            for name, value in zip(self.slot, values, strict=True):
                 add[name].append(value)
         self.slot.append(add)
 
@@ -131,8 +122,6 @@ class Pool:
         # The outcome's time: when its step was launched (`lag` calls ago, where it lags).
         now = self.clocks[0] if lag else time.perf_counter()
         self.clocks.append(time.perf_counter())
-        while len(self.clocks) > max(lag, 1):
-            self.clocks.popleft()
         cancelled = np.fromiter((w.cancelled for w in s["work"]), bool, count)
         marked = np.flatnonzero(settled & (s["base"] + s["settled"] == s["mark"]) & ~cancelled)
         if len(marked):
@@ -189,8 +178,7 @@ class Pool:
         out: dict[int, int] = {}
         total = self.slot["base"] + self.slot["settled"]
         for work, steps in zip(self.slot["work"], total, strict=True):
-            key = id(work)
-            out[key] = min(out.get(key, int(steps)), int(steps))
+            out[id(work)] = min(out.get(id(work), int(steps)), int(steps))
         return out
 
 

@@ -41,7 +41,7 @@ from sodaray.search.engine.scheduler import Scheduler
 from sodaray.search.engine.slots import locate
 from sodaray.search.soda.fused_step import FusedWorkspace, fused_soda_step, invalidate, resolve
 from sodaray.search.soda.relaxed import Workspace, workspace_pad
-from sodaray.search.soda.screen import Screened, Screener, changed_slots
+from sodaray.search.soda.screen import Screened, Screener, changed_slots, host_buffer
 from sodaray.search.soda.state import SodaState, keyed_normal, observed_of
 from sodaray.search.soda.step import Status, StepInputs, bucket, plan_inputs, soda_step
 
@@ -80,19 +80,6 @@ class _Launch:
         return self.tokens[rows[np.argsort(self.row_offset[rows], kind="stable")]]
 
 
-class _LazyLoss:
-    """A step's loss in the current slot order, read from its status only for the slots the
-    engine asks for (those that end)."""
-
-    def __init__(self, launch: _Launch, index: np.ndarray) -> None:
-        self.launch, self.index = launch, index
-
-    def __getitem__(self, slots: np.ndarray) -> np.ndarray:
-        if isinstance(self.launch.loss, Tensor):
-            self.launch.loss = self.launch.loss.numpy()
-        return self.launch.loss[self.index[slots]]
-
-
 class _HostStatus:
     """Where statuses land on the host: three sets (the step just launched, the last one, whose
     tokens are being screened, and the one before, whose outcome is read), pinned on CUDA so
@@ -100,20 +87,14 @@ class _HostStatus:
 
     def __init__(self, device: torch.device) -> None:
         self.pin, self.turn = device.type == "cuda", 0
-        self.sets: list[tuple[tuple[Tensor, Tensor], tuple[np.ndarray, ...]] | None] = [None] * 3
+        self.sets: list[dict] = [{}, {}, {}]
 
     def take(self, rows: int, slots: int) -> tuple[tuple[Tensor, ...], tuple[np.ndarray, ...]]:
         self.turn = (self.turn + 1) % len(self.sets)
-        got = self.sets[self.turn]
-        if got is None or len(got[0][0]) < rows or len(got[0][1]) < slots:
-            had = (0, 0) if got is None else (len(got[0][0]), len(got[0][1]))
-            rows, slots = max(rows, 2 * had[0]), max(slots, 2 * had[1])
-            held = (
-                torch.empty(rows, dtype=torch.long, pin_memory=self.pin),
-                torch.empty(slots, dtype=torch.float32, pin_memory=self.pin),
-            )
-            self.sets[self.turn] = got = (held, tuple(t.numpy() for t in held))
-        return got
+        mine = self.sets[self.turn]
+        tokens = host_buffer(mine, rows, torch.long, self.pin, name="tokens")
+        loss = host_buffer(mine, slots, torch.float32, self.pin, name="loss")
+        return (tokens[0], loss[0]), (tokens[1], loss[1])
 
 
 class SodaBatch(base.BatchSearch):
@@ -146,8 +127,7 @@ class SodaBatch(base.BatchSearch):
         mix = mix_lengths and model.for_precision(precision).invariant
         policy = policy_for(self.executor.name, policy, model.device)
         self.scheduler = Scheduler(policy, pass_overhead(model) if mix else 0.0, mix)
-        self.state = SodaState(model)
-        self.state.fused = self.fused
+        self.state = SodaState(model, self.fused)
         self.workspace = Workspace()
         self.fused_ws = FusedWorkspace()
         self.inputs: StepInputs | None = None
@@ -193,7 +173,7 @@ class SodaBatch(base.BatchSearch):
     def close(self) -> None:
         """The batch is done: its captures go (their memory with them)."""
         self.executor.forget(self.owner)
-        self.screener.forget(self.owner)
+        self.screener.executor.forget(self.owner)
 
     def candidates(self, slots: np.ndarray) -> list[list[int]]:
         """The tokens the last outcome's step ended on, for current slots `slots`."""
@@ -213,7 +193,14 @@ class SodaBatch(base.BatchSearch):
             state.rows.reserve(rows + state.rows.guard)
             state.slots.reserve(slots)
         x = plan_inputs(state, self.scheduler, capture, self._shapes)
-        _rows_from_row0(state, len(state.row_slot), x.rows)
+        # Rows past the live ones take row 0's numbers: a guard or bucket row computes like a
+        # live one (finite temperature, eps), and its results are dropped.
+        start, end = len(state.row_slot), x.rows
+        if end > start > 0:
+            for table in ("h32", "h64", "hi"):
+                state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
+            if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
+                state.rows.view("fs", end)[start:end, 2] = 0.0
         self.inputs, state.dirty = x, False
         return x
 
@@ -245,7 +232,7 @@ class SodaBatch(base.BatchSearch):
                 self.executor.forget(self.owner)
                 self._addresses = addresses
             if state.slots.addresses() != self._screen_addresses:
-                self.screener.forget(self.owner)
+                self.screener.executor.forget(self.owner)
                 self._screen_addresses = state.slots.addresses()
         resetting = bool(self.state.due("reset", steps_after).any())
         if key is not None:
@@ -277,11 +264,10 @@ class SodaBatch(base.BatchSearch):
         s = self.state
         rows, slots = len(s.row_slot), len(s)
         held, views = self._status.take(rows, slots)
-        cuda = self.model.device.type == "cuda"
         held[0][:rows].copy_(status.tokens[:rows], non_blocking=True)
         loss: np.ndarray | Tensor = status.loss[:slots]
         event = None
-        if cuda:
+        if self.model.device.type == "cuda":
             held[1][:slots].copy_(loss, non_blocking=True)
             loss = views[1][:slots]
             event = torch.cuda.Event()
@@ -312,7 +298,7 @@ class SodaBatch(base.BatchSearch):
         count = len(self.state)
         settled = np.zeros(count, dtype=bool)
         found = np.zeros(count, dtype=bool)
-        loss: np.ndarray | _LazyLoss = np.full(count, np.nan, dtype=np.float32)
+        loss = np.full(count, np.nan, dtype=np.float32)
         self._read, self._index = launch, np.zeros(count, dtype=np.int64)
         if launch is not None and len(launch.ids) and count:
             at, present = locate(self.state.host["id"], launch.ids)
@@ -321,7 +307,9 @@ class SodaBatch(base.BatchSearch):
             screened = np.flatnonzero(settled & launch.passed()[self._index])
             if len(screened):
                 found[screened] = self._confirm(launch, screened)
-            loss = _LazyLoss(launch, self._index)
+            if isinstance(launch.loss, Tensor):  # a CPU step's own: a view, no copy
+                launch.loss = launch.loss.numpy()
+            loss = launch.loss[self._index]
         return base.StepOutcome(found, loss, positions, useful, settled=settled)
 
     def _confirm(self, launch: _Launch, slots: np.ndarray) -> np.ndarray:
@@ -367,14 +355,3 @@ class SodaBatch(base.BatchSearch):
         self.state.rows["v"][where] = 0.0
         self.state.z[where] = fresh.to(dev, non_blocking=True)
         invalidate(self.state, where)
-
-
-def _rows_from_row0(state: SodaState, start: int, end: int) -> None:
-    """Rows [start, end) of the per-row tables take row 0's numbers: a guard or bucket row
-    computes like a live one (finite temperature, eps), and its results are dropped."""
-    if end <= start or not len(state.row_slot):
-        return
-    for table in ("h32", "h64", "hi"):
-        state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
-    if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
-        state.rows.view("fs", end)[start:end, 2] = 0.0

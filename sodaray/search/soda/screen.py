@@ -99,9 +99,6 @@ class Screener:
         self._stream: torch.cuda.Stream | None = None  # SIDE_STREAM's, made on first use
         self._written: torch.cuda.Event | None = None  # the last write of the observed rows
 
-    def forget(self, owner: Hashable) -> None:
-        self.executor.forget(owner)
-
     def writing(self) -> None:
         """The batch's observed rows are about to change or move (slots come or go, buffers
         grow): the step's stream waits for the screens under way on the side stream, which
@@ -152,7 +149,7 @@ class Screener:
         if self._busy[self.turn] is not None:  # this turn's buffers are still being read
             self._busy[self.turn].synchronize()
             self._busy[self.turn] = None
-        held, flat = self._grown(self._host, size, torch.long, dev, exact=cuda)
+        held, flat = host_buffer(self._host[self.turn], size, torch.long, cuda, exact=cuda)
         flat[:size] = 0  # the padding rows: token 0, slot 0, position 0 after the prefix
         ids = flat[: rows * length].reshape(rows, length)
         meta = flat[rows * length : size].reshape(k, m + 2)
@@ -184,7 +181,10 @@ class Screener:
             return Screened(picks, run(held[:size]))
         # Only a captured screen goes beside: an eager one would make the model's caches on a
         # stream the step's does not wait for.
-        stream = self._side(dev) if capture else None
+        if capture and SIDE_STREAM and self._stream is None:
+            self._stream = torch.cuda.Stream(dev)
+            self._stream.wait_stream(torch.cuda.current_stream(dev))  # all written so far
+        stream = self._stream if capture else None
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             if stream is not None and self._written is not None:
                 stream.wait_event(self._written)
@@ -195,32 +195,26 @@ class Screener:
                 self._device[(stream is not None, size)] = inputs
             inputs.copy_(held, non_blocking=True)
             verdicts = run(inputs)
-            out, passed = self._grown(self._out, k, torch.bool, dev)
+            out, passed = host_buffer(self._out[self.turn], k, torch.bool, pin=True)
             out[:k].copy_(verdicts, non_blocking=True)
             event = self._busy[self.turn] = torch.cuda.Event()
             event.record()
         return Screened(picks, passed, event)
 
-    def _side(self, dev: torch.device) -> torch.cuda.Stream | None:
-        if SIDE_STREAM and self._stream is None:
-            self._stream = torch.cuda.Stream(dev)
-            self._stream.wait_stream(torch.cuda.current_stream(dev))  # all written so far
-        return self._stream
 
-    def _grown(
-        self, held: list[dict], size: int, dtype: torch.dtype, dev: torch.device, exact=False
-    ) -> tuple[Tensor, np.ndarray]:
-        """This turn's 1-D host buffer of at least `size` (pinned on CUDA) and its numpy view,
-        made once: `exact`, of that size (copied whole; one per bucketed shape), else one that
-        grows by doubling and is used by its leading part."""
-        mine = held[self.turn]
-        name = size if exact else "grown"
-        got = mine.get(name)
-        if got is None or len(got[0]) < size:
-            grown = size if exact or got is None else max(size, 2 * len(got[0]))
-            tensor = torch.zeros(grown, dtype=dtype, pin_memory=dev.type == "cuda")
-            mine[name] = got = (tensor, tensor.numpy())
-        return got
+def host_buffer(
+    held: dict, size: int, dtype: torch.dtype, pin: bool, exact: bool = False, name: str = "grown"
+) -> tuple[Tensor, np.ndarray]:
+    """A 1-D host buffer in `held` of at least `size` (pinned where `pin`) and its numpy view,
+    made once: `exact`, of that size (copied whole; one per bucketed shape), else the one named
+    `name`, which grows by doubling and is used by its leading part."""
+    key = size if exact else name
+    got = held.get(key)
+    if got is None or len(got[0]) < size:
+        grown = size if exact or got is None else max(size, 2 * len(got[0]))
+        tensor = torch.zeros(grown, dtype=dtype, pin_memory=pin)
+        held[key] = got = (tensor, tensor.numpy())
+    return got
 
 
 @torch.no_grad()

@@ -43,22 +43,10 @@ HOST_ARRAYS = {**dict.fromkeys(_INTS, np.int64), "reinit_std": np.float64, "miss
 HOST_ARRAYS |= dict.fromkeys(("bias", "anneals", "decays", "mean"), bool)
 
 
-def _row_values(c: Any) -> tuple[list[float], list[float], list[int]]:
-    """A config's per-row numbers, in the tables' column order. 1 - beta is rounded to float32
-    from float64 once (`adam_step`'s rule)."""
-    end = c.temperature if c.temperature_end is None else c.temperature_end
-    h32 = [c.learning_rate, 1.0 - c.beta1, 1.0 - c.beta2, c.eps, c.temperature]
-    h32.append(c.decay if c.use_decay else 1.0)
-    h64 = [c.temperature, end, c.beta1, c.beta2]
-    hi = [0, c.max_steps, c.reset_period if c.use_resets else OFF]
-    hi += [c.reinit_period if c.use_reinit else OFF, int(c.bias_correction)]
-    return h32, h64, hi
-
-
 class SodaState:
     """The persistent batch of one SODA `SodaBatch`: see the module docstring."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, fused: bool = False) -> None:
         self.model = model
         self.rows = Buffers(guard=1)  # z, m, v, h32, h64, hi
         self.slots = Buffers()  # the observed rows
@@ -69,8 +57,8 @@ class SodaState:
         self._next_id = 0
         self.dirty = True
         # A fused batch's rows carry the next step's softmax (`q`, `fs`) from one step to the
-        # next (`soda_fused`); set before the first `add`.
-        self.fused = False
+        # next (`soda_fused`).
+        self.fused = fused
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -91,8 +79,7 @@ class SodaState:
 
     def column(self, table: str, name: str, rows: int) -> Tensor:
         """Rows [0, rows) of one table's column, (rows, 1) (a view: writes go to the table)."""
-        names = {"h32": H32, "h64": H64, "hi": HI}[table]
-        i = names.index(name)
+        i = {"h32": H32, "h64": H64, "hi": HI}[table].index(name)
         return self.rows.view(table, rows)[:, i : i + 1]
 
     # ---- entering and leaving -------------------------------------------------------------------
@@ -111,27 +98,22 @@ class SodaState:
             group = (e.targets.objective, e.targets.atol, e.targets.rtol)
             if group not in self.groups:
                 self.groups.append(group)
-            for name, value in (
-                ("length", e.length),
-                ("reinit", c.reinit_period if c.use_reinit else 0),
-                ("reinit_std", c.reinit_std),
-                ("bias", c.bias_correction),
-                ("anneals", c.temperature_end not in (None, c.temperature)),
-                ("decays", c.use_decay and c.decay != 1.0),
-                ("reset", c.reset_period if c.use_resets else 0),
-                ("mean", c.loss_reduction == "mean"),
-                ("config", self.configs.setdefault(key, len(self.configs))),
-                ("group", self.groups.index(group)),
-                ("seed", c.seed),
-                ("sample_id", e.sample_id),
-                ("id", self._next_id),
-                ("context", e.targets.continuation[e.row, :-1].numpy()),
-                ("misses", set()),
-            ):
+            periods = (c.reinit_period * c.use_reinit, c.reset_period * c.use_resets)
+            numbering = (self.configs.setdefault(key, len(self.configs)), self.groups.index(group))
+            context = e.targets.continuation[e.row, :-1].numpy()
+            flags = (c.temperature_end not in (None, c.temperature), c.use_decay and c.decay != 1.0)
+            row = (e.length, *periods, *numbering, c.seed, e.sample_id, self._next_id, context)
+            row += (c.reinit_std, set(), c.bias_correction, *flags, c.loss_reduction == "mean")
+            for name, value in zip(HOST_ARRAYS, row, strict=True):  # in the columns' order
                 values[name].append(value)
             self._next_id += 1
-            for table, row in zip((h32, h64, hi), _row_values(c), strict=True):
-                table.extend([row] * e.length)
+            # The per-row numbers, in the tables' column order (1 - beta rounded to float32 from
+            # float64 once: `adam_step`'s rule).
+            end = c.temperature if c.temperature_end is None else c.temperature_end
+            decay, n = (c.decay if c.use_decay else 1.0), e.length
+            h32 += [[c.learning_rate, 1 - c.beta1, 1 - c.beta2, c.eps, c.temperature, decay]] * n
+            h64 += [[c.temperature, end, c.beta1, c.beta2]] * n
+            hi += [[0, c.max_steps, *(p or OFF for p in periods[::-1]), int(c.bias_correction)]] * n
         self.host.append(values)
         lengths = np.asarray(values["length"], dtype=np.int64)
         total = int(lengths.sum())
@@ -194,15 +176,6 @@ class SodaState:
         h = self.host
         on = (h["bias"], h["anneals"], h["decays"], h["reset"] > 0)
         return tuple(bool(a.any()) for a in on)  # type: ignore[return-value]
-
-    def loss_weights(self) -> np.ndarray | None:
-        """Each slot's weight in the backward's seed: None where every slot optimises its own
-        loss ("sum"); 1 / (its config's slots) for "mean" slots."""
-        h = self.host
-        if not h["mean"].any():
-            return None
-        counts = np.bincount(h["config"], minlength=len(self.configs))[h["config"]]
-        return np.where(h["mean"], 1.0 / counts, 1.0)
 
 
 def observed_of(state: SodaState, slots: int) -> BatchTargets:

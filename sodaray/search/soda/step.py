@@ -96,18 +96,15 @@ def plan_inputs(
     model, host = state.model, state.host
     dev, count, total = model.device, len(state), len(state.row_slot)
     p, m = len(model.prefix_ids), state.groups[0][0].output_tokens
-    lengths = host["length"]
-    fluency = any(state.groups[g][0].fluency_weight > 0 for g in np.unique(host["group"]))
+    lengths, groups = host["length"], np.unique(host["group"])
+    fluency = any(state.groups[g][0].fluency_weight > 0 for g in groups)
     flags = (*state.flags(), fluency)  # what the step computes besides the fixed arithmetic
-    weights = state.loss_weights()
     plans = scheduler.passes(lengths, state.fixed)
-    groups = np.unique(host["group"])
     # A captured step is one pass of one objective (a step of several would pick its rows by
     # data); any other plan runs eagerly.
     capture = capture and len(plans) == 1 and len(groups) == 1 and not fluency
     if capture:
-        rows, slots = bucket(state)
-        width = plans[0].width
+        (rows, slots), width = bucket(state), plans[0].width
         live = rows
     else:
         slots, rows, live = count, total + 1, total
@@ -120,7 +117,9 @@ def plan_inputs(
     slot_len = np.ones(slots, dtype=np.int64)
     slot_len[:count] = lengths
     seed = np.zeros(slots, dtype=np.float32)
-    seed[:count] = 1.0 if weights is None else weights
+    # Each slot's weight: 1 ("sum", its own loss), or 1 / (its config's slots) for "mean".
+    counts = np.bincount(host["config"], minlength=len(state.configs))[host["config"]]
+    seed[:count] = np.where(host["mean"], 1.0 / counts, 1.0)
     arrays = {"row_seq": row_seq, "row_offset": row_pos, "lengths": slot_len, "seed": seed}
     if capture:  # the layout's derived indices, made here so that a re-plan writes them in place
         seq_rows, seq_pos = observed_positions(slot_len, p, m)
