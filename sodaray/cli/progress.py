@@ -116,6 +116,8 @@ class SweepProgress:
         self.status: Any = None
         self.rates: dict[str, Recent] = {}  # per job: its sample-steps over RATE_SECONDS
         self.printed: dict[str, float] = {}  # per job: when its last line was printed
+        self.started = time.monotonic()  # set again by `start`
+        self.occupied = Recent(WINDOW_SECONDS, 0, 0)  # from the start: no steps yet
 
     def start(self, run: Any, bars: bool) -> None:
         """`run`: the `SweepRun` whose `progress` (per job) and step totals the lines show."""

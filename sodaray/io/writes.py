@@ -104,6 +104,7 @@ def remove_file(base: str | os.PathLike, path: str | os.PathLike) -> bool:
 def move_file(base: str | os.PathLike, src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Rename `src` to `dst`, both under `base` (whatever `src` is, it is moved itself; at
     `dst` only a regular file or nothing may be; `dst`'s missing folders are made)."""
+    _parts(base, dst)  # both names checked before anything is opened: an escape is said first
     with (
         _folder(base, src, create=False) as (src_fd, src_name),
         _folder(base, dst, create=True) as (dst_fd, dst_name),

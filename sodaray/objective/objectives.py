@@ -71,20 +71,17 @@ class Objective:
     rtol: float | None = None
 
     def __post_init__(self) -> None:
-        kinds = " or ".join(repr(k) for k in KINDS)
-        for name, choices, said in (
-            ("kind", KINDS, f"objective must be {kinds}"),
-            ("loss", ("huber", "mse"), "loss must be 'huber' or 'mse'"),
-            ("space", SPACES, f"space must be one of {', '.join(SPACES)}"),
-            ("text_loss", TEXT_LOSSES, "text_loss must be logprob or prob"),
-            ("fluency_form", FLUENCY_FORMS, "fluency_form must be argmax or relaxed"),
-            ("confirm", CONFIRMS, "confirm must be space or both"),
-        ):
-            if (value := getattr(self, name)) not in choices:
-                raise ValueError(f"{said}, not {value!r}")
-        for name in ("output_tokens", "top_k"):
-            if (count := getattr(self, name)) is not None and count < 1:
-                raise ValueError(f"{name} must be at least 1, not {count}")
+        if self.kind not in KINDS:
+            kinds = " or ".join(repr(k) for k in KINDS)
+            raise ValueError(f"objective must be {kinds}, not {self.kind!r}")
+        if self.loss not in ("huber", "mse"):
+            raise ValueError(f"loss must be 'huber' or 'mse', not {self.loss!r}")
+        if self.output_tokens < 1:
+            raise ValueError(f"output_tokens must be at least 1, not {self.output_tokens}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be at least 1, not {self.top_k}")
+        if self.space not in SPACES:
+            raise ValueError(f"space must be one of {', '.join(SPACES)}, not {self.space!r}")
         if self.kind == "text" and self.top_k is not None:
             raise ValueError("top_k applies to the logits objective only")
         if self.kind == "text" and self.space != "raw":
@@ -97,6 +94,12 @@ class Objective:
             raise ValueError("huber_delta must be positive")
         if self.fluency_weight < 0:
             raise ValueError("fluency_weight must be non-negative")
+        if self.text_loss not in TEXT_LOSSES:
+            raise ValueError(f"text_loss must be logprob or prob, not {self.text_loss!r}")
+        if self.fluency_form not in FLUENCY_FORMS:
+            raise ValueError(f"fluency_form must be argmax or relaxed, not {self.fluency_form!r}")
+        if self.confirm not in CONFIRMS:
+            raise ValueError(f"confirm must be space or both, not {self.confirm!r}")
 
     @property
     def confirm_applies(self) -> bool:

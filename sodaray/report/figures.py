@@ -293,6 +293,8 @@ def scaling_figure(df: pd.DataFrame) -> drawing.Plot | None:
     base = _figure_rows(df, "length", "model_parameters")
     if base["model_name"].nunique() < 2:
         return None
+    if "bos" not in base:
+        base = base.assign(bos=None)
     series = _scaling_series(base)
     plt = drawing.pyplot()
     from matplotlib.ticker import NullFormatter

@@ -296,6 +296,10 @@ class _Trials:
     reported: dict[str, set[int]] = field(default_factory=dict)
     signals: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # key -> step
     pruned: set[str] = field(default_factory=set)
+    distributions: dict[str, Any] = field(init=False)  # the space's, made once per run
+
+    def __post_init__(self) -> None:
+        self.distributions = self.spec.distributions()
 
     def drain(
         self,
@@ -332,7 +336,7 @@ class _Trials:
     def launch(self) -> None:
         import optuna
 
-        trial = ask_trial(self.study, self.spec.distributions(), self.owner)
+        trial = ask_trial(self.study, self.distributions, self.owner)
         try:
             unit = self.unit(trial)
             self.group.submit(unit)

@@ -31,7 +31,7 @@ def trial_name(spec: Any, trial: Any) -> str:
 class StudyTracker:
     """`sodaray tune --mlflow URI` (`args`: tune's options) for the study of `spec`: `trial` is
     an Optuna callback `(study, frozen_trial)`; `finish(run, board)` logs what the study left
-    behind; `stop()` marks an interrupted run. Each is store.guarded: a tracking failure is a
+    behind; `stop()` marks an interrupted run. Each is guarded: a tracking failure is a
     warning, never the study's end."""
 
     def __init__(self, spec: Any, args: Any) -> None:

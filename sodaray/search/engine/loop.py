@@ -251,11 +251,22 @@ class Engine:
             return
         targets, config = work.targets, work.config
         true = None if targets.true_tokens is None else list(targets.true_tokens[row])
-        exact = None if true is None else tokens == true
-        text, sample = self.model.decode(tokens), targets.sample_ids[row]
-        fields = (sample, tokens, text, found, exact, steps, seconds, loss, length)  # in order
-        result = InversionResult(*fields, config.algorithm, config.seed, true, tried)
-        result.params = params_of(config)
+        result = InversionResult(
+            sample_id=targets.sample_ids[row],
+            tokens=tokens,
+            text=self.model.decode(tokens),
+            found=found,
+            exact=None if true is None else tokens == true,
+            steps=steps,
+            seconds=seconds,
+            final_loss=loss,
+            predicted_length=length,
+            algorithm=config.algorithm,
+            seed=config.seed,
+            true_tokens=true,
+            lengths_tried=tried,
+            params=params_of(config),
+        )
         work.results[row] = result
         if work.on_result is not None:
             work.on_result(row, result)

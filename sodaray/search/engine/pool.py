@@ -97,10 +97,19 @@ class Pool:
             limit = work.config.max_seconds
             base = ledger.partial.get(row, (0, 0.0, []))[0]
             deadline = np.inf if limit is None else now + limit
-            budget, mark = work.config.step_budget(), _next_mark(work, base)
-            # In the table's column order (`__init__`).
-            values = (work, row, stage, 0, 0, base, budget, now, deadline, mark)
-            for name, value in zip(self.slot, values, strict=True):
+            values = dict(
+                work=work,
+                row=row,
+                stage=stage,
+                steps=0,
+                settled=0,
+                base=base,
+                max_steps=work.config.step_budget(),
+                started=now,
+                deadline=deadline,
+                mark=_next_mark(work, base),
+            )
+            for name, value in values.items():
                 add[name].append(value)
         self.slot.append(add)
 

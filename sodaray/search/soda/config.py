@@ -81,16 +81,18 @@ class SodaConfig(SearchConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("learning_rate", "temperature", "temperature_end"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, not {value}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be positive, not {self.learning_rate}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"decay must be in (0, 1], not {self.decay}")
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             if not 0 <= value < 1:
                 raise ValueError(f"{name} must be in [0, 1), not {value}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, not {self.temperature}")
+        if self.temperature_end is not None and self.temperature_end <= 0:
+            raise ValueError(f"temperature_end must be positive, not {self.temperature_end}")
         if self.reset_period < 1 or self.reinit_period < 1:
             raise ValueError("reset_period and reinit_period must be at least 1")
         if self.precision not in ("float32", "tf32", "bfloat16"):

@@ -98,13 +98,25 @@ class SodaState:
             group = (e.targets.objective, e.targets.atol, e.targets.rtol)
             if group not in self.groups:
                 self.groups.append(group)
-            periods = (c.reinit_period * c.use_reinit, c.reset_period * c.use_resets)
-            numbering = (self.configs.setdefault(key, len(self.configs)), self.groups.index(group))
-            context = e.targets.continuation[e.row, :-1].numpy()
-            flags = (c.temperature_end not in (None, c.temperature), c.use_decay and c.decay != 1.0)
-            row = (e.length, *periods, *numbering, c.seed, e.sample_id, self._next_id, context)
-            row += (c.reinit_std, set(), c.bias_correction, *flags, c.loss_reduction == "mean")
-            for name, value in zip(HOST_ARRAYS, row, strict=True):  # in the columns' order
+            reinit = c.reinit_period if c.use_reinit else 0
+            reset = c.reset_period if c.use_resets else 0
+            for name, value in (
+                ("length", e.length),
+                ("reinit", reinit),
+                ("reinit_std", c.reinit_std),
+                ("bias", c.bias_correction),
+                ("anneals", c.temperature_end not in (None, c.temperature)),
+                ("decays", c.use_decay and c.decay != 1.0),
+                ("reset", reset),
+                ("mean", c.loss_reduction == "mean"),
+                ("config", self.configs.setdefault(key, len(self.configs))),
+                ("group", self.groups.index(group)),
+                ("seed", c.seed),
+                ("sample_id", e.sample_id),
+                ("id", self._next_id),
+                ("context", e.targets.continuation[e.row, :-1].numpy()),
+                ("misses", set()),
+            ):
                 values[name].append(value)
             self._next_id += 1
             # The per-row numbers, in the tables' column order (1 - beta rounded to float32 from
@@ -113,7 +125,7 @@ class SodaState:
             decay, n = (c.decay if c.use_decay else 1.0), e.length
             h32 += [[c.learning_rate, 1 - c.beta1, 1 - c.beta2, c.eps, c.temperature, decay]] * n
             h64 += [[c.temperature, end, c.beta1, c.beta2]] * n
-            hi += [[0, c.max_steps, *(p or OFF for p in periods[::-1]), int(c.bias_correction)]] * n
+            hi += [[0, c.max_steps, reset or OFF, reinit or OFF, int(c.bias_correction)]] * n
         self.host.append(values)
         lengths = np.asarray(values["length"], dtype=np.int64)
         total = int(lengths.sum())
