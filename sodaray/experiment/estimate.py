@@ -208,7 +208,9 @@ class Totals:
         if cost.device_seconds is None or cost.wall_seconds is None:
             self.unpriced += 1
             return
-        hours = f"{work.kind}_hours"  # gpu_hours or cpu_hours
-        setattr(self, hours, getattr(self, hours) + cost.device_seconds / 3600)
+        if work.kind == "gpu":
+            self.gpu_hours += cost.device_seconds / 3600
+        else:
+            self.cpu_hours += cost.device_seconds / 3600
         self.wall_seconds += cost.wall_seconds + startup
         self.startup_seconds += startup
