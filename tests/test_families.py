@@ -260,13 +260,18 @@ def test_model_type_is_read_from_folders_gguf_files_and_the_hub_cache(folders, m
         # GGUF headers: not one, cut short, or a string longer than any key
         header = b"GGUF" + (3).to_bytes(4, "little") + bytes(8)  # version 3, no tensors
         for name, data, message in [
-            ("text.gguf", b"hello, not a model", "not a GGUF file"),
-            ("cut.gguf", header + (5).to_bytes(8, "little") + b"\x03", "ends early"),
-            ("long.gguf", header + bytes([1]) + bytes(7) + (2**62).to_bytes(8, "little"), "of "),
+            ("text.gguf", b"hello, not a model", "text.gguf: not a GGUF model file"),
+            ("cut.gguf", header + (5).to_bytes(8, "little") + b"\x03", "cut.gguf: GGUF file cut"),
+            ("long.gguf", header + bytes([1]) + bytes(7) + (2**62).to_bytes(8, "little"), "of 4,6"),
         ]:
             (Path(tmp) / name).write_bytes(data)
             with pytest.raises(ValueError, match=message):
                 model_type_of(str(Path(tmp) / name))
+        # A big-endian file: its architecture read as the loader's own check reads the header.
+        key, big = b"general.architecture", b"GGUF" + (3).to_bytes(4, "big") + bytes(8)
+        big += (1).to_bytes(8, "big") + len(key).to_bytes(8, "big") + key
+        (Path(tmp) / "big.gguf").write_bytes(big + (8).to_bytes(4, "big") + bytes(7) + b"\x05qwen2")
+        assert model_type_of(str(Path(tmp) / "big.gguf")) == "qwen2"
     gguf = SMOLLM / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not gguf.is_file():
         pytest.skip("../shared's SmolLM2 GGUF is absent")

@@ -71,9 +71,17 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     if not args.out.endswith(".parquet"):
         raise CliError(f"--out names a Parquet file ending in .parquet, not {args.out!r}")
     check_output_file(args.out)
-    given = {name: getattr(args, name) for name in ("per_length", "seed", "source", "gguf_file")}
-    given |= {"vocab": args.vocab or "tokenizer", "records": args.records or "whole"}
-    table = build_dataset(args.model, args.dataset, lengths=lengths, **given)
+    table = build_dataset(
+        args.model,
+        args.dataset,
+        lengths=lengths,
+        per_length=args.per_length,
+        seed=args.seed,
+        source=args.source,
+        gguf_file=args.gguf_file,
+        vocab=args.vocab or "tokenizer",
+        records=args.records or "whole",
+    )
     path = write_dataset(table, args.out)
     # Where the rows came from, as the file's metadata records it: a privacy build that could
     # not reach the hub is Faker text, not ai4privacy's records, and its numbers are not the

@@ -239,8 +239,14 @@ def cmd_invert(args: argparse.Namespace) -> int:
             )
     objective = objective_from_flags(args, kind, top_k)
     logging.info("loading %s", args.model)
-    placement = ("gguf_file", "device", "dtype", "bos", "trust_remote_code")
-    model = load_model(args.model, **{name: getattr(args, name) for name in placement})
+    model = load_model(
+        args.model,
+        gguf_file=args.gguf_file,
+        device=args.device,
+        dtype=args.dtype,
+        bos=args.bos,
+        trust_remote_code=args.trust_remote_code,
+    )
     defaults = None
     if not (args.preset or args.preset_file):  # the family's, by the config's `model_type`
         defaults = defaults_for(getattr(getattr(model.model, "config", None), "model_type", None))
@@ -376,13 +382,12 @@ def check_flags(args: argparse.Namespace) -> None:
 def _note_overrides(args: argparse.Namespace, params: dict[str, Any]) -> None:
     """A line on stderr for each --param that overrides the named preset's value (stdout may
     be JSON; stderr's error lines start `sodaray: error:`, these `sodaray: note:`)."""
-    from sodaray.config.presets import get_preset, load_preset_file
+    from sodaray.config.presets import preset_params
 
-    preset = dict(get_preset(args.preset).soda) if args.preset else {}
+    preset = preset_params("soda", args.preset, args.preset_file)  # the file's over the name's
     if args.preset_file:
         from sodaray.experiment.spec import check_preset_params
 
-        preset.update(load_preset_file(args.preset_file))
         check_preset_params(preset, args.preset_file)
     for key, value in sorted(params.items()):
         if key in preset and preset[key] != value:
@@ -431,10 +436,19 @@ def objective_from_flags(
     settings = starting_objective({"kind": kind, "top_k": top_k}, defaults, args.preset_file)
     given = {"space": args.space, "loss": args.loss, "fluency_weight": args.fluency_weight}
     settings.update({k: v for k, v in given.items() if v is not None})
-    output_tokens = 1 if args.output_tokens is None else args.output_tokens
-    head = {"kind": kind, "top_k": args.top_k, **settings, "output_tokens": output_tokens}
-    tail = {name: getattr(args, name) for name in ("fluency_form", "confirm", "atol", "rtol")}
-    return make_objective({**head, "text_loss": args.text_loss or "logprob", **tail})
+    return make_objective(
+        {
+            "kind": kind,
+            "top_k": args.top_k,
+            **settings,
+            "output_tokens": 1 if args.output_tokens is None else args.output_tokens,
+            "text_loss": args.text_loss or "logprob",
+            "fluency_form": args.fluency_form,
+            "confirm": args.confirm,
+            "atol": args.atol,
+            "rtol": args.rtol,
+        }
+    )
 
 
 def targets_from_flags(args: argparse.Namespace, model: Any, objective: Any, observed: Any):

@@ -54,9 +54,14 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise CliError(f"--embedding-model {model}: no such model folder")
         if kind != "a directory":
             raise CliError(f"--embedding-model {model} is {kind}, not a model folder")
-    options = {name: getattr(args, name) for name in ("embedding_model", "extrapolate")}
-    options |= {"formats": formats, "figures": not args.no_figures}
-    report = build_report(args.results, args.out, **options)
+    report = build_report(
+        args.results,
+        args.out,
+        formats=formats,
+        embedding_model=model,
+        figures=not args.no_figures,
+        extrapolate=args.extrapolate,
+    )
     if args.json:
         summary = {
             "rows": report.rows,

@@ -160,11 +160,19 @@ def cmd_sweep_run(args: argparse.Namespace) -> int:
     planned: dict = {}
     on_start = _on_start(sweep.name, load_costs(args.costs or "h100"), planned, progress)
     folder = f"{args.out}/{sweep.name}"
-    given = {name: getattr(args, name) for name in ("limit", "model", "keep_every")}
-    hooks = {"on_start": on_start, "on_shard": progress.shard, "on_progress": progress.job}
     stopped = False
     try:
-        run = run_sweep(sweep, args.out, cluster=cluster, **given, **hooks)
+        run = run_sweep(
+            sweep,
+            args.out,
+            cluster=cluster,
+            limit=args.limit,
+            model=args.model,
+            keep_every=args.keep_every,
+            on_start=on_start,
+            on_shard=progress.shard,
+            on_progress=progress.job,
+        )
     except SweepInterrupted as stop:
         run, stopped = stop.run, True
     progress.close()
@@ -278,8 +286,9 @@ def _family_defaults(jobs, as_json: bool) -> dict[str, dict]:
     """The family defaults each model entry without a preset got, by label; without --json said
     on stdout (stderr keeps an error to one line)."""
     defaults = {j.model.label: j.defaults.to_dict() for j in jobs if j.defaults is not None}
-    for label, chosen in {} if as_json else defaults.items():
-        print(f"model {label}: {chosen['why']}", flush=True)
+    if not as_json:
+        for label, chosen in defaults.items():
+            print(f"model {label}: {chosen['why']}", flush=True)
     return defaults
 
 

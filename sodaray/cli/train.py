@@ -63,7 +63,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 MLP_HIDDEN = 1024  # --mlp-hidden when not given
-PAPER_FLAGS = ("output_tokens", "batch_size", "lr", "weight_decay")  # default: the paper's
 
 
 def check_threads(threads: int | None) -> None:
@@ -100,14 +99,21 @@ def cmd_train_inverter(args: argparse.Namespace) -> int:
             "--mlp-hidden sizes the logits encoder's MLP: it is for --observation logits"
         )
     check_device(args.device)  # `--device tpu`: one line, before anything loads
-    paper = PAPER_DEFAULTS[args.observation]
-    given = {name: getattr(args, name) for name in PAPER_FLAGS}
-    same = ("per_length", "epochs", "warmup_steps", "shape", "seed", "max_seconds", "observation")
+    paper = PAPER_DEFAULTS[args.observation]  # where these four flags are not given
     cfg = TrainConfig(
         lengths=tuple(parse_lengths(args.lengths)),
+        per_length=args.per_length,
+        output_tokens=paper["output_tokens"] if args.output_tokens is None else args.output_tokens,
+        epochs=args.epochs,
+        batch_size=paper["batch_size"] if args.batch_size is None else args.batch_size,
+        lr=paper["lr"] if args.lr is None else args.lr,
+        weight_decay=paper["weight_decay"] if args.weight_decay is None else args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        shape=args.shape,
+        seed=args.seed,
+        max_seconds=args.max_seconds,
+        observation=args.observation,
         mlp_hidden=MLP_HIDDEN if args.mlp_hidden is None else args.mlp_hidden,
-        **{name: getattr(args, name) for name in same},
-        **{name: paper[name] if value is None else value for name, value in given.items()},
     )
     cfg.validate()  # before the model loads: a bad value fails in a second, not a minute
     check_resumable(cfg, Path(args.out))

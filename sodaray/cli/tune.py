@@ -87,7 +87,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sodaray.experiment.cluster import Cluster
     from sodaray.experiment.spec import model_defaults
     from sodaray.tuner import load_tuning, run_tuning
-    from sodaray.tuner.run import TuneInterrupted
     from sodaray.tuner.storage import check_storage
 
     for name, value in (("--trials", args.trials), ("--workers", args.workers)):
@@ -153,7 +152,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:  # its tracker stopped, one line on what is kept
         if tracker is not None:
             tracker.stop()
-        left = exc.run.abandoned if isinstance(exc, TuneInterrupted) else []
+        left = exc.run.abandoned if isinstance(exc, stops.Interrupted) else []
         again = f"; running trials {left} failed, to run again" if left else ""
         print(
             f"interrupted: finished trials are in the study{again}; run again to resume",
@@ -203,7 +202,6 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
     spec = spec.on_model(args.model)  # as `run_tuning` runs it
     trials = spec.trials if args.trials is None else args.trials
     defaults = model_defaults(spec.model)
-    pricing = {name: getattr(args, name) for name in ("workers", "rate", "calibrate")}
     return {
         "study": spec.name,
         "folder": str(inside(args.out, spec.name)),
@@ -220,7 +218,14 @@ def describe(spec, args: argparse.Namespace, costs) -> dict[str, Any]:
         "metric": spec.metric,
         "max_steps": spec.max_steps,
         "space": {p.name: p.describe() for p in spec.space},
-        "estimate": plan_study(spec, trials=trials, costs=costs, **pricing),
+        "estimate": plan_study(
+            spec,
+            trials=trials,
+            costs=costs,
+            workers=args.workers,
+            rate=args.rate,
+            calibrate=args.calibrate,
+        ),
     }
 
 

@@ -99,18 +99,6 @@ def check_positions(
         )
 
 
-def device_memory(device: Any) -> int | None:
-    """Free bytes on `device` (CUDA: what the driver reports; else the machine's memory)."""
-    if getattr(device, "type", "cpu") != "cuda":
-        return available_memory()
-    import torch
-
-    try:
-        return int(torch.cuda.mem_get_info(device)[0])
-    except (RuntimeError, AssertionError):
-        return None
-
-
 def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> None:
     """Refuse a (B, n, V) search state that does not fit, before allocating it."""
     vocab = int(model.vocab_size)
@@ -118,4 +106,10 @@ def check_state_memory(model: Any, batch: int, length: int, algorithm: str) -> N
         vocab = int(model.embedding_matrix.shape[1]) + 8192
     what = f"a search state of {batch} targets x {length} positions x {vocab}"
     needed = float(STATE_BUFFERS) * 4 * batch * length * vocab
-    check_memory(needed, what, device_memory(model.device), "lower max_batch_size or the length")
+    free = None  # not CUDA, or the driver cannot say: the machine's memory (`check_memory`)
+    if getattr(model.device, "type", "cpu") == "cuda":
+        import torch
+
+        with contextlib.suppress(RuntimeError, AssertionError):
+            free = int(torch.cuda.mem_get_info(model.device)[0])
+    check_memory(needed, what, free, "lower max_batch_size or the length")

@@ -21,6 +21,7 @@ from typing import Any
 from sodaray.config.presets import load_preset_objective, preset_params
 from sodaray.errors import first_line
 from sodaray.io.files import parse_json
+from sodaray.io.modelfiles import check_gguf_file
 
 # The preset SODA's own defaults equal: `--preset tinystories-33m` gives a model SODA's defaults
 # and raw logits whatever its family.
@@ -232,7 +233,7 @@ def _read_model_type(location: str, gguf_file: str | None) -> str | None:
     path = Path(location).expanduser()
     if path.exists():
         if gguf_file is not None:
-            return _gguf_architecture(path / gguf_file)
+            return check_gguf_file(path / gguf_file, ValueError, architecture=True)
         return _config_model_type(path / "config.json")
     return _hub_model_type(location, gguf_file)
 
@@ -245,57 +246,6 @@ def _config_model_type(path: Path) -> str | None:
     data = parse_json(path.read_text(encoding="utf-8"), str(path))
     kind = data.get("model_type") if isinstance(data, dict) else None
     return kind if isinstance(kind, str) else None
-
-
-# GGUF metadata value types (the GGUF spec): fixed sizes in bytes, and the two variable ones.
-_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-_GGUF_KEYS = 64  # llama.cpp writes general.architecture first; a file that has none soon lacks it
-_GGUF_TEXT = 1 << 16  # bytes a key or the architecture may take
-
-
-def _gguf_architecture(path: Path) -> str | None:
-    """A GGUF file's `general.architecture` (transformers' model type; Gemma 3's `gemma3` loads
-    as `gemma3_text`), from the header's first keys alone: the `gguf` package reads them all."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF" or _uint(f, 4) not in (2, 3):
-            raise ValueError(f"{path} is not a GGUF file of version 2 or 3")
-        _uint(f, 8)  # tensors
-        for _ in range(min(_uint(f, 8), _GGUF_KEYS)):
-            key, kind = _gguf_string(f), _uint(f, 4)
-            if key == "general.architecture" and kind == _GGUF_STRING:
-                return _gguf_string(f)
-            _gguf_skip(f, kind)
-    return None
-
-
-def _uint(f: Any, size: int) -> int:
-    data = f.read(size)
-    if len(data) != size:
-        raise ValueError("the GGUF header ends early")
-    return int.from_bytes(data, "little")
-
-
-def _gguf_string(f: Any) -> str:
-    size = _uint(f, 8)
-    if size > _GGUF_TEXT:
-        raise ValueError(f"a GGUF header string of {size:,} bytes")
-    data = f.read(size)
-    if len(data) != size:
-        raise ValueError("the GGUF header ends early")
-    return data.decode("utf-8")
-
-
-def _gguf_skip(f: Any, kind: int) -> None:
-    if kind == _GGUF_ARRAY:
-        item, count = _uint(f, 4), _uint(f, 8)
-        if item not in _GGUF_SIZES:  # strings (a vocabulary) before the architecture: unusual
-            raise ValueError("general.architecture is not among the GGUF header's first keys")
-        f.seek(_GGUF_SIZES[item] * count, os.SEEK_CUR)
-    elif kind == _GGUF_STRING or kind in _GGUF_SIZES:
-        f.seek(_uint(f, 8) if kind == _GGUF_STRING else _GGUF_SIZES[kind], os.SEEK_CUR)
-    else:
-        raise ValueError(f"unknown GGUF value type {kind}")
 
 
 def _hub_model_type(repo: str, gguf_file: str | None) -> str | None:
@@ -313,4 +263,6 @@ def _hub_model_type(repo: str, gguf_file: str | None) -> str | None:
             local = hf_hub_download(repo, name, cache_dir=cache)
         except Exception as exc:  # the hub's many error types: one line
             raise OSError(first_line(exc)) from exc
-    return _gguf_architecture(Path(local)) if gguf_file else _config_model_type(Path(local))
+    if gguf_file:
+        return check_gguf_file(local, ValueError, architecture=True)
+    return _config_model_type(Path(local))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -126,27 +126,6 @@ def waves(shares: Mapping[int, float], size: int) -> list[tuple[dict[int, float]
     if wave:
         out.append((wave, 1))
     return out
-
-
-def device_time(
-    costs: DeviceCosts,
-    precision: str,
-    layers: int,
-    shares: Mapping[int, float],
-    steps: int,
-    batch: int,
-    flops: Callable[[int], float],
-    replicas: int = 1,
-    mix: bool = True,
-    passes_per_group: int = 1,
-) -> DeviceTime:
-    """`shares` samples per input length on each of `replicas` replicas, each running `steps`
-    steps in waves of `batch` (`waves`) priced by `step_cost`; summed over the replicas."""
-    total = [0.0] * 4
-    for wave, repeats in waves(shares, batch):
-        step = step_cost(costs, precision, layers, wave, flops, mix, passes_per_group)
-        total = [t + repeats * steps * v for t, v in zip(total, astuple(step), strict=True)]
-    return DeviceTime(*(t * replicas for t in total))
 
 
 # ---- costs files (`measured`: not read back; `startup_seconds`: optional) ----------------------

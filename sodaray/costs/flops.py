@@ -1,5 +1,5 @@
-"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and this
-machine's CPU rates; what those FLOPs take on a device is `sodaray.costs.devices` (measured).
+"""What a search costs in arithmetic: FLOPs per sample-step from a model's shape, and the
+rates a plan takes; what those FLOPs take on a device is `sodaray.costs.devices` (measured).
 
 A SODA sample-step is one forward pass over the sample's sequence (BOS if the model takes one,
 the n relaxed input positions, the observed outputs but the last) and one backward pass to the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,15 +66,6 @@ def most_sample_steps(samples: int, search: Any, length: Any, max_length: int) -
     """The most sample-steps `samples` can take (each its whole budget at every length it may
     be searched at): the upper bound plans quote and progress bars count down from."""
     return samples * search.step_budget() * lengths_tried(length, max_length)
-
-
-def sample_flops(
-    shape: ModelShape, length: int, outputs: int, bos: bool, candidates: int = 0
-) -> float:
-    """One sample-step at input length `length`: SODA's gradient step (the embedding search's
-    and the inverter's alike); GCG adds a forward pass per candidate (`candidates`)."""
-    step = shape.step_flops(length, outputs, bos)
-    return step + candidates * shape.forward_flops(length, outputs, bos)
 
 
 def shape_from_config(config: Any) -> ModelShape:
@@ -144,40 +134,6 @@ def check_rate(rate: float | None) -> None:
             f"--rate {rate:g} is below {MIN_RATE:g} sample-steps per second (one per "
             f"{1 / MIN_RATE / 86400:.1f} days): no estimate at that rate means anything"
         )
-
-
-def measure_rate(
-    model: Any,
-    search: Any,
-    objective: Any,
-    length: int,
-    batch: int,
-    *,
-    steps: int,
-    threads: int | None = None,
-) -> float:
-    """Sample-steps per second of `search` on `model` here: random inputs of `length`, `batch`
-    at once, after a 2-step warm-up. `threads`: as a CPU replica gets them (Ray's num_cpus)."""
-    from dataclasses import replace
-
-    import torch
-
-    from sodaray.api import invert
-    from sodaray.objective.targets import make_targets
-
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model.vocab_size, (batch, length), generator=generator).tolist()
-    targets = make_targets(model, tokens, objective=objective)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        invert(model, targets, replace(search, max_steps=2))
-        start = time.perf_counter()
-        results = invert(model, targets, replace(search, max_steps=steps))
-        seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(before)
-    return sum(r.steps for r in results) / seconds if seconds > 0 else float("inf")
 
 
 def format_duration(seconds: float) -> str:

@@ -31,7 +31,7 @@ from sodaray.io.files import regular_file
 log = logging.getLogger(__name__)
 
 DATASETS = ("random", "nl-id", "nl-ood", "privacy")
-DEFAULT_LENGTHS = {"random": (1, 10), "nl-id": (1, 10), "nl-ood": (1, 10), "privacy": (15, 24)}
+DEFAULT_LENGTHS = {"random": "1-10", "nl-id": "1-10", "nl-ood": "1-10", "privacy": "15-24"}
 DEFAULT_PER_LENGTH = {"random": 1000, "nl-id": 1000, "nl-ood": 1000, "privacy": 500}
 TEST_SEED, VALIDATION_SEED = 1, 0
 
@@ -185,10 +185,7 @@ class _Request:
             raise DatasetError(f"vocab must be {' or '.join(VOCABS)}, not {vocab!r}")
         if records not in RECORDS:
             raise DatasetError(f"records must be {' or '.join(RECORDS)}, not {records!r}")
-        if lengths is None:
-            first, last = DEFAULT_LENGTHS[name]
-            lengths = list(range(first, last + 1))
-        length_list = parse_lengths(lengths)
+        length_list = parse_lengths(DEFAULT_LENGTHS[name] if lengths is None else lengths)
         per_length = DEFAULT_PER_LENGTH[name] if self.per_length is None else int(self.per_length)
         if per_length < 1:
             raise DatasetError(f"per_length must be at least 1, not {per_length}")
@@ -319,14 +316,13 @@ def whole_record_samples(
     """The authors' privacy set: records whose whole text is one of `lengths` tokens, the first
     `per_length` of each length in source order (the paper's PII totals count whole records).
     Returns the samples and, per length, how many records were missing."""
-    wanted = set(lengths)
     got: dict[int, list[Sample]] = {n: [] for n in lengths}
     for record in records:
         if all(len(got[n]) >= per_length for n in lengths):
             break
         ids, labels = record_tokens(tok, record)
         n = len(ids)
-        if n in wanted and len(got[n]) < per_length:
+        if n in got and len(got[n]) < per_length:
             got[n].append((n, int(record["id"]), ids, labels))
             bar.update()
     short = {n: per_length - len(got[n]) for n in lengths if len(got[n]) < per_length}

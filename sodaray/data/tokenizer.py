@@ -18,11 +18,10 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    """A loaded tokenizer with the model's vocabulary size and the name it was loaded by."""
+    """A loaded tokenizer with the model's vocabulary size."""
 
     tokenizer: Any
     vocab_size: int
-    name: str
 
 
 def check_model_path(name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
@@ -66,5 +65,4 @@ def load_tokenizer(
         # A tokenizer-only folder: the model's embedding matrix is at least this large.
         vocab_size = len(tokenizer)
         log.info("no config vocab_size for %s; using the tokenizer's %d", name_or_path, vocab_size)
-    label = f"{name_or_path}/{gguf_file}" if gguf_file else name_or_path
-    return TokenizerInfo(tokenizer=tokenizer, vocab_size=int(vocab_size), name=label)
+    return TokenizerInfo(tokenizer=tokenizer, vocab_size=int(vocab_size))

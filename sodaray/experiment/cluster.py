@@ -271,11 +271,16 @@ class Placement:
 
 
 @contextmanager
-def ray_session(requests: list[tuple[str, float, float]], cluster: Cluster) -> Iterator[Placement]:
+def ray_session(
+    requests: list[tuple[str, float, float]], cluster: Cluster
+) -> Iterator[tuple[Placement, list[Any]]]:
     """Ray ready for actors making `requests` (label, num_cpus, num_gpus) for the block: a fresh
     local instance unless `cluster.address`/RAY_ADDRESS names a cluster or Ray already runs
     here, shut down after it; requests checked first (a local Ray would wait forever for what
-    the machine lacks). Yields how replicas are placed there."""
+    the machine lacks). Yields how replicas are placed there, and a list for the block's actor
+    groups, each ended before Ray shuts down (`ActorGroup.kill`) within `CHECK_SECONDS` (with
+    Ray's raylet gone, removing a placement group waits for ever; one late is left to Ray's
+    shutdown, with a warning)."""
     import ray
 
     own = not ray.is_initialized()
@@ -289,22 +294,19 @@ def ray_session(requests: list[tuple[str, float, float]], cluster: Cluster) -> I
         if not local:  # what no node holds, in one line before any work is handed out
             for label, cpus, gpus in requests:
                 room_for(label, cpus, gpus, placement)
-        yield placement
+        groups: list[Any] = []
+        try:
+            yield placement, groups
+        finally:
+            for group in groups:
+                try:
+                    within(group.kill, "Ray, ending a model's replicas")
+                except TimeoutError as exc:
+                    log.warning("%s: going on to shut Ray down", exc)
     finally:
         if own:  # a stop signal waits for the shutdown's end (cut short, it left processes)
             with stops.deferred():
                 ray.shutdown()
-
-
-def end_groups(groups: list[Any], seconds: float = CHECK_SECONDS) -> None:
-    """Each actor group's replicas ended (`ActorGroup.kill`), each within `seconds` (with Ray's
-    raylet gone, removing a placement group waits for ever); one late is left to Ray's
-    shutdown, with a warning."""
-    for group in groups:
-        try:
-            within(group.kill, "Ray, ending a model's replicas", seconds)
-        except TimeoutError as exc:
-            log.warning("%s: going on to shut Ray down", exc)
 
 
 def check_resources(requests: list[tuple[str, float, float]]) -> None:
@@ -328,11 +330,12 @@ def describe(cpus: float, gpus: float) -> str:
     return f"{cpus:g} CPU" + (f" and {gpus:g} GPU" if gpus else "")
 
 
-def replicas_fit(cpus: float, gpus: float) -> tuple[int, str]:
-    """How many replicas asking `cpus` and `gpus` each the Ray cluster's live nodes hold when
-    nothing else runs (each node counted apart: a replica runs on one node), and the nodes'
-    resources in words. Work of other jobs and of this run's other models is not subtracted:
-    it ends, and Ray then places what waits."""
+def room_for(label: str, cpus: float, gpus: float, placement: Placement) -> tuple[int, str]:
+    """How many replicas of a model asking `cpus` and `gpus` each the Ray cluster's live nodes
+    hold when nothing else runs (each node counted apart: a replica runs on one node; work of
+    other jobs and of this run's other models is not subtracted: it ends, and Ray then places
+    what waits), and the request and nodes in words; a one-line error when none fits and the
+    run will not wait for nodes to join."""
     import ray
 
     fit, shown = 0, []
@@ -345,13 +348,7 @@ def replicas_fit(cpus: float, gpus: float) -> tuple[int, str]:
         pairs = ((node_cpus, cpus), (node_gpus, gpus))  # num_cpus is above 0: never empty
         fit += min(math.floor(amount / need + RESOURCE_STEP) for amount, need in pairs if need > 0)
     nodes = "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
-    return fit, f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({nodes or 'none'})"
-
-
-def room_for(label: str, cpus: float, gpus: float, placement: Placement) -> tuple[int, str]:
-    """How many replicas of a model the nodes hold (`replicas_fit`) and the request and nodes
-    in words; a one-line error when none fits and the run will not wait for nodes to join."""
-    fit, nodes = replicas_fit(cpus, gpus)
+    nodes = f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({nodes or 'none'})"
     where = "this machine" if placement.local else "the cluster"
     asks = f"each asks {describe(cpus, gpus)}; {where} has {nodes}"
     if fit == 0 and (placement.local or placement.wait_for_nodes <= 0):

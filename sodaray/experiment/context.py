@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.config.capacity import check_positions
+from sodaray.errors import first_line
 from sodaray.experiment.spec import ModelSpec
 from sodaray.io.files import read_json_object, what_is
 
@@ -55,13 +56,19 @@ def _tokenizer_adds_bos(model: ModelSpec) -> int:
     return int(bool(ids) and ids[0] == bos_id)
 
 
-def check_fits(model: ModelSpec, longest: int, output_tokens: int) -> None:
-    """Refuse (ValueError, one line) an input of `longest` tokens with `output_tokens` observed
-    that cannot fit `model`'s context, where its config says the context."""
-    limit = _config_count(model, CONTEXT_KEYS, text_first=False)
-    if limit is None:
-        return
-    fixed = 1 if model.bos else 0
-    if model.bos is None and longest + output_tokens == limit:  # a BOS would be one too many
-        fixed = _tokenizer_adds_bos(model)
-    check_positions(limit, fixed, longest, output_tokens, f"{model.label}'s")
+def check_fits(
+    model: ModelSpec, longest: int, output_tokens: int, error: type[Exception], where: str
+) -> None:
+    """Refuse an input of `longest` tokens with `output_tokens` observed that cannot fit
+    `model`'s context, where its config says the context: `error`, one line "{where}: {why}"
+    (a config that cannot be read, too)."""
+    try:
+        limit = _config_count(model, CONTEXT_KEYS, text_first=False)
+        if limit is None:
+            return
+        fixed = 1 if model.bos else 0
+        if model.bos is None and longest + output_tokens == limit:  # a BOS: one too many
+            fixed = _tokenizer_adds_bos(model)
+        check_positions(limit, fixed, longest, output_tokens, f"{model.label}'s")
+    except ValueError as exc:
+        raise error(f"{where}: {first_line(exc)}") from exc

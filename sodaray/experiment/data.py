@@ -30,9 +30,11 @@ class DatasetIdentity:
     seed: int | None = None
     source: str | None = None
 
-    def context(self) -> dict[str, Any]:
-        """As `sodaray.results.RunContext` fields."""
-        return {"dataset_hash": self.hash, "dataset_seed": self.seed, "dataset_source": self.source}
+    def context(self, dataset: str, sweep: str, job: str) -> dict[str, Any]:
+        """The context (`sodaray.results.RunContext` fields) of result rows of the unit `job` of
+        `sweep` (a sweep's shard, a study's trial or arm) on these rows of `dataset`."""
+        own = {"dataset_hash": self.hash, "dataset_seed": self.seed, "dataset_source": self.source}
+        return {"dataset": dataset, "sweep": sweep, "job": job, **own}
 
 
 def dataset_identity(table: pa.Table) -> DatasetIdentity:
@@ -133,6 +135,21 @@ def dataset_table(
     meta = {**(table.schema.metadata or {}), CACHE_KEY: key.encode()}
     write_dataset(table.replace_schema_metadata(meta), path, out.base)
     return read_dataset(path)
+
+
+def dataset_rows(
+    model: ModelSpec,
+    spec: DatasetSpec,
+    root: Path,
+    out: OutputFolder | None = None,
+    samples_per_length: int | None = None,
+    limit: int | None = None,
+) -> tuple[dict[str, list[Any]], DatasetIdentity]:
+    """The entry's rows for `model` (`dataset_table`, same arguments) as `select_rows` selects
+    them, and the dataset's identity."""
+    table = dataset_table(model, spec, root, out)
+    identity = dataset_identity(table)
+    return select_rows(table, samples_per_length, limit), identity
 
 
 def _cached(path: Path, key: str) -> tuple[pa.Table | None, str]:

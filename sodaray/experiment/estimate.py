@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from time import perf_counter
 from typing import Any
 
-from sodaray.costs.devices import H100, DeviceCosts, DeviceTime, describe_costs, device_time
-from sodaray.costs.flops import ModelShape, format_duration, measure_rate, sample_flops
+from sodaray.costs.devices import H100, DeviceCosts, DeviceTime, describe_costs, step_cost, waves
+from sodaray.costs.flops import ModelShape, format_duration, shape_from_config
 from sodaray.experiment.spec import ModelSpec
 from sodaray.objective.objectives import Objective
 from sodaray.search.engine.base import SearchConfig
@@ -73,9 +74,13 @@ class Workload:
         return self.max_length if self.lengths_per_sample > 1 else n
 
     def sample_flops(self, length: int) -> float:
+        """One sample-step at input length `length`: SODA's gradient step (the embedding
+        search's and the inverter's alike); GCG adds a forward pass per candidate."""
         assert self.shape is not None
         bos = self.model.bos is not False  # unknown: count one token, the common case
-        return sample_flops(self.shape, length, self.objective.output_tokens, bos, self.candidates)
+        outputs = self.objective.output_tokens
+        step = self.shape.step_flops(length, outputs, bos)
+        return step + self.candidates * self.shape.forward_flops(length, outputs, bos)
 
     @property
     def flops(self) -> float | None:
@@ -89,7 +94,9 @@ class Workload:
         )
 
     def device_time(self, costs: DeviceCosts) -> DeviceTime:
-        """Its time on `costs`'s device (`device_costs.device_time`), summed over its replicas."""
+        """Its time on `costs`'s device, summed over its replicas: each replica's share of the
+        samples per length runs every step in waves of `batch_size` (`devices.waves`), each
+        step priced by `devices.step_cost`."""
         assert self.shape is not None
         dtype = self.model.dtype  # the arithmetic its steps run in, else its search's precision
         precision = dtype if dtype != "float32" else getattr(self.search, "precision", "float32")
@@ -97,33 +104,44 @@ class Workload:
         for n, k in self.samples_by_length.items():
             at = self.priced_length(n)
             shares[at] = shares.get(at, 0.0) + k / self.replicas
-        return device_time(
-            costs,
-            str(precision),
-            self.shape.layers,
-            shares,
-            self.max_steps * self.lengths_per_sample,
-            self.batch_size,
-            self.sample_flops,
-            replicas=self.replicas,
-            mix=self.model.mix_lengths,
-            passes_per_group=2 if self.candidates else 1,  # a gradient pass, then candidates
-        )
+        steps = self.max_steps * self.lengths_per_sample
+        passes = 2 if self.candidates else 1  # a gradient pass, then candidates
+        layers, mix = self.shape.layers, self.model.mix_lengths
+        total = [0.0] * 4
+        for wave, repeats in waves(shares, self.batch_size):
+            step = step_cost(costs, str(precision), layers, wave, self.sample_flops, mix, passes)
+            total = [t + repeats * steps * v for t, v in zip(total, astuple(step), strict=True)]
+        return DeviceTime(*(t * self.replicas for t in total))
 
     def with_shape(self, shape: ModelShape) -> Workload:
         return dataclasses.replace(self, shape=shape)
 
 
 def calibrate(work: Workload, model: Any, steps: int = CALIBRATION_STEPS) -> float:
-    """Sample-steps per second for `work` on this machine (`sodaray.costs.flops.measure_rate`) at
-    its middle length, batched as it batches, on `model` (its `ModelSpec.load_here`), with a
-    CPU replica's threads."""
+    """Sample-steps per second for `work` on this machine: random inputs at its middle length,
+    batched as it batches, on `model` (its `ModelSpec.load_here`), with a CPU replica's threads
+    (Ray's num_cpus), after a 2-step warm-up."""
+    import torch
+
+    from sodaray.api import invert
+    from sodaray.objective.targets import make_targets
+
     middle = sorted(work.samples_by_length)[len(work.samples_by_length) // 2]
     batch = max(1, min(work.batch_size, max(work.samples_by_length.values())))
     threads = max(1, int(work.model.num_cpus)) if work.model.num_gpus == 0 else None
-    rate = measure_rate(
-        model, work.search, work.objective, middle, batch, steps=steps, threads=threads
-    )
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.vocab_size, (batch, middle), generator=generator).tolist()
+    targets = make_targets(model, tokens, objective=work.objective)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        invert(model, targets, dataclasses.replace(work.search, max_steps=2))
+        start = perf_counter()
+        results = invert(model, targets, dataclasses.replace(work.search, max_steps=steps))
+        seconds = perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+    rate = sum(r.steps for r in results) / seconds if seconds > 0 else float("inf")
     log.info("calibration %s: %.1f sample-steps/s", work.name, rate)
     return rate
 
@@ -168,23 +186,30 @@ def price(
     work: Workload,
     costs: DeviceCosts,
     rate: float | None,
-    measured: Callable[[], float | None] | None = None,
-) -> Price:
-    """`work`'s time by the module's rule; `measured()` gives a calibrated rate (or None) for a
-    CPU workload no costs table prices (the caller loads the model and caches)."""
+    load: Callable[[], Any] | None = None,
+    measure: Callable[[Workload, Any], float | None] = calibrate,
+) -> tuple[Workload, Price]:
+    """`work`, its shape filled in from its model's config where unknown, and its time by the
+    module's rule. The model is loaded by `load()` (None: never; it may give None, a model not
+    loadable here) only where needed: for that shape, or for a CPU workload no rate or costs
+    table prices, priced by `measure(work, model)` (a rate, or None)."""
     table = tables(costs)[work.kind]
+    unpriced = rate is None and table is None  # a CPU workload without a CPU costs table
+    model = load() if load is not None and (work.shape is None or unpriced) else None
+    if work.shape is None and model is not None:
+        work = work.with_shape(shape_from_config(model.model.config))
     time: DeviceTime | None = None
     here, priced_by = rate, "--rate" if rate is not None else "-"
     if rate is None and table is not None and work.shape is not None:
         time = work.device_time(table)
         priced_by = table.device
         here = work.sample_steps / time.seconds if time.seconds > 0 else None
-    elif rate is None and work.kind == "cpu" and measured is not None:
-        here = measured()
+    elif rate is None and work.kind == "cpu" and model is not None:
+        here = measure(work, model)
         priced_by = "calibration" if here is not None else "-"
     seconds = time.seconds if time is not None else work.sample_steps / here if here else None
     wall = None if seconds is None else seconds / work.replicas
-    return Price(priced_by, here, seconds, wall, time)
+    return work, Price(priced_by, here, seconds, wall, time)
 
 
 @dataclass

@@ -299,8 +299,9 @@ def _check_placement(groups: list[ActorGroup]) -> float | None:
         for group in live:
             group.waiting_since = now
         return None
-    for group in live:
-        if now - group.waiting_since >= group.placement.stall_s:
+    left = {group: group.placement.stall_s - (now - group.waiting_since) for group in live}
+    for group, seconds in left.items():
+        if seconds <= 0:
             import ray
 
             free = ray.available_resources()
@@ -311,7 +312,7 @@ def _check_placement(groups: list[ActorGroup]) -> float | None:
                 "unfinished: free or add resources and run the command again, or give "
                 "--wait-for-nodes SECONDS"
             )
-    return min((g.placement.stall_s - (now - g.waiting_since) for g in live), default=None)
+    return min(left.values(), default=None)
 
 
 def next_event(

@@ -53,11 +53,9 @@ def pid_alive(pid: int) -> bool:
     """Whether a process `pid` exists on this machine (anyone's)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # alive, someone else's
         return True
-    except (OverflowError, ValueError):  # not a pid this system has
+    except (ProcessLookupError, OverflowError, ValueError):  # gone, or not a pid this system has
         return False
     return True
 

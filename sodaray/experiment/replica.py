@@ -190,18 +190,14 @@ class ReplicaWorker:
         return os.getpid()
 
     def health(self) -> int:
-        """The process id while the engine runs; `EngineStopped` once its thread has died (the
-        actor group then restarts this replica: a fresh process with a fresh engine)."""
-        self._check_engine()
-        return os.getpid()
-
-    def _check_engine(self) -> None:
-        """`EngineStopped` once the engine's thread has ended, by an error or by `stop`: a unit
-        handed to it would wait for ever."""
+        """The process id while the engine runs; `EngineStopped` once its thread has ended, by
+        an error or by `stop` (a unit handed to it would wait for ever; the actor group then
+        restarts this replica: a fresh process with a fresh engine)."""
         if self.failed is not None:
             raise EngineStopped(f"this replica's engine stopped: {first_line(self.failed)}")
         if not self._thread.is_alive():
             raise EngineStopped("this replica's engine stopped")
+        return os.getpid()
 
     def stop(self) -> None:
         """End the engine's thread (a replica used outside Ray, e.g. in tests)."""
@@ -231,7 +227,7 @@ class ReplicaWorker:
         from sodaray.api import invert, length_plans
         from sodaray.search.engine.work import Work
 
-        self._check_engine()
+        self.health()
         start = time.perf_counter()
         named = {"fixed": None, "auto": "auto"}  # else an assumed length
         length = named[unit.length] if unit.length in named else int(unit.length)
@@ -272,7 +268,7 @@ class ReplicaWorker:
                     item = events.get(timeout=ENGINE_POLL_S)
                 except queue.Empty:  # a unit handed to an engine as its thread ended: no wait
                     if work.error is None:  # for ever (a dying engine hands its error first)
-                        self._check_engine()
+                        self.health()
                     item = _QUIET
                 if item is None:
                     break

@@ -94,8 +94,7 @@ class ModelSpec:
         """Where the model is loaded from here: `id` with `~` and environment variables
         (`$SODARAY_REAL_MODELS/qwen/model.gguf`) expanded, a relative path read from the folder
         of the file that names it (`in_file`); a hub id as it is."""
-        local = in_file(self.id, self.base)
-        return local if looks_local(self.id) or os.path.exists(local) else expand_path(self.id)
+        return in_file(self.id, self.base) if self.is_local() else expand_path(self.id)
 
     @property
     def preset_location(self) -> str | None:

@@ -39,6 +39,15 @@ class Stop(KeyboardInterrupt):
         self.signum = signum
 
 
+class Interrupted(KeyboardInterrupt):
+    """A run (a sweep's, a study's) stopped by a signal: what it finished is kept; `run` holds
+    its record so far (`SweepRun`, `TuneRun`)."""
+
+    def __init__(self, run: Any) -> None:
+        super().__init__("interrupted")
+        self.run = run
+
+
 # The handlers in force, innermost last (a command may install its own for a stretch), and the
 # stop signals received since the outermost was installed.
 _handlers: list[Handler] = []

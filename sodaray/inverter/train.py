@@ -162,15 +162,13 @@ def build_inverter(meta: InverterMeta) -> Inverter:
     return Inverter(T5ForConditionalGeneration(cfg), meta)
 
 
-def save_inverter(
-    path: str | Path, net: Inverter, meta: InverterMeta, base: str | Path | None = None
-) -> None:
+def save_inverter(path: str | Path, net: Inverter, meta: InverterMeta) -> None:
     """A checkpoint folder: the T5 (safetensors: no pickle), the logits encoder and
-    `inverter.json`, each file by the rule for every file sodaray writes (`writes`; `base`:
-    the folder the user gave, default `path`'s parent). transformers writes by name, so the T5
-    is saved into a fresh temporary folder and copied from there."""
+    `inverter.json`, each file by the rule for every file sodaray writes (`writes`, below
+    `path`'s parent: the folder the user gave). transformers writes by name, so the T5 is
+    saved into a fresh temporary folder and copied from there."""
     path = Path(path)
-    base = path.parent if base is None else base
+    base = path.parent
     with tempfile.TemporaryDirectory(prefix="sodaray-t5-") as tmp:
         net.t5.save_pretrained(tmp)
         for file in sorted(Path(tmp).iterdir()):
@@ -299,10 +297,9 @@ def encode_targets(inputs: list[list[int]], eos_id: int) -> Tensor:
 def _val_loss(net: Inverter, obs: torch.Tensor, labels: torch.Tensor, batch: int) -> float:
     """Mean token cross-entropy over the validation rows, in batches (logits rows are wide)."""
     total, count = 0.0, 0
-    for start in range(0, len(obs), 4 * batch):
-        lab = labels[start : start + 4 * batch]
+    for rows, lab in zip(obs.split(4 * batch), labels.split(4 * batch), strict=True):
         n = int((lab != -100).sum())
-        total += float(net(obs[start : start + 4 * batch], lab)) * n
+        total += float(net(rows, lab)) * n
         count += n
     return total / count
 

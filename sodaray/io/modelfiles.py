@@ -24,28 +24,36 @@ class ModelLoadError(ValueError):
 _GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged header
-_GGUF_CHECKED: dict[tuple[str, int, int], None] = {}
+_GGUF_KEYS = 64  # llama.cpp writes general.architecture first; a file that has none soon lacks it
+_GGUF_TEXT = 1 << 16  # bytes a key or the architecture may take, where the architecture is read
+_GGUF_CHECKED: dict[tuple[str, int, int, bool], str | None] = {}
 
 
 class _Cut(Exception):
     """The GGUF header runs past the end of the file."""
 
 
-def check_gguf_file(path: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:
-    """Refuse, in one `error` line naming `path`, a file that is not a whole GGUF model: no
-    GGUF magic bytes, cut short (the header or the tensor data it describes runs past the
-    end), or a damaged header. Only the header is read, every count checked against the bytes
-    left; a file that passed is not read again while its size and time stamp stay the same.
-    Why: transformers' GGUF readers end a cut file in a traceback naming no file."""
+def check_gguf_file(
+    path: str | os.PathLike, error: type[Exception] = ModelLoadError, architecture: bool = False
+) -> str | None:
+    """Refuse, in one `error` line naming `path`, a file that is not a whole GGUF model (either
+    byte order): no GGUF magic bytes, cut short (the header or the tensor data it describes runs
+    past the end), or a damaged header. Only the header is read, every count checked against the
+    bytes left; a file that passed is not read again while its size and time stamp stay the same.
+    Why: transformers' GGUF readers end a cut file in a traceback naming no file. `architecture`:
+    return `general.architecture` (transformers' model type; Gemma 3's `gemma3` loads as
+    `gemma3_text`) from the first 64 keys alone, None if they lack it, refusing a key or it over
+    64 KiB and an array of strings or arrays before it: a hostile file costs little time and
+    memory."""
     import mmap
 
     p = Path(path).expanduser()
     try:
         info = p.stat()
         size = info.st_size
-        key = (str(p.resolve()), size, info.st_mtime_ns)
+        key = (str(p.resolve()), size, info.st_mtime_ns, architecture)
         if key in _GGUF_CHECKED:
-            return
+            return _GGUF_CHECKED[key]
         if size < 4:
             raise error(f"{path}: {size} bytes, not a GGUF model file (empty or cut short)")
         with p.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -53,36 +61,24 @@ def check_gguf_file(path: str | os.PathLike, error: type[Exception] = ModelLoadE
                 raise error(
                     f"{path}: not a GGUF model file (it does not start with the bytes GGUF)"
                 )
-            try:
-                end = _gguf_data_end(data, error, path)
-            except _Cut as exc:
-                raise error(
-                    f"{path}: GGUF file cut short ({size:,} bytes; its header runs past the "
-                    "end): damaged or an interrupted download"
-                ) from exc
+            found = _gguf_header(data, error, path, architecture)
+    except _Cut as exc:
+        raise error(
+            f"{path}: GGUF file cut short ({size:,} bytes; its header runs past the "
+            "end): damaged or an interrupted download"
+        ) from exc
     except OSError as exc:
         raise error(f"{path}: cannot read it ({first_line(exc)})") from exc
-    if end > size:
-        raise error(
-            f"{path}: GGUF file truncated: its tensor data ends at byte {end:,} but the file "
-            f"has {size:,} bytes (damaged or an interrupted download)"
-        )
     if len(_GGUF_CHECKED) > 64:
         _GGUF_CHECKED.clear()
-    _GGUF_CHECKED[key] = None
+    _GGUF_CHECKED[key] = found
+    return found
 
 
-def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
-    """Where a GGUF file's tensor data ends, from its header in `data` (a buffer of the whole
-    file); `_Cut` when the header itself runs past the end, `error` when it is damaged."""
+def _gguf_header(data: Any, error: type[Exception], path: object, architecture: bool) -> str | None:
+    """`check_gguf_file`'s reading of the header in `data` (a buffer of the whole file); `_Cut`
+    when the header itself runs past the end, `error` when it is damaged."""
     import struct
-
-    try:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    except ImportError as exc:  # transformers needs it to read the file at all
-        raise error(
-            f"{path}: reading a GGUF file needs the gguf package (pip install gguf)"
-        ) from exc
 
     size = len(data)
     pos = 4
@@ -98,19 +94,26 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
         skip(1, width := struct.calcsize(order + fmt))
         return struct.unpack_from(order + fmt, data, pos - width)[0]
 
-    def skip_string() -> bytes:
-        skip(length := take("Q"), 1)
+    def text() -> bytes:  # a key, or the architecture
+        length = take("Q")
+        if architecture and length > _GGUF_TEXT:
+            raise error(f"{path}: a GGUF header string of {length:,} bytes (at most 64 KiB)")
+        skip(length, 1)
         return bytes(data[pos - length : pos])
 
-    def skip_value(kind: int, depth: int = 0) -> Any:
+    def skip_value(kind: int, depth: int = 0) -> int | None:
         if kind in _GGUF_SIZES:  # read as unsigned: only general.alignment's value is used
             return take({1: "B", 2: "H", 4: "I", 8: "Q"}[_GGUF_SIZES[kind]])
         if kind == _GGUF_STRING:
-            return skip_string()
+            return skip(take("Q"), 1)
         if kind == _GGUF_ARRAY and depth < 4:
             inner, count = take("I"), take("Q")
             if inner in _GGUF_SIZES:
                 return skip(count, _GGUF_SIZES[inner])
+            if architecture:
+                raise error(
+                    f"{path}: general.architecture is not among the GGUF header's first keys"
+                )
             if count > size - pos:  # each element takes at least a byte
                 raise _Cut
             for _ in range(count):
@@ -128,13 +131,24 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
     if tensors > size or fields > size:  # each takes more than a byte of header
         raise _Cut
     alignment = 32
-    for _ in range(fields):
-        name, value = skip_string(), skip_value(take("I"))
+    for _ in range(min(fields, _GGUF_KEYS) if architecture else fields):
+        name, kind = text(), take("I")
+        if architecture and name == b"general.architecture" and kind == _GGUF_STRING:
+            return text().decode("utf-8")
+        value = skip_value(kind)
         if name == b"general.alignment" and isinstance(value, int) and value > 0:
             alignment = value
+    if architecture:
+        return None
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError as exc:  # transformers needs it to read the file at all
+        raise error(
+            f"{path}: reading a GGUF file needs the gguf package (pip install gguf)"
+        ) from exc
     end = 0
     for _ in range(tensors):
-        skip_string()
+        skip(take("Q"), 1)  # the tensor's name
         if (dims := take("I")) > _GGUF_MAX_DIMS:
             raise error(f"{path}: damaged GGUF header ({dims} dimensions in a tensor)")
         shape = [take("Q") for _ in range(dims)]
@@ -144,7 +158,13 @@ def _gguf_data_end(data: Any, error: type[Exception], path: object) -> int:
         except (ValueError, KeyError) as exc:
             raise error(f"{path}: damaged GGUF header (tensor type {kind})") from exc
         end = max(end, offset + math.prod(shape) // block * block_bytes)
-    return -(-pos // alignment) * alignment + end  # the data starts aligned after the header
+    end += -(-pos // alignment) * alignment  # the data starts aligned after the header
+    if end > size:
+        raise error(
+            f"{path}: GGUF file truncated: its tensor data ends at byte {end:,} but the file "
+            f"has {size:,} bytes (damaged or an interrupted download)"
+        )
+    return None
 
 
 def check_weight_files(folder: str | os.PathLike, error: type[Exception] = ModelLoadError) -> None:

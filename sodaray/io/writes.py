@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from sodaray.io.files import kind_of
 from sodaray.io.paths import PathEscape
@@ -129,14 +129,13 @@ def what_is_at(base: str | os.PathLike, path: str | os.PathLike) -> str | None:
     return None
 
 
-def prepare_file(base: str | os.PathLike, path: str | os.PathLike) -> Path:
+def prepare_file(base: str | os.PathLike, path: str | os.PathLike) -> None:
     """`path` made ready for a library that opens it by name itself (Optuna's journal): its
     folders made and an empty regular file created unless one is there, by the rule."""
     with _folder(base, path, create=True) as (fd, name):
         _check_replaceable(fd, name, path)
         with contextlib.suppress(FileExistsError):
             os.close(os.open(name, _NEW, 0o666, dir_fd=fd))
-    return Path(path)
 
 
 def refusal(path: str | os.PathLike, kind: str, folder: bool = False) -> str:
@@ -148,30 +147,27 @@ def refusal(path: str | os.PathLike, kind: str, folder: bool = False) -> str:
     return f"{path} is {kind}; sodaray replaces only regular files"
 
 
-def _under_base(function: Callable[..., Any]) -> Callable[..., Any]:
-    def method(self: OutputFolder, *args: Any, **kwargs: Any) -> Any:
-        return function(self.base, *args, **kwargs)
-
-    method.__doc__ = f"`{function.__name__}` under this folder."
-    return method
-
-
 @dataclass(frozen=True)
 class OutputFolder:
-    """The folder the user gave (`base` above), bound once: each method is the module's
-    function of the same rule with this `base`, so a path is given relative to nothing but
-    built as `base / ...` (or any path that lies under it)."""
+    """The folder the user gave (`base` above), bound once: a path-like of `base`, whose
+    methods are the module's functions of the same rule with it as their `base`, so a path is
+    given relative to nothing but built as `base / ...` (or any path that lies under it)."""
 
     base: Path
 
-    write = _under_base(write_file)
-    make_folder = _under_base(make_folder)
-    remove = _under_base(remove_file)
-    move = _under_base(move_file)
-    touch = _under_base(touch_file)
-    what_is_at = _under_base(what_is_at)
-    prepare = _under_base(prepare_file)
-    check = _under_base(check_places)
+    def __fspath__(self) -> str:
+        return os.fspath(self.base)
+
+    __str__ = __fspath__  # messages name the folder, as they name a `base` given as a path
+
+    write = write_file
+    make_folder = make_folder
+    remove = remove_file
+    move = move_file
+    touch = touch_file
+    what_is_at = what_is_at
+    prepare = prepare_file
+    check = check_places
 
 
 # ---- the walk -----------------------------------------------------------------------------------

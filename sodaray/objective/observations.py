@@ -226,9 +226,7 @@ class LogitsObservation(Observation):
         """For raw logits: the few largest observed logits, with a looser tolerance; only
         candidates that pass it pay for the full-vocabulary comparison. The other spaces need
         the whole row anyway."""
-        if not (
-            model.split_forward and batch.probe_allowed is not None and objective.space == "raw"
-        ):
+        if not model.split_forward or batch.probe_allowed is None or objective.space != "raw":
             return None
         probe_pred = model.unembed(hidden, batch.probe_indices[rows]).float()
         off = (probe_pred - batch.probe_values[rows]).abs() <= batch.probe_allowed[rows]

@@ -39,34 +39,30 @@ class Group:
         return f"{named(self.model, self.setting)} / length {self.length}"
 
 
-def groups(
-    df: pd.DataFrame,
-    target: int,
-    *,
-    boot: int = bud.BOOTSTRAP,
-    seed: int = 0,
-    where: str = "the result rows",
-) -> list[Group]:
+def groups(df: pd.DataFrame, target: int, *, where: str) -> list[Group]:
     """`budget_rows` by model, configuration and input length (one step budget each: `max_steps`
-    is part of a configuration), each extrapolated to `target` steps. `where`: the result files
-    or folders, named in the error when a group's rows cannot be samples of its budget."""
-    out = []
-    for model, setting, length, sel in _grouped(df):
-        samples = _samples(sel, where)
-        # One fit per group, evaluated where the table and the figure need it.
-        steps = sorted(set(_targets(target)) | set(_curve_steps(samples.budget, target)))
-        fit = bud.extrapolate(samples, steps, boot=boot, seed=seed)
-        out.append(Group(str(model), setting, int(length), sel, fit))
-    return out
-
-
-def _grouped(df: pd.DataFrame):
-    """(model, setting, length, rows) of each budget group, in the tables' order."""
+    is part of a configuration), in the tables' order, each extrapolated to `target` steps.
+    Checked before any fit: a group's rows that cannot be samples of its budget (an error
+    naming `where`, the result files or folders), then `target` below the step budget the rows
+    ran (10 steps measured, `--extrapolate 1` would "extrapolate" where the share is known)."""
+    parts = []
     base = budget_rows(df)
     for model, rows in sorted(base.groupby("model_name"), key=lambda kv: str(kv[0])):
         for setting, part in by_setting(rows):
             for length, sel in sorted(part.groupby(part["length"].astype(int))):
-                yield model, setting, length, sel
+                parts.append((str(model), setting, int(length), sel, _samples(sel, where)))
+    budget = max((samples.budget for *_, samples in parts), default=target)
+    if target < budget:
+        raise ValueError(
+            f"--extrapolate {target:,}: below the measured step budget ({budget:,} steps); "
+            "give a larger number of steps (the budget table measures shares within it)"
+        )
+    out = []
+    for model, setting, length, sel, samples in parts:
+        # One fit per group, evaluated where the table and the figure need it.
+        steps = sorted(set(_targets(target)) | set(_curve_steps(samples.budget, target)))
+        out.append(Group(model, setting, length, sel, bud.extrapolate(samples, steps)))
+    return out
 
 
 def _samples(sel: pd.DataFrame, where: str) -> bud.Samples:
@@ -97,24 +93,6 @@ def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
     return base[base["length"].notna() & base["exact"].notna()]
 
 
-def check_above_budget(df: pd.DataFrame, target: int, where: str = "the result rows") -> None:
-    """`--extrapolate STEPS` reaches past what was measured: a target below the step budget
-    the rows ran (10 steps measured, `--extrapolate 1`) would "extrapolate" where the measured
-    share is known. A one-line error naming the budget; and one naming `where` (the result
-    files or folders) when a group's rows took more steps than their budget."""
-    base = budget_rows(df)
-    if base.empty:
-        return
-    for *_, sel in _grouped(df):  # checked before anything is written
-        _samples(sel, where)
-    budget = int(base["max_steps"].astype(int).max())
-    if target < budget:
-        raise ValueError(
-            f"--extrapolate {target:,}: below the measured step budget ({budget:,} steps); "
-            "give a larger number of steps (the budget table measures shares within it)"
-        )
-
-
 def _targets(target: int) -> list[int]:
     """The steps the table shows: the usual ones up to `target`, and `target` itself."""
     return sorted({t for t in bud.TARGETS if t < target} | {int(target)})
@@ -135,8 +113,6 @@ def budget_tables(found: list[Group], target: int) -> list[Table]:
     """`budget`: the measured share exact within each fraction of the budget (Wilson 95%), and
     `budget_extrapolated`: each fit's share at the budget and beyond, to `target` (bootstrap
     95%), with the fit's parameters."""
-    if not found:
-        return []
     fractions = ("1/8", "1/4", "1/2", "1")
     measured = Table(
         "budget",

@@ -36,8 +36,7 @@ def _clear_suptitle(fig) -> None:
     panels then give up the band down to the suptitle's lowest line."""
     from matplotlib.text import Text
 
-    get_suptitle = getattr(fig, "get_suptitle", None)  # matplotlib >= 3.8
-    text = get_suptitle() if get_suptitle else ""
+    text = fig.get_suptitle()
     found = [c for c in fig.get_children() if isinstance(c, Text) and c.get_text() == text]
     if not text or not found:
         return

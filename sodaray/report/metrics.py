@@ -94,26 +94,24 @@ def exact_rate(df: pd.DataFrame) -> Proportion:
     return proportion(int(known["exact"].astype(bool).sum()), len(known))
 
 
-def token_matches(true: Sequence[int], recovered: Sequence[int] | None) -> np.ndarray:
-    """Per true position: is the recovered token there the same? (a shorter recovery misses)"""
-    true = np.asarray(true)
-    rec = np.asarray([] if recovered is None else recovered)
-    out = np.zeros(len(true), dtype=bool)
-    m = min(len(true), len(rec))
-    out[:m] = true[:m] == rec[:m]
+def token_matches(df: pd.DataFrame) -> list[np.ndarray]:
+    """Per row whose true input is known, per true position: is the recovered token there the
+    same? (a shorter recovery misses)"""
+    rows = df[df["true_tokens"].notna()]
+    out = []
+    for true_tokens, recovered in zip(rows["true_tokens"], rows["tokens"], strict=True):
+        true = np.asarray(true_tokens)
+        rec = np.asarray([] if recovered is None else recovered)
+        hits = np.zeros(len(true), dtype=bool)
+        m = min(len(true), len(rec))
+        hits[:m] = true[:m] == rec[:m]
+        out.append(hits)
     return out
 
 
 def partial_scores(df: pd.DataFrame) -> np.ndarray:
     """Fraction of each sample's true tokens recovered at their positions."""
-    known = df[df["true_tokens"].notna()]
-    return np.array(
-        [
-            token_matches(t, r).mean() if len(t) else np.nan
-            for t, r in zip(known["true_tokens"], known["tokens"], strict=True)
-        ],
-        dtype=float,
-    )
+    return np.array([h.mean() if len(h) else np.nan for h in token_matches(df)], dtype=float)
 
 
 def partial(df: pd.DataFrame) -> Mean:
@@ -123,8 +121,7 @@ def partial(df: pd.DataFrame) -> Mean:
 def _pii_samples(df: pd.DataFrame):
     """(per-token hits, PII labels) of each sample whose true input and labels are known."""
     rows = df[df["true_tokens"].notna() & df["pii_labels"].notna()]
-    for t, r, labels in zip(rows["true_tokens"], rows["tokens"], rows["pii_labels"], strict=True):
-        yield token_matches(t, r), labels
+    return zip(token_matches(rows), rows["pii_labels"], strict=True)
 
 
 def pii_partial(df: pd.DataFrame) -> Mean:
@@ -201,8 +198,7 @@ def solved_by_step(
 
 def solved_by_position(df: pd.DataFrame) -> pd.Series:
     """Fraction of samples whose token at position i is recovered, per position."""
-    known = df[df["true_tokens"].notna()]
-    hits = [token_matches(t, r) for t, r in zip(known["true_tokens"], known["tokens"], strict=True)]
+    hits = token_matches(df)
     at = [[int(h[i]) for h in hits if len(h) > i] for i in range(max(map(len, hits), default=0))]
     return pd.Series({i + 1: sum(x) / len(x) for i, x in enumerate(at)}, name="recovered")
 
@@ -225,13 +221,11 @@ class SentenceEmbedder:
     """Mean-pooled, normalised sentence embeddings from a local `transformers` encoder (the
     paper used an API model; any sentence-transformers checkpoint folder works here)."""
 
-    def __init__(self, name_or_path: str, *, local_files_only: bool = True) -> None:
+    def __init__(self, name_or_path: str) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            name_or_path, local_files_only=local_files_only
-        )
-        self.model = AutoModel.from_pretrained(name_or_path, local_files_only=local_files_only)
+        self.tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(name_or_path, local_files_only=True)
         self.model.eval()
 
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:

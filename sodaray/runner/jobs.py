@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.data import DatasetIdentity, dataset_rows
 from sodaray.experiment.owner import describe_owner
 from sodaray.experiment.spec import places as job_places
 from sodaray.io.files import read_json, what_is
@@ -73,8 +73,9 @@ def plan_jobs(
     earlier = EarlierJobs(Path(root))
     try:
         for job in jobs:
-            table = dataset_table(job.model, job.dataset, root, out)
-            identity = dataset_identity(table)
+            rows, identity = dataset_rows(
+                job.model, job.dataset, root, out, job.samples_per_length, job.limit
+            )
             if job.dataset.path is not None:  # its rows decide the results, not its path
                 job = dataclasses.replace(job, dataset_hash=identity.hash or "")
             places = job_places(job.model, job.dataset)
@@ -83,18 +84,25 @@ def plan_jobs(
             if job.name in plans:
                 continue
             folder, meta = inside(root, job.name), meta_folder(root, job.name)
-            rows = select_rows(table, job.samples_per_length, job.limit)
             shards = (len(rows["sample_id"]) + job.shard_size - 1) // job.shard_size
             out.make_folder(folder)
             out.make_folder(meta)
             plan = JobPlan(job, folder, meta, rows, shards, [], identity=identity, out=out)
             plans[job.name] = plan
-            info: dict[str, Any] = dict(sweep=job.sweep, job=job.name, config_hash=job.config_hash)
-            info |= dict(samples=len(rows["sample_id"]), shards=shards, shard_size=job.shard_size)
-            info |= dict(sample_ids=id_ranges(rows["sample_id"]), dataset_hash=identity.hash)
-            info |= dict(config=job.config(), overrides=list(overrides or []))
-            # `places`: where the model and a build's source lie (`EarlierJobs`).
-            info |= dict(places=places, defaults=job.defaults and job.defaults.to_dict())
+            info = {
+                "sweep": job.sweep,
+                "job": job.name,
+                "config_hash": job.config_hash,
+                "samples": len(rows["sample_id"]),
+                "shards": shards,
+                "shard_size": job.shard_size,
+                "sample_ids": id_ranges(rows["sample_id"]),
+                "dataset_hash": identity.hash,
+                "config": job.config(),
+                "overrides": list(overrides or []),
+                "places": places,  # where the model and a build's source lie (`EarlierJobs`)
+                "defaults": job.defaults and job.defaults.to_dict(),
+            }
             owner = acquire_lock(meta, out) if lock else None
             if owner is not None:
                 who = describe_owner(owner)

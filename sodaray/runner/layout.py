@@ -120,11 +120,16 @@ def read_shard(
     return table, None
 
 
-def read_kept(
-    path: Path, sample_ids: list[int], config_hash: str, dataset_hash: str | None = None
+def pending_kept(
+    meta: Path, index: int, sample_ids: list[int], config_hash: str, dataset_hash: str | None
 ) -> tuple[pa.Table | None, str | None]:
-    """A pending shard's kept rows and None, or None and why they cannot be trusted: a shard
-    file's checks, at most one row for each of `sample_ids` (the shard's) and no other."""
+    """Shard `index`'s kept rows, as the next run takes them: (rows, None) when trusted,
+    (None, why) when there is a kept file it would set aside, (None, None) when there is none
+    (planning and `sweep status` both ask here). Trusted: a shard file's checks, at most one
+    row for each of `sample_ids` (the shard's) and no other."""
+    path = kept_path(meta, index)
+    if not path.exists() and not path.is_symlink():
+        return None, None
     kind = what_is(path)  # before Parquet opens it: a FIFO or a device is never read
     if kind != REGULAR:
         return None, f"{kind or 'nothing'}, not a file of kept rows"
@@ -145,18 +150,6 @@ def read_kept(
     if len(set(ids)) != len(ids) or not set(ids) <= set(sample_ids):
         return None, f"{len(ids)} rows not each of another of the shard's {len(sample_ids)} samples"
     return table, None
-
-
-def pending_kept(
-    meta: Path, index: int, sample_ids: list[int], config_hash: str, dataset_hash: str | None
-) -> tuple[pa.Table | None, str | None]:
-    """Shard `index`'s kept rows, as the next run takes them: (rows, None) when trusted,
-    (None, why) when there is a kept file it would set aside, (None, None) when there is none
-    (planning and `sweep status` both ask here)."""
-    path = kept_path(meta, index)
-    if not path.exists() and not path.is_symlink():
-        return None, None
-    return read_kept(path, sample_ids, config_hash, dataset_hash)
 
 
 def set_aside(path: Path, why: str, meta: Path, out: OutputFolder) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.costs.devices import H100, DeviceCosts
-from sodaray.costs.flops import ModelShape, lengths_tried, model_shape, shape_from_config
+from sodaray.costs.flops import ModelShape, lengths_tried, model_shape
 from sodaray.errors import first_line
 from sodaray.experiment.data import dataset_lengths
 from sodaray.experiment.estimate import Totals, Workload, calibrate, describe_tables, price, tables
@@ -69,10 +69,7 @@ def check_jobs_fit(jobs: list[Job], where: str | Path) -> None:
             counts = select_counts(dataset_lengths(job.dataset), job.samples_per_length, job.limit)
             longest = max((n for n, k in counts.items() if k), default=0)
             what = f"dataset {job.dataset.name} has inputs of length {longest}"
-        try:
-            check_fits(job.model, longest, job.objective.output_tokens)
-        except ValueError as exc:
-            raise SweepError(f"{where}: {what}: {first_line(exc)}") from exc
+        check_fits(job.model, longest, job.objective.output_tokens, SweepError, f"{where}: {what}")
     check_jobs_vocab(jobs, where)
 
 
@@ -126,9 +123,17 @@ def job_cost(
     counts = select_counts(lengths, job.samples_per_length, job.limit)
     known = _once(memo, ("shape", job.model.location), lambda: model_shape(job.model.location))
     replicas = max(1, min(job.model.replicas, math.ceil(sum(counts.values()) / job.shard_size)))
-    tried = lengths_tried(job.length, job.max_length)
-    how = (job.model, job.search, job.objective, counts, tried, job.max_length, replicas)
-    return Workload(job.name, *how, known or shape)
+    return Workload(
+        name=job.name,
+        model=job.model,
+        search=job.search,
+        objective=job.objective,
+        samples_by_length=counts,
+        lengths_per_sample=lengths_tried(job.length, job.max_length),
+        max_length=job.max_length,
+        replicas=replicas,
+        shape=known or shape,
+    )
 
 
 def _once(memo: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
@@ -159,22 +164,17 @@ def plan_sweep(
             ("identity", id(job.model)),
             lambda job=job: json.dumps(job.model.identity(), sort_keys=True, default=str),
         )
-        cost = job_cost(job, memo=memo)
-        table = tables(costs)[cost.kind]
-        wants_model = cost.shape is None or (rate is None and table is None)
-        if measure and wants_model and identity not in loaded:
-            try:  # once per model, however many jobs run it (a GGUF file loads for minutes)
-                loaded[identity] = job.model.load_here()
-            except Exception as exc:  # a model not loadable here: say why, go on
-                say(f"  no calibration for {job.model.label}: {first_line(exc)}")
-                loaded[identity] = None
-        model = loaded.get(identity)
-        if cost.shape is None and model is not None:
-            cost = cost.with_shape(shape_from_config(model.model.config))
 
-        def measured(job: Job = job, cost: Workload = cost, model: Any = model) -> float | None:
-            if model is None:  # not loaded here (`--no-calibrate`, or it could not be)
-                return None
+        def load(job: Job = job, identity: str = identity) -> Any:
+            if identity not in loaded:  # once per model (a GGUF file loads for minutes)
+                try:
+                    loaded[identity] = job.model.load_here()
+                except Exception as exc:  # a model not loadable here: say why, go on
+                    say(f"  no calibration for {job.model.label}: {first_line(exc)}")
+                    loaded[identity] = None
+            return loaded[identity]
+
+        def measured(cost: Workload, model: Any, job: Job = job) -> float | None:
             # Jobs that cost the same per sample-step share one calibration.
             obj, lengths = job.objective, sorted(cost.samples_by_length)
             shown = [obj.kind, obj.output_tokens, bool(obj.fluency_weight), cost.batch_size]
@@ -187,9 +187,11 @@ def plan_sweep(
                     say(f"  no calibration for {job.name}: {first_line(exc)}")
             return rates[key]
 
-        time = price(cost, costs, rate, measured)
+        cost = job_cost(job, memo=memo)
+        cost, time = price(cost, costs, rate, load if measure else None, measured)
         # A model's replicas start once for all its jobs: its first priced job carries it.
         startup = 0.0
+        table = tables(costs)[cost.kind]
         if time.time is not None and table is not None and identity not in started:
             started.add(identity)
             startup = table.startup_seconds

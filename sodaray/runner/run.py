@@ -23,13 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sodaray.costs.flops import most_sample_steps
+from sodaray.experiment import stops
 from sodaray.experiment.cluster import (
     Cluster,
     Placement,
     check_address,
     check_resources,
     cluster_address,
-    end_groups,
     ray_session,
 )
 from sodaray.experiment.group import ActorGroup, Failure, next_event
@@ -144,12 +144,7 @@ class SweepRun:
         return max(d.at for d in self.done) - min(d.at - d.seconds for d in self.done)
 
 
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C: finished shards are kept; `run` holds the counts so far."""
-
-    def __init__(self, run: SweepRun) -> None:
-        super().__init__("interrupted")
-        self.run = run
+SweepInterrupted = stops.Interrupted  # the name `sodaray.runner` exports
 
 
 def shard_unit(plan: JobPlan, index: int, keep_every: float | None = None) -> Unit:
@@ -159,12 +154,25 @@ def shard_unit(plan: JobPlan, index: int, keep_every: float | None = None) -> Un
     kept = plan.kept.get(index)
     done = set() if kept is None else set(kept["sample_id"].to_pylist())
     picked = [i for i in range(*shard_bounds(plan, index)) if plan.rows["sample_id"][i] not in done]
-    rows = {c: [v[i] for i in picked] for c, v in plan.rows.items()}
-    context = dict(dataset=job.dataset.name, sweep=job.sweep, job=job.name)
-    context |= dict(config_hash=job.config_hash, shard=index, model_name=job.model.label)
-    key, how = f"{job.name}/{index}", (job.search, job.objective, job.length, job.max_length)
-    context |= plan.identity.context()
-    return Unit(key, rows, *how, keep_every=keep_every, context=context)
+    context = plan.identity.context(job.dataset.name, job.sweep, job.name)
+    context |= {"config_hash": job.config_hash, "shard": index, "model_name": job.model.label}
+    return Unit(
+        key=f"{job.name}/{index}",
+        rows={c: [v[i] for i in picked] for c, v in plan.rows.items()},
+        search=job.search,
+        objective=job.objective,
+        length=job.length,
+        max_length=job.max_length,
+        keep_every=keep_every,
+        context=context,
+    )
+
+
+def _not_started(unit: Unit) -> UnitProgress:
+    """A unit's counts before its first step (and again when it is tried from its first step)."""
+    return UnitProgress(
+        key=unit.key, sample_steps=0, finished=0, found=0, most=unit.most_sample_steps
+    )
 
 
 def run_sweep(
@@ -207,26 +215,27 @@ def run_sweep(
         run.kept += kept
         samples = sum(hi - lo for lo, hi in map(partial(shard_bounds, p), p.pending)) - kept
         most = most_sample_steps(samples, p.job.search, p.job.length, p.job.max_length)
-        run.progress[p.job.name] = JobProgress(p.job.name, samples, most)
+        run.progress[p.job.name] = JobProgress(job=p.job.name, samples=samples, most=most)
     requests = [p.job.model.request() for p in pending]
     attach = cluster_address(cluster.address) is not None
     try:
         with contextlib.ExitStack() as stack:
-            placement = None
+            session = None
             if pending and attach:  # a cluster that refuses us: its one line, before the plan's
-                placement = stack.enter_context(ray_session(requests, cluster))
+                session = stack.enter_context(ray_session(requests, cluster))
             elif pending and not ray.is_initialized():
                 check_resources(requests)  # before Ray starts (it would wait forever) and bars
             if on_start is not None:
                 on_start(run, sum(p.samples for p in run.progress.values()))
             if pending:
-                if placement is None:
-                    placement = stack.enter_context(ray_session(requests, cluster))
-                shards = _Shards(pending, run, cluster, placement, keep_every)
+                if session is None:
+                    session = stack.enter_context(ray_session(requests, cluster))
+                placement, groups = session  # the groups made, ended however the run stops
+                shards = _Shards(pending, run, cluster, placement, groups, keep_every)
                 shards.drain(on_shard, on_progress, held, out_folder)
     except KeyboardInterrupt as exc:
         run.interrupted = True
-        raise SweepInterrupted(run) from exc
+        raise stops.Interrupted(run) from exc
     finally:
         run.seconds = time.perf_counter() - started
         for folder in held:
@@ -244,6 +253,7 @@ class _Shards:
         run: SweepRun,
         cluster: Cluster,
         placement: Placement,
+        groups: list[ActorGroup],  # the session's (`ray_session` ends them)
         keep_every: float | None,
     ) -> None:
         self.run = run
@@ -253,23 +263,18 @@ class _Shards:
         models: dict[str, list[JobPlan]] = {}
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
-        self.groups: list[ActorGroup] = []
+        self.groups = groups
         where = dict(max_attempts=cluster.max_attempts, placement=placement)
-        try:
-            for same in models.values():
-                spec = max((p.job.model for p in same), key=lambda m: m.replicas)
-                shards = [(p, i) for p in same for i in p.pending]
-                group = ActorGroup(spec, replicas=min(spec.replicas, len(shards)), **where)
-                self.groups.append(group)
-                for plan, index in shards:
-                    unit = shard_unit(plan, index, keep_every)
-                    self.shards[unit.key] = (plan, index)
-                    self.counts[unit.key] = UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps)
-                    group.submit(unit)
-        except BaseException:  # a model no node holds: the groups made so far give back theirs
-            for group in self.groups:
-                group.kill()
-            raise
+        for same in models.values():
+            spec = max((p.job.model for p in same), key=lambda m: m.replicas)
+            shards = [(p, i) for p in same for i in p.pending]
+            group = ActorGroup(spec, replicas=min(spec.replicas, len(shards)), **where)
+            self.groups.append(group)
+            for plan, index in shards:
+                unit = shard_unit(plan, index, keep_every)
+                self.shards[unit.key] = (plan, index)
+                self.counts[unit.key] = _not_started(unit)
+                group.submit(unit)
 
     def drain(
         self,
@@ -279,52 +284,55 @@ class _Shards:
         out: OutputFolder,
     ) -> None:
         """Until every shard is written or failed for good, keeping `held` locks (in the
-        output folder `out`) fresh; Ctrl-C or a run that cannot go on kills the replicas."""
-        try:
-            refreshed = time.monotonic()
-            while any(len(g) for g in self.groups):
-                event = next_event(self.groups, timeout=REFRESH_SECONDS)
-                if time.monotonic() - refreshed >= REFRESH_SECONDS:
-                    refresh_locks(held, out)  # our locks stay fresh for other hosts' drivers
-                    refreshed = time.monotonic()
-                if event is None:
-                    continue
-                group, unit, output = event
-                plan, index = self.shards[unit.key]
-                moved: set[str] = set()
-                if isinstance(output, Progress):
-                    self.run.count_steps(output, plan.job.model.label)
-                    for counts in output.units:
-                        moved |= self.move(counts)
-                elif isinstance(output, Kept):
-                    self.keep(plan, index, output)
-                elif isinstance(output, Finished):
-                    self.run.count_steps(output, plan.job.model.label)
-                    done = self.write(plan, index, output)
-                    if on_shard is not None:
-                        on_shard(done)
-                    table = output.table
-                    found = found_exact(table)[0]
-                    final = UnitProgress(unit.key, done.sample_steps, len(table), found, 0)
-                    moved = self.move(final, ended=True)
-                elif isinstance(output, Failure) and output.final:
-                    failed = ShardFailed(plan.job.name, index, output.attempts, output.error)
-                    self.run.failed.append(failed)
-                    text = json.dumps(failed.__dict__, indent=2) + "\n"
-                    plan.out.write(error_path(plan.meta, index), text)
-                    moved = self.move(self.counts[unit.key], ended=True)  # nothing more comes
-                elif isinstance(output, Failure):  # tried again, from its first step
-                    moved = self.move(UnitProgress(unit.key, 0, 0, 0, unit.most_sample_steps))
-                if on_progress is not None:
-                    for job in moved:
-                        on_progress(self.run.progress[job])
-                if not len(group):
-                    # Its model is done: free its replicas' CPUs and GPUs for the models
-                    # whose actors wait for room (more models than the machine runs at once).
-                    group.kill()
-        except BaseException:  # Ctrl-C, or a run that stops (`ReplicasLost`, `NotPlaced`)
-            end_groups(self.groups)  # bounded: Ray itself may be what was stopped
-            raise
+        output folder `out`) fresh (Ctrl-C, or a run that cannot go on: `ray_session` ends the
+        replicas)."""
+        refreshed = time.monotonic()
+        while any(len(g) for g in self.groups):
+            event = next_event(self.groups, timeout=REFRESH_SECONDS)
+            if time.monotonic() - refreshed >= REFRESH_SECONDS:
+                refresh_locks(held, out)  # our locks stay fresh for other hosts' drivers
+                refreshed = time.monotonic()
+            if event is None:
+                continue
+            group, unit, output = event
+            plan, index = self.shards[unit.key]
+            moved: set[str] = set()
+            if isinstance(output, Progress):
+                self.run.count_steps(output, plan.job.model.label)
+                for counts in output.units:
+                    moved |= self.move(counts)
+            elif isinstance(output, Kept):
+                self.keep(plan, index, output)
+            elif isinstance(output, Finished):
+                self.run.count_steps(output, plan.job.model.label)
+                done = self.write(plan, index, output)
+                if on_shard is not None:
+                    on_shard(done)
+                final = UnitProgress(
+                    key=unit.key,
+                    sample_steps=done.sample_steps,
+                    finished=len(output.table),
+                    found=found_exact(output.table)[0],
+                    most=0,
+                )
+                moved = self.move(final, ended=True)
+            elif isinstance(output, Failure) and output.final:
+                failed = ShardFailed(
+                    job=plan.job.name, shard=index, attempts=output.attempts, error=output.error
+                )
+                self.run.failed.append(failed)
+                text = json.dumps(failed.__dict__, indent=2) + "\n"
+                plan.out.write(error_path(plan.meta, index), text)
+                moved = self.move(self.counts[unit.key], ended=True)  # nothing more comes
+            elif isinstance(output, Failure):  # tried again, from its first step
+                moved = self.move(_not_started(unit))
+            if on_progress is not None:
+                for job in moved:
+                    on_progress(self.run.progress[job])
+            if not len(group):
+                # Its model is done: free its replicas' CPUs and GPUs for the models
+                # whose actors wait for room (more models than the machine runs at once).
+                group.kill()
 
     def move(self, new: UnitProgress, ended: bool = False) -> set[str]:
         """A shard's counts are now `new` (its job's name, if they changed anything). A shard
@@ -363,9 +371,20 @@ class _Shards:
         plan.out.remove(kept_path(plan.meta, index))
         self.kept.pop(output.key, None)
         plan.out.remove(error_path(plan.meta, index))
-        head = (plan.job.name, index, len(table), *found_exact(table), output.seconds, output.pid)
-        steps = int(pc.sum(output.table["steps"]).as_py() or 0)
-        occupancy = (output.slot_steps, output.capacity_steps, output.batch_steps)
-        done = ShardDone(*head, steps, *occupancy, time.perf_counter() - self.run.started)
+        found, exact = found_exact(table)
+        done = ShardDone(
+            job=plan.job.name,
+            shard=index,
+            samples=len(table),
+            found=found,
+            exact=exact,
+            seconds=output.seconds,
+            pid=output.pid,
+            sample_steps=int(pc.sum(output.table["steps"]).as_py() or 0),
+            slot_steps=output.slot_steps,
+            capacity_steps=output.capacity_steps,
+            batch_steps=output.batch_steps,
+            at=time.perf_counter() - self.run.started,
+        )
         self.run.done.append(done)
         return done

@@ -207,11 +207,22 @@ class Sweep:
                 made[k, id(m)] = config
             elif config.seed != seed:
                 config = dataclasses.replace(config, seed=seed)
-            # `max_length` is read by a length search alone: any other job hashes the default.
-            longest = self.max_length if length == "auto" else MAX_LENGTH
-            what = (entry.name, variant, config, objectives[i, id(m)], length, longest)
-            sizes = (self.samples_per_length, limit, self.shard_size)
-            job = Job(self.name, m, ds, *what, *sizes, defaults=family[id(m)])
+            job = Job(
+                sweep=self.name,
+                model=m,
+                dataset=ds,
+                algorithm=entry.name,
+                variant=variant,
+                search=config,
+                objective=objectives[i, id(m)],
+                length=length,
+                # Read by a length search alone: any other job hashes the default.
+                max_length=self.max_length if length == "auto" else MAX_LENGTH,
+                samples_per_length=self.samples_per_length,
+                limit=limit,
+                shard_size=self.shard_size,
+                defaults=family[id(m)],
+            )
             jobs.setdefault(job.name, job)
         return list(jobs.values())
 

@@ -118,8 +118,17 @@ def job_status(meta: Path) -> JobStatus:
         elif what_is(path) == REGULAR:  # a job file without sample ids: counted, not checked
             with contextlib.suppress(OSError, pa.ArrowException):
                 kept += min(pq.read_metadata(path).num_rows, size, samples - index * size)
-    counts = (shards, len(finished), failed, samples_done, found, exact, kept)
-    return JobStatus(info["sweep"], info["job"], *counts)
+    return JobStatus(
+        sweep=info["sweep"],
+        job=info["job"],
+        shards=shards,
+        done=len(finished),
+        failed=failed,
+        samples_done=samples_done,
+        found=found,
+        exact=exact,
+        kept=kept,
+    )
 
 
 def sweep_status(out: str | Path) -> list[JobStatus]:

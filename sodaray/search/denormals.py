@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,25 +26,21 @@ log = logging.getLogger(__name__)
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # One callback per mode, so no state is shared between Python threads (each has its own pool).
 _CALLBACKS = {on: _Callback(lambda _, on=on: torch.set_flush_denormal(on)) for on in (True, False)}
-_runtime: ctypes.CDLL | None | bool = False  # False: not looked up yet
 
 
+@functools.cache
 def _openmp_runtime() -> ctypes.CDLL | None:
     """The OpenMP runtime torch loaded, found in this process's memory map (Linux)."""
-    global _runtime
-    if _runtime is False:
-        _runtime = None
-        try:
-            for line in Path("/proc/self/maps").read_text().splitlines():
-                lib = line.split()[-1]
-                if Path(lib).name.startswith(("libgomp", "libiomp5")):
-                    runtime = ctypes.CDLL(lib)
-                    runtime.GOMP_parallel.restype = None
-                    _runtime = runtime
-                    break
-        except (OSError, AttributeError) as exc:
-            log.debug("no OpenMP runtime to set the denormal mode on: %s", exc)
-    return _runtime
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            lib = line.split()[-1]
+            if Path(lib).name.startswith(("libgomp", "libiomp5")):
+                runtime = ctypes.CDLL(lib)
+                runtime.GOMP_parallel.restype = None
+                return runtime
+    except (OSError, AttributeError) as exc:
+        log.debug("no OpenMP runtime to set the denormal mode on: %s", exc)
+    return None
 
 
 def _set_all_threads(on: bool) -> None:

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sodaray.objective.scoring import context_embeds, objective_loss
 from sodaray.search.adam import adam_step
 from sodaray.search.denormals import flush_denormals
 from sodaray.search.engine import base
@@ -67,8 +66,7 @@ def nearest_tokens(
             score = flat @ torch.nn.functional.normalize(rows, dim=-1).T
         else:  # argmin |x - e|^2 = argmax 2 x.e - |e|^2
             score = 2 * (flat @ rows.T) - rows.pow(2).sum(-1)
-        score = score.float()
-        value, index = score.max(-1)
+        value, index = score.float().max(-1)
         better = value > best_score
         best_score = torch.where(better, value, best_score)
         best_index = torch.where(better, index + start, best_index)
@@ -96,8 +94,7 @@ class EmbeddingBatch(base.UniformBatch):
         x = self.x.detach().requires_grad_(True)
         with torch.enable_grad(), flush_denormals(x.device):  # gradient pass only
             embeds = x.to(self.model.dtype)
-            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
-            loss = objective_loss(self.model, self.objective, hidden, self.layout, self.batch)
+            loss = self.loss(embeds, self.batch)
             (grad,) = torch.autograd.grad(loss.sum(), x)
         c = self.cfg
         age = self.slots["age"]

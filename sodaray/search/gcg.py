@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from sodaray.model.loaded import LoadedModel
-from sodaray.objective.scoring import Layout, context_embeds, objective_loss
 from sodaray.search.denormals import flush_denormals
 from sodaray.search.engine import base
 
@@ -116,11 +115,8 @@ class GcgBatch(base.UniformBatch):
         # hard check run without it.
         with torch.enable_grad(), flush_denormals(one_hot.device):
             embeds = self.model.relaxed_embeds(one_hot @ self.model.embedding_matrix)
-            hidden = self.model.hidden(context_embeds(self.model, embeds, self.batch))
             probs = one_hot.reshape(-1, one_hot.shape[-1]) if fluency else None
-            loss = objective_loss(
-                self.model, self.objective, hidden, self.layout, self.batch, probs
-            )
+            loss = self.loss(embeds, self.batch, probs)
             (grad,) = torch.autograd.grad(loss.sum(), one_hot)
         return grad
 
@@ -169,11 +165,7 @@ class GcgBatch(base.UniformBatch):
         return out.view(B, C)
 
     def _loss(self, tokens: Tensor, owner: Tensor) -> Tensor:
-        batch = self.batch.select(owner)
-        embeds = self.model.embed(tokens)
-        hidden = self.model.hidden(context_embeds(self.model, embeds, batch))
         probs = None
         if self.objective.fluency_weight > 0:
             probs = F.one_hot(tokens.reshape(-1), self.model.vocab_size).float()
-        layout = Layout.uniform(len(tokens), self.n, tokens.device)
-        return objective_loss(self.model, self.objective, hidden, layout, batch, probs).float()
+        return self.loss(self.model.embed(tokens), self.batch.select(owner), probs).float()

@@ -19,8 +19,8 @@ from typing import Any
 
 from sodaray.errors import first_line
 from sodaray.experiment import stops
-from sodaray.experiment.cluster import Cluster, check_address, end_groups, ray_session
-from sodaray.experiment.data import DatasetIdentity, dataset_identity, dataset_table, select_rows
+from sodaray.experiment.cluster import Cluster, check_address, ray_session
+from sodaray.experiment.data import DatasetIdentity, dataset_rows
 from sodaray.experiment.group import ActorGroup, Failure, next_event
 from sodaray.experiment.owner import describe_owner
 from sodaray.experiment.spec import TuningError
@@ -33,7 +33,7 @@ from sodaray.tuner import values
 from sodaray.tuner.owner import RunOwner, abandon_trials, ask_trial
 from sodaray.tuner.spec import OBJECTIVE_PREFIX, TuningSpec
 from sodaray.tuner.storage import open_storage, storage_url
-from sodaray.tuner.study import grid_left, open_study, write_preset
+from sodaray.tuner.study import best_trial, grid_left, open_study, write_preset
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,6 @@ class TuneRun:
 
     def __post_init__(self) -> None:
         self.output = OutputFolder(self.out.parent)
-
-
-class TuneInterrupted(KeyboardInterrupt):
-    """A stop signal (SIGINT, SIGTERM, SIGHUP): finished trials are told, running ones failed
-    and enqueued again (`TuneRun.abandoned`); `run` holds this run so far."""
-
-    def __init__(self, run: TuneRun) -> None:
-        super().__init__("interrupted")
-        self.run = run
 
 
 def run_tuning(
@@ -141,7 +132,7 @@ def run_tuning(
             with contextlib.suppress(Exception):
                 owner.end(study)
         if isinstance(exc, KeyboardInterrupt):
-            raise TuneInterrupted(run) from exc
+            raise stops.Interrupted(run) from exc
         raise
     owner.end(study)
     _save_outcome(spec, study, run)
@@ -169,11 +160,8 @@ def _open_study(
 
 def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun) -> None:
     """The study's best trial as a preset and its plots, in the study's folder."""
-    import optuna
-
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if complete:
-        best = max(complete, key=lambda t: t.value)
+    best = best_trial(study)
+    if best is not None:
         run.best_value, run.best_params = best.value, dict(best.params)
         run.preset_path = write_preset(spec, best, run.out / PRESET_FILE, run.output)
     label = values.METRIC_LABELS[spec.metric]
@@ -185,14 +173,11 @@ def _save_outcome(spec: TuningSpec, study: Any, run: TuneRun) -> None:
 @contextlib.contextmanager
 def study_replicas(spec: TuningSpec, workers: int, cluster: Cluster) -> Iterator[ActorGroup]:
     """`workers` replicas of the study's model on Ray (`cluster`), each taking a batch's worth
-    of trials (or arms) and the next one waiting; killed on the way out."""
-    with ray_session([spec.model.request()], cluster) as placement:
+    of trials (or arms) and the next one waiting; ended on the way out (`ray_session`)."""
+    with ray_session([spec.model.request()], cluster) as (placement, groups):
         sizes = dict(fill=1.0, min_units=1, replicas=workers, placement=placement)
-        group = ActorGroup(spec.model, max_attempts=cluster.max_attempts, **sizes)
-        try:
-            yield group
-        finally:
-            end_groups([group])  # bounded: Ray itself may be what was stopped
+        groups.append(ActorGroup(spec.model, max_attempts=cluster.max_attempts, **sizes))
+        yield groups[0]
 
 
 def study_folder(out: str | Path, spec: TuningSpec) -> Path:
@@ -218,8 +203,7 @@ def validation_rows(
     """The study's validation rows (built once per model into `folder`, OUT/<name>; `output`:
     OUT, default `folder`'s parent) and the data's identity. The data's hash is recorded in the
     study, and a study whose trials ran on other rows is refused: its values would not compare."""
-    table = dataset_table(spec.model, spec.data, folder, output)
-    identity = dataset_identity(table)
+    rows, identity = dataset_rows(spec.model, spec.data, folder, output)
     recorded = study.user_attrs.get("dataset_hash")
     if identity.hash and isinstance(recorded, str) and recorded != identity.hash:
         raise TuningError(
@@ -228,7 +212,7 @@ def validation_rows(
         )
     if identity.hash and "dataset_hash" not in study.user_attrs:
         study.set_user_attr("dataset_hash", identity.hash)
-    return select_rows(table, None, None), identity
+    return rows, identity
 
 
 def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
@@ -241,12 +225,8 @@ def check_rows_fit(spec: TuningSpec, rows: dict[str, list[Any]]) -> None:
     for param in spec.space:
         if param.name == f"{OBJECTIVE_PREFIX}output_tokens":
             outputs += [v for v in (param.high, *(param.choices or [])) if isinstance(v, int)]
-    try:
-        check_fits(spec.model, longest, max(outputs))
-    except ValueError as exc:
-        raise TuningError(
-            f"{spec.path}: data has inputs of length {longest}: {first_line(exc)}"
-        ) from exc
+    what = f"{spec.path}: data has inputs of length {longest}"
+    check_fits(spec.model, longest, max(outputs), TuningError, what)
 
 
 def study_unit(
@@ -262,9 +242,8 @@ def study_unit(
 ) -> Unit:
     """`rows` (of `data`, default the study's) to search at `params`, as the unit `job` of
     `sweep` (the context its result rows carry)."""
-    context = {"dataset": spec.data.name if data is None else data, "sweep": sweep, "job": job}
+    context = identity.context(spec.data.name if data is None else data, sweep, job)
     search, objective = spec.config(params), spec.objective_for(params)
-    context |= identity.context()
     return Unit(job, rows, search, objective, checkpoints=checkpoints, context=context)
 
 

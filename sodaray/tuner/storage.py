@@ -1,5 +1,6 @@
 """A study's storage: its URL, checked before anything runs, and opened through Optuna's public
-API (any RDB Optuna takes, or a journal file held to the rule for every file sodaray writes)."""
+API (any RDB Optuna takes, or a journal file held to the rule for every file sodaray writes).
+Light: no torch, no Optuna until a storage opens (`cli.tracking` shows URLs by `shown_url`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sodaray.errors import first_line
 from sodaray.experiment.waits import CHECK_SECONDS
 from sodaray.io.files import check_sqlite_url, parse_json, what_is
 from sodaray.io.paths import brief
 from sodaray.io.writes import LINK, OutputFolder, UnsafeWrite
-from sodaray.tuner.spec import TuningSpec
+
+if TYPE_CHECKING:
+    from sodaray.tuner.spec import TuningSpec
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,8 @@ def unreadable_storage(url: str) -> Iterator[None]:
 
 
 def shown_url(url: str) -> str:
-    """An RDB URL as it may be printed: its password hidden (a journal path: as given)."""
+    """An RDB URL as it may be printed or logged (to MLflow too): its password hidden (a
+    journal path: as given)."""
     if "://" not in url:
         return url
     try:

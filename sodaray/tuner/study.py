@@ -55,15 +55,25 @@ def _identity(spec: TuningSpec) -> dict[str, Any]:
     """What `spec_hash` hashes. A preset file counts by what it holds, not where it is; the
     model family's defaults only where they change a trial. Optional entries are named only
     when they apply, so that studies they do not concern keep their hashes."""
-    preset = {"preset": [spec.model.preset, preset_content(spec.model.preset_location)]}
-    effect = spec.defaults_effect()
-    out: dict[str, Any] = preset if spec.model.preset or spec.model.preset_file else {}
-    out |= {"defaults": effect} if effect else {}
-    out |= {"confirm": "both"} if spec.confirms_raw() else {}
-    out |= dict(model=spec.model.identity(), data=spec.data.identity(), algorithm=spec.algorithm)
-    out |= dict(objective=spec.objective, fixed=spec.fixed, steps=spec.max_steps)
-    out |= dict(space=[dataclasses.asdict(p) for p in spec.space], metric=spec.metric)
-    return out | dict(checkpoints=spec.checkpoints, seed=spec.seed)
+    preset = [spec.model.preset, preset_content(spec.model.preset_location)]
+    optional = {
+        "preset": preset if spec.model.preset or spec.model.preset_file else None,
+        "defaults": spec.defaults_effect() or None,
+        "confirm": "both" if spec.confirms_raw() else None,
+    }
+    return {
+        **{name: value for name, value in optional.items() if value is not None},
+        "model": spec.model.identity(),
+        "data": spec.data.identity(),
+        "algorithm": spec.algorithm,
+        "objective": spec.objective,
+        "fixed": spec.fixed,
+        "steps": spec.max_steps,
+        "space": [dataclasses.asdict(p) for p in spec.space],
+        "metric": spec.metric,
+        "checkpoints": spec.checkpoints,
+        "seed": spec.seed,
+    }
 
 
 def preset_content(path: str | None) -> dict[str, Any] | None:
@@ -84,10 +94,16 @@ def claim_study(study: Any, spec: TuningSpec, url: str, study_name: str) -> None
     if recorded is not None and PLACES_HASH_ATTR not in study.user_attrs and recorded == key:
         study.set_user_attr(PLACES_HASH_ATTR, where)
     if recorded is None:  # what the study is, for optuna-dashboard and `optuna studies`
-        fixed = json.loads(json.dumps(spec.fixed, default=str))  # JSON-safe everywhere
-        attrs = {SPEC_HASH_ATTR: key, PLACES_HASH_ATTR: where, "model": spec.model.id}
-        attrs |= dict(dataset=spec.data.name, algorithm=spec.algorithm, max_steps=spec.max_steps)
-        for name, value in (attrs | {"fixed": fixed}).items():
+        attrs = {
+            SPEC_HASH_ATTR: key,
+            PLACES_HASH_ATTR: where,
+            "model": spec.model.id,
+            "dataset": spec.data.name,
+            "algorithm": spec.algorithm,
+            "max_steps": spec.max_steps,
+            "fixed": json.loads(json.dumps(spec.fixed, default=str)),  # JSON-safe everywhere
+        }
+        for name, value in attrs.items():
             study.set_user_attr(name, value)
     elif recorded != key and study.user_attrs.get(PLACES_HASH_ATTR) != where:
         raise ValueError(
@@ -193,6 +209,14 @@ def make_pruner(spec: TuningSpec):
     if spec.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(first, spec.max_steps, reduction_factor=2)
     return optuna.pruners.NopPruner()
+
+
+def best_trial(study: Any) -> Any | None:
+    """The study's completed trial of the highest value (the first of equals); None: none."""
+    import optuna
+
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return max(complete, key=lambda t: t.value, default=None)
 
 
 def write_preset(spec: TuningSpec, best, path: Path, out: OutputFolder | None = None) -> Path:

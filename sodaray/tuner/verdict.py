@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.experiment.cluster import Cluster, check_address
-from sodaray.experiment.data import dataset_identity, dataset_table, select_rows
+from sodaray.experiment.data import dataset_rows
 from sodaray.experiment.group import Failure, next_event
 from sodaray.experiment.spec import TuningError
 from sodaray.experiment.work import Finished
@@ -25,6 +25,7 @@ from sodaray.results import write_table_atomic
 from sodaray.tuner.run import study_folder, study_replicas, study_unit
 from sodaray.tuner.spec import TuningSpec
 from sodaray.tuner.storage import open_storage, storage_url
+from sodaray.tuner.study import best_trial
 
 SIGNIFICANCE = 0.05  # McNemar's p below which the arms are said to differ
 VERDICT_FOLDER = "verdict"  # OUT/<name>/verdict/<arm>.parquet: each arm's result rows
@@ -150,13 +151,10 @@ def evaluate(
         study = optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError as exc:
         raise TuningError(f"{spec.path}: no study {name!r} in {url}") from exc
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    if not complete:
+    best = best_trial(study)
+    if best is None:
         raise TuningError(f"{spec.path}: study {name!r} has no completed trial to evaluate")
-    best = max(complete, key=lambda t: t.value)
-    table = dataset_table(spec.model, data, folder, out_folder)
-    identity = dataset_identity(table)
-    rows = select_rows(table, None, None)
+    rows, identity = dataset_rows(spec.model, data, folder, out_folder)
     arms = [Arm("tuned", dict(best.params)), Arm("default", {})]
     sweep, tables = f"verdict:{spec.name}", {}
     units = [
@@ -182,7 +180,16 @@ def evaluate(
     tuned, default = arms[0].exact, arms[1].exact
     pairs = ((tuned, default), (default, tuned))
     only = tuple(sum(a[i] and not b.get(i, False) for i in a) for a, b in pairs)
-    test = (f"{data.name}, seed {data.build['seed']}", len(rows["sample_id"]), spec.max_steps)
-    objective = dataclasses.asdict(spec.objective_for({}))
-    best_of = (name, best.number, float(best.value), spec.metric)
-    return Verdict(*best_of, *test, objective, arms, only, mcnemar_p(*only))
+    return Verdict(
+        study=name,
+        trial=best.number,
+        value=float(best.value),
+        metric=spec.metric,
+        data=f"{data.name}, seed {data.build['seed']}",
+        samples=len(rows["sample_id"]),
+        max_steps=spec.max_steps,
+        objective=dataclasses.asdict(spec.objective_for({})),
+        arms=arms,
+        only=only,
+        p_value=mcnemar_p(*only),
+    )

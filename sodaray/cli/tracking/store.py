@@ -19,6 +19,7 @@ from sodaray.errors import first_line
 from sodaray.experiment.waits import within
 from sodaray.io.files import check_sqlite_url
 from sodaray.io.paths import component, inside
+from sodaray.tuner.storage import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def check_tracking(uri: str, experiment: str | None = None) -> None:
     check_sqlite_url(uri, "--mlflow")
     for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." etc.
         logging.getLogger(name).setLevel(logging.WARNING)
-    shown = hidden_password(uri)
+    shown = shown_url(uri)
     for name, value in RUN_HTTP.items():  # for the run's calls, after this check
         os.environ.setdefault(name, value)
     checking = {k: v for k, v in CHECK_HTTP.items() if k not in _USER_SET}
@@ -106,7 +107,8 @@ def open_experiment(uri: str, name: str) -> tuple[Any, str]:
     if found is not None:
         return client, found.experiment_id
     location = None
-    if urlparse(uri).scheme == "sqlite" and urlparse(uri).path not in ("", "/:memory:"):
+    url = urlparse(uri)
+    if url.scheme == "sqlite" and url.path not in ("", "/:memory:"):
         db = Path(uri.removeprefix("sqlite:///"))
         location = inside(db.absolute().parent / "mlartifacts", name).as_uri()
     return client, client.create_experiment(name, artifact_location=location)
@@ -176,13 +178,12 @@ def set_tags(client: Any, run_id: str, tags: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=[RunTag(k, str(v)[:TAG_CHARS]) for k, v in tags.items()])
 
 
-def log_files(client: Any, run_id: str, texts: dict[str, Any], settings: str | Path) -> None:
-    """Each of `texts` as a JSON artifact named by its key, and the settings file the run was
-    made from (when it is still there) under `settings/`."""
+def log_files(client: Any, run_id: str, name: str, value: Any, settings: str | Path) -> None:
+    """`value` as a JSON artifact named `name`, and the settings file the run was made from
+    (when it is still there) under `settings/`."""
     with tempfile.TemporaryDirectory() as tmp:
-        for name, value in texts.items():
-            Path(tmp, name).write_text(json.dumps(value, default=str, indent=1))
-            client.log_artifact(run_id, str(Path(tmp, name)))
+        Path(tmp, name).write_text(json.dumps(value, default=str, indent=1))
+        client.log_artifact(run_id, str(Path(tmp, name)))
         if Path(settings).is_file():
             copy = Path(tmp, Path(settings).name)
             shutil.copy(settings, copy)
@@ -224,15 +225,3 @@ def rows_metrics(rows: Any, budget: int, step: int, samples: int | None = None) 
     for s, found, exact in rate_curves(rows, budget, samples):
         metrics += [("found_by_step", found, s), ("exact_by_step", exact, s)]
     return [*metrics, ("final_loss_mean", float(rows["final_loss"].mean()), step)]
-
-
-def hidden_password(url: str) -> str:
-    """A database URL as shown in MLflow: never its password."""
-    if "://" not in url:
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy parses: show its scheme only
-        return url.split("://", 1)[0] + "://..."

@@ -74,20 +74,25 @@ class StudyTracker:
         if not new:  # a resumed study: running again while this run adds its trials
             client.update_run(parent, "RUNNING")
         spec = self.spec  # the study's settings: what every trial shares, its space, and how
-        fields = "max_steps sampler pruner checkpoints seed trials start_from".split()
         settings = self._params(
             file=str(spec.path),
             model={**spec.model.identity(), "preset": spec.model.preset},
             preset_file=spec.model.preset_file,
             objective=dataclasses.asdict(spec.objective_for({})),
             space={p.name: _space(p) for p in spec.space},
-            **{name: getattr(spec, name) for name in fields},
+            max_steps=spec.max_steps,
+            sampler=spec.sampler,
+            pruner=spec.pruner,
+            checkpoints=spec.checkpoints,
+            seed=spec.seed,
+            trials=spec.trials,
+            start_from=spec.start_from,
         )
         store.log_params(client, parent, settings)
         note = self.spec.description or f"study {self.study_name} from {self.spec.path}"
         run_tags = {
             store.NOTE_TAG: note,
-            "sodaray.storage": store.hidden_password(self.storage),
+            "sodaray.storage": store.shown_url(self.storage),
             "sodaray.folder": self.folder.absolute(),
             "sodaray.overrides": json.dumps(self.overrides),
         }
@@ -168,8 +173,8 @@ class StudyTracker:
         store.log_metrics(client, parent, metrics)
         if board.get("top"):
             store.set_tags(client, parent, {"sodaray.best_trial": board["top"][0]["trial"]})
-        shown = {**board, "storage": store.hidden_password(str(board.get("storage", "")))}
-        store.log_files(client, parent, {"leaderboard.json": shown}, self.spec.path)
+        shown = {**board, "storage": store.shown_url(str(board.get("storage", "")))}
+        store.log_files(client, parent, "leaderboard.json", shown, self.spec.path)
         if run.preset_path is not None and Path(run.preset_path).is_file():
             client.log_artifact(parent, str(run.preset_path))
         for plot in run.plots:

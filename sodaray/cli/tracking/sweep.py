@@ -35,14 +35,19 @@ def sweep_params(sweep: Any, options: dict[str, Any]) -> dict[str, str]:
         }
         for entry in sweep.algorithms
     }
-    fields = "objectives max_steps seeds samples_per_length shard_size length max_length"
     settings = {
         "sweep": sweep.name,
         "file": str(sweep.path),
         "models": [m.id for m in sweep.models],
         "datasets": [d.name for d in sweep.datasets],
         "algorithms": algorithms,
-        **{name: getattr(sweep, name) for name in fields.split()},
+        "objectives": sweep.objectives,
+        "max_steps": sweep.max_steps,
+        "seeds": sweep.seeds,
+        "samples_per_length": sweep.samples_per_length,
+        "shard_size": sweep.shard_size,
+        "length": sweep.length,
+        "max_length": sweep.max_length,
         "assumed_lengths": sweep.assumed_lengths,
         "overrides": sweep.overrides,
         **{f"command.{k}": v for k, v in options.items() if v is not None},
@@ -123,7 +128,7 @@ def log_sweep(
     totals = store.with_rates(total, done)
     store.log_metrics(client, parent, [(k, v, int(done)) for k, v in totals.items()])
     by_job = [dataclasses.asdict(s) for s in jobs]
-    store.log_files(client, parent, {"status.json": by_job}, sweep.path)
+    store.log_files(client, parent, "status.json", by_job, sweep.path)
     with tempfile.TemporaryDirectory() as tmp:  # its tables and figures
         try:
             from sodaray.report import build_report

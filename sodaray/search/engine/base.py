@@ -14,7 +14,7 @@ from torch import Tensor
 
 from sodaray.model.loaded import LoadedModel
 from sodaray.objective.observations import SCREEN_SLACK, BatchTargets, screen_slack
-from sodaray.objective.scoring import Layout, check_candidates
+from sodaray.objective.scoring import Layout, check_candidates, context_embeds, objective_loss
 from sodaray.objective.targets import TargetSet
 from sodaray.search.engine.slots import Buffers
 
@@ -263,9 +263,12 @@ class UniformBatch(BatchSearch):
             *(s[name] if name in s else None for name in BatchTargets.FIELDS)  # type: ignore[arg-type]
         )
 
-    @property
-    def layout(self) -> Layout:
-        return Layout.uniform(len(self.slots), self.n, self.model.device)
+    def loss(self, embeds: Tensor, batch: BatchTargets, probs: Tensor | None = None) -> Tensor:
+        """Each input's loss (k,) from its embedded tokens `embeds` (k, n, d) against `batch`,
+        their observed rows (`probs`: the fluency penalty's one-hots, (k * n, V))."""
+        hidden = self.model.hidden(context_embeds(self.model, embeds, batch))
+        layout = Layout.uniform(len(embeds), self.n, embeds.device)
+        return objective_loss(self.model, self.objective, hidden, layout, batch, probs)
 
     @torch.no_grad()
     def check(self, tokens: Tensor) -> Tensor:

@@ -129,7 +129,7 @@ class Engine:
         }
         for pool in self.pools.values():
             # A slot's `steps` count its current length only: earlier ones are in `partial`.
-            for work, steps in zip(pool.works, pool.slot["settled"].tolist(), strict=True):
+            for work, steps in zip(pool.slot["work"], pool.slot["settled"].tolist(), strict=True):
                 taken[work] = taken.get(work, 0) + steps
         return taken
 
@@ -296,10 +296,11 @@ class Engine:
         pending = [w for w in pending if not w.cancelled]
         if not pending:
             return
-        least: dict[int, int] = {}
+        least: dict[int, int] = {}  # each work's least steps over its running targets
         for pool in self.pools.values():
-            for key, steps in pool.progress().items():
-                least[key] = min(least.get(key, steps), steps)
+            total = pool.slot["base"] + pool.slot["settled"]  # earlier lengths included
+            for work, steps in zip(pool.slot["work"], total.tolist(), strict=True):
+                least[id(work)] = min(least.get(id(work), steps), steps)
         for work in pending:
             if self.works[work].queued:
                 continue  # a target not started yet has taken no steps

@@ -66,11 +66,6 @@ class Pool:
     def __len__(self) -> int:
         return len(self.slot)
 
-    @property
-    def works(self) -> np.ndarray:
-        """Each slot's work, in slot order."""
-        return self.slot["work"]
-
     def head(self) -> int | None:
         """The arrival number of the next target to enter (None: nothing waits)."""
         while self.queue and self.queue[0][1].cancelled:
@@ -181,14 +176,6 @@ class Pool:
         for work in gone:
             self.engine.works[work].active -= 1
             self.engine.settle(work)
-
-    def progress(self) -> dict[int, int]:
-        """Each work's least steps over its running targets (earlier lengths included)."""
-        out: dict[int, int] = {}
-        total = self.slot["base"] + self.slot["settled"]
-        for work, steps in zip(self.slot["work"], total, strict=True):
-            out[id(work)] = min(out.get(id(work), int(steps)), int(steps))
-        return out
 
 
 def _losses(out: Any, slots: np.ndarray) -> np.ndarray:

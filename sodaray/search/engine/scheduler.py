@@ -4,7 +4,6 @@ plans out.
 Pure (no torch, no Ray): what waits, what runs and what the device costs go in; which searches
 enter, how many slots a batch holds and its transformer passes (slots and shapes) come out, under
 a named policy, so every decision is a function a test can call (`tests/test_scheduler.py`).
-Picking the replica that takes the next unit is `pick_replica`.
 
 Policies (`POLICIES`):
 - "exact": each pass at its own shape. A pass pads its sequences to its longest and costs a
@@ -16,9 +15,8 @@ Policies (`POLICIES`):
   the width-invariant attention), results are bit for bit those of "exact".
 A run's policy follows from its executor and device (`executor.policy_for`).
 
-`CAPTURE_SHAPES` is the one table of the bucketed shapes a captured step runs at;
-`static_batch`, `static_rows`, `static_width` and `static_screen` answer from it, for the
-scheduler, the step (`soda.step.bucket`) and the screen alike.
+`CAPTURE_SHAPES` is the one table of the bucketed shapes a captured step (and screen) runs at:
+`static_batch`, `static_rows`, `static_width` and `static_screen` answer from it.
 """
 
 from __future__ import annotations

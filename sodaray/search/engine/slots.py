@@ -141,15 +141,12 @@ class Buffers:
         if len(added) != 1 or (self._buffers and set(values) != set(self._buffers)):
             raise ValueError("append: every buffer takes the same number of rows")
         (k,) = added
+        if not self._buffers:  # empty, then grown below
+            self._buffers = {name: rows[:0] for name, rows in values.items()}
+        if self.capacity < self.count + k + self.guard:
+            self.reserve(max(2 * self.count, self.count + k, 8) + self.guard)
         for name, rows in values.items():
-            buf = self._buffers.get(name)
-            if buf is None or buf.shape[0] < self.count + k + self.guard:
-                size = max(2 * self.count, self.count + k, 8) + self.guard
-                grown = rows.new_zeros((size, *rows.shape[1:]))
-                if buf is not None:
-                    grown[: self.count] = buf[: self.count]
-                self._buffers[name] = buf = grown
-            buf[self.count : self.count + k] = rows
+            self._buffers[name][self.count : self.count + k] = rows
         self.count += k
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:

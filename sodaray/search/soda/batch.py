@@ -61,40 +61,10 @@ class _Launch:
     event: torch.cuda.Event | None = None
     screened: Screened | None = None
 
-    def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
-            self.event = None
-
-    def passed(self) -> np.ndarray:
-        """Which of its slots passed the screen, (slots,) bool (those whose tokens did not
-        change were screened at an earlier step: False here)."""
-        passed = np.zeros(len(self.ids), dtype=bool)
-        if self.screened is not None:
-            passed[self.screened.slots] = self.screened.verdicts()
-        return passed
-
     def tokens_of(self, slot: int) -> np.ndarray:
         """Slot `slot`'s tokens, in input order."""
         rows = np.flatnonzero(self.row_slot == slot)
         return self.tokens[rows[np.argsort(self.row_offset[rows], kind="stable")]]
-
-
-class _HostStatus:
-    """Where statuses land on the host: three sets (the step just launched, the last one, whose
-    tokens are being screened, and the one before, whose outcome is read), pinned on CUDA so
-    that the copy out is asynchronous; numpy views made once per size (a set doubles to grow)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.pin, self.turn = device.type == "cuda", 0
-        self.sets: list[dict] = [{}, {}, {}]
-
-    def take(self, rows: int, slots: int) -> tuple[tuple[Tensor, ...], tuple[np.ndarray, ...]]:
-        self.turn = (self.turn + 1) % len(self.sets)
-        mine = self.sets[self.turn]
-        tokens = host_buffer(mine, rows, torch.long, self.pin, name="tokens")
-        loss = host_buffer(mine, slots, torch.float32, self.pin, name="loss")
-        return (tokens[0], loss[0]), (tokens[1], loss[1])
 
 
 class SodaBatch(base.BatchSearch):
@@ -132,7 +102,10 @@ class SodaBatch(base.BatchSearch):
         self.fused_ws = FusedWorkspace()
         self.inputs: StepInputs | None = None
         self._shapes: dict[tuple[int, ...], StepInputs] = {}  # captured shapes' inputs
-        self._status = _HostStatus(model.device)
+        # Where statuses land on the host: three sets (the step just launched, the last one,
+        # whose tokens are being screened, and the one before, whose outcome is read), pinned on
+        # CUDA so that the copy out is asynchronous (`host_buffer`: a set doubles to grow).
+        self._status: list[dict] = [{}, {}, {}]
         self.screener = Screener(self.state, self.executor.name)
         self._pending: _Launch | None = None  # the last step's status, not yet read
         self._screening: _Launch | None = None  # the one before: its tokens' screen launched
@@ -199,8 +172,7 @@ class SodaBatch(base.BatchSearch):
         if end > start > 0:
             for table in ("h32", "h64", "hi"):
                 state.rows.view(table, end)[start:end] = state.rows.view(table, 1)
-            if "fs" in state.rows:  # their tau changed: a fused step's carried softmax is stale
-                state.rows.view("fs", end)[start:end, 2] = 0.0
+            invalidate(state, slice(start, end))  # their tau changed: a carried softmax is stale
         self.inputs, state.dirty = x, False
         return x
 
@@ -213,6 +185,7 @@ class SodaBatch(base.BatchSearch):
         x = self.refresh()
         self.screener.written()  # what the screens launched next wait for on a side stream
         dev = self.model.device
+        resetting = bool(self.state.due("reset", steps_after).any())
         key = None
         if x.capture:
             # The workspace at this shape's size before the step: a capture must not grow it.
@@ -222,7 +195,7 @@ class SodaBatch(base.BatchSearch):
                 self.fused_ws.fit(x.rows, embedding)
             else:
                 self.workspace.fit(z, workspace_pad(z, embedding))
-            key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial)
+            key = (self.owner, x.rows, x.slots, x.passes[0].width, x.flags, x.serial, resetting)
         if self.executor.captures(dev):
             # Reallocated: what was captured reads old memory (a screen the observed rows only).
             state = self.state
@@ -234,9 +207,6 @@ class SodaBatch(base.BatchSearch):
             if state.slots.addresses() != self._screen_addresses:
                 self.screener.executor.forget(self.owner)
                 self._screen_addresses = state.slots.addresses()
-        resetting = bool(self.state.due("reset", steps_after).any())
-        if key is not None:
-            key = (*key, resetting)
         fused = self.fused and not x.flags[4]  # the fluency penalty is the eager step's alone
 
         def run() -> Status:
@@ -263,22 +233,27 @@ class SodaBatch(base.BatchSearch):
         CUDA); a CPU's loss stays the step's own tensor, read only where a search ends."""
         s = self.state
         rows, slots = len(s.row_slot), len(s)
-        held, views = self._status.take(rows, slots)
-        held[0][:rows].copy_(status.tokens[:rows], non_blocking=True)
+        mine = self._status.pop(0)  # the set read longest ago
+        self._status.append(mine)
+        pin = self.model.device.type == "cuda"
+        tokens, token_view = host_buffer(mine, rows, torch.long, pin, name="tokens")
+        tokens[:rows].copy_(status.tokens[:rows], non_blocking=True)
         loss: np.ndarray | Tensor = status.loss[:slots]
         event = None
-        if self.model.device.type == "cuda":
-            held[1][:slots].copy_(loss, non_blocking=True)
-            loss = views[1][:slots]
+        if pin:
+            held, loss_view = host_buffer(mine, slots, torch.float32, pin, name="loss")
+            held[:slots].copy_(loss, non_blocking=True)
+            loss = loss_view[:slots]
             event = torch.cuda.Event()
             event.record()
         # The arrays themselves: a composition change makes new ones (`SodaState.remove`).
-        return _Launch(s.host["id"], s.row_slot, s.row_offset, views[0][:rows], loss, event)
+        return _Launch(s.host["id"], s.row_slot, s.row_offset, token_view[:rows], loss, event)
 
     def _screen(self, launch: _Launch, before: _Launch | None) -> None:
         """Launch the screen of `launch`'s slots still in the batch whose tokens changed since
         `before` (the step before it)."""
-        launch.wait()
+        if launch.event is not None:
+            launch.event.synchronize()
         then = None
         if before is not None:
             then = (before.ids, before.row_slot, before.row_offset, before.tokens)
@@ -304,7 +279,11 @@ class SodaBatch(base.BatchSearch):
             at, present = locate(self.state.host["id"], launch.ids)
             settled = present
             self._index = np.where(settled, at, 0)
-            screened = np.flatnonzero(settled & launch.passed()[self._index])
+            # Slots whose tokens did not change were screened at an earlier step: not passed here.
+            passed = np.zeros(len(launch.ids), dtype=bool)
+            if launch.screened is not None:
+                passed[launch.screened.slots] = launch.screened.verdicts()
+            screened = np.flatnonzero(settled & passed[self._index])
             if len(screened):
                 found[screened] = self._confirm(launch, screened)
             if isinstance(launch.loss, Tensor):  # a CPU step's own: a view, no copy

@@ -2,15 +2,12 @@
 each launch reads and writes (`VocabTraffic`, what `benchmarks/vocab_passes.py` counts: aten
 never sees these kernels). The eager formulas they stand for are in tests/test_fused_kernels.py.
 
-- `softmax_forward`: Q = exp(Z / tau - c) per row, unnormalised, at the dtype of `out`, with
-  each row's (shift c, sum s of Q, freshness flag, max of Z / tau) in `stats`; only rows whose
-  flag is not 1 are computed: the others hold what the last `update` left for this Z and tau.
-- `update`: the softmax backward (P recomputed from Z and the row's statistics; <dP, P> given
-  per row), Adam (`adam_step`'s arithmetic), the decay, the moment resets, the argmax of the
-  new Z, and the next step's Q and statistics at its temperature (shifted by the old max; a
-  row whose max moved by more than `DRIFT` is marked stale): one pass over Z, m, v and dP.
-- `logits_loss`: the observed-logits objective (Huber or squared error, the mean over a
-  slot's entries) and its gradient in one pass over the predicted and observed rows.
+- `softmax_forward`: Q = exp(Z / tau - c) per row, unnormalised, for the rows whose statistics
+  are stale only: the others hold what the last `update` left for this Z and tau.
+- `update`: the softmax backward (P recomputed from Z and the row's statistics), Adam, decay,
+  resets, argmax, and the next step's Q and statistics (shifted by the old max; a row whose
+  max moved by more than `DRIFT` is marked stale): one pass over Z, m, v and dP.
+- `logits_loss`: the observed-logits objective and its gradient in one pass.
 
 Tensors are CUDA tensors, or CPU tensors under `TRITON_INTERPRET=1` (the tests' way), which
 may be set after import (`_kernels` compiles on first use); a vocabulary need not be a multiple

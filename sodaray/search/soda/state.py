@@ -148,8 +148,7 @@ class SodaState:
 
     def remove(self, left: int, holes: np.ndarray, movers: np.ndarray) -> None:
         count = len(self.slots)
-        kept = np.zeros(count, dtype=bool)
-        kept[:left] = True
+        kept = np.arange(count) < left
         kept[holes] = False
         kept[movers] = True
         plan = removal_plan(len(self.row_map), np.flatnonzero(~kept[self.row_slot]))
