@@ -33,11 +33,12 @@ from sodaray.search import denormals
 from sodaray.search.soda import relaxed
 
 FAST = (relaxed.SOFTMAX_OUT, relaxed.SOFTMAX_BACKWARD_OUT)
+OPENMP = denormals._openmp_runtime  # the fast flush's lookup (None: the public path alone)
 
 
 def set_mode(softmax_public: bool, flush_public: bool) -> None:
     relaxed.SOFTMAX_OUT, relaxed.SOFTMAX_BACKWARD_OUT = (None, None) if softmax_public else FAST
-    denormals._runtime = None if flush_public else False  # False: looked up again
+    denormals._openmp_runtime = (lambda: None) if flush_public else OPENMP
 
 
 MODES = {

@@ -347,8 +347,8 @@ def room_for(label: str, cpus: float, gpus: float, placement: Placement) -> tupl
         shown.append(f"{node_cpus:g} CPU" + (f", {node_gpus:g} GPU" if node_gpus else ""))
         pairs = ((node_cpus, cpus), (node_gpus, gpus))  # num_cpus is above 0: never empty
         fit += min(math.floor(amount / need + RESOURCE_STEP) for amount, need in pairs if need > 0)
-    nodes = "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
-    nodes = f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({nodes or 'none'})"
+    listed = "; ".join(shown[:4]) + (f"; {len(shown) - 4} more" if len(shown) > 4 else "")
+    nodes = f"{len(shown)} node{'s' if len(shown) != 1 else ''} ({listed or 'none'})"
     where = "this machine" if placement.local else "the cluster"
     asks = f"each asks {describe(cpus, gpus)}; {where} has {nodes}"
     if fit == 0 and (placement.local or placement.wait_for_nodes <= 0):

@@ -57,10 +57,10 @@ def _tokenizer_adds_bos(model: ModelSpec) -> int:
 
 
 def check_fits(
-    model: ModelSpec, longest: int, output_tokens: int, error: type[Exception], where: str
+    model: ModelSpec, longest: int, output_tokens: int, error: type[Exception], prefix: str
 ) -> None:
     """Refuse an input of `longest` tokens with `output_tokens` observed that cannot fit
-    `model`'s context, where its config says the context: `error`, one line "{where}: {why}"
+    `model`'s context, where its config says the context: `error`, one line "{prefix}: {why}"
     (a config that cannot be read, too)."""
     try:
         limit = _config_count(model, CONTEXT_KEYS, text_first=False)
@@ -71,4 +71,4 @@ def check_fits(
             fixed = _tokenizer_adds_bos(model)
         check_positions(limit, fixed, longest, output_tokens, f"{model.label}'s")
     except ValueError as exc:
-        raise error(f"{where}: {first_line(exc)}") from exc
+        raise error(f"{prefix}: {first_line(exc)}") from exc

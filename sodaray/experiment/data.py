@@ -31,8 +31,9 @@ class DatasetIdentity:
     source: str | None = None
 
     def context(self, dataset: str, sweep: str, job: str) -> dict[str, Any]:
-        """The context (`sodaray.results.RunContext` fields) of result rows of the unit `job` of
-        `sweep` (a sweep's shard, a study's trial or arm) on these rows of `dataset`."""
+        """The context (`sodaray.results.RunContext` fields) of result rows made on these rows
+        of `dataset` by `job` of `sweep` (a sweep's job name, its shard added by the caller; a
+        study's trial or arm)."""
         own = {"dataset_hash": self.hash, "dataset_seed": self.seed, "dataset_source": self.source}
         return {"dataset": dataset, "sweep": sweep, "job": job, **own}
 

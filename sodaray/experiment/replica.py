@@ -227,7 +227,7 @@ class ReplicaWorker:
         from sodaray.api import invert, length_plans
         from sodaray.search.engine.work import Work
 
-        self.health()
+        self.health()  # raises if the engine stopped
         start = time.perf_counter()
         named = {"fixed": None, "auto": "auto"}  # else an assumed length
         length = named[unit.length] if unit.length in named else int(unit.length)
@@ -268,7 +268,7 @@ class ReplicaWorker:
                     item = events.get(timeout=ENGINE_POLL_S)
                 except queue.Empty:  # a unit handed to an engine as its thread ended: no wait
                     if work.error is None:  # for ever (a dying engine hands its error first)
-                        self.health()
+                        self.health()  # raises if the engine stopped
                     item = _QUIET
                 if item is None:
                     break

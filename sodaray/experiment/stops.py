@@ -41,7 +41,7 @@ class Stop(KeyboardInterrupt):
 
 class Interrupted(KeyboardInterrupt):
     """A run (a sweep's, a study's) stopped by a signal: what it finished is kept; `run` holds
-    its record so far (`SweepRun`, `TuneRun`)."""
+    its record so far (`SweepRun`, `TuneRun`: a study's holds the trials it `abandoned`)."""
 
     def __init__(self, run: Any) -> None:
         super().__init__("interrupted")

@@ -166,6 +166,19 @@ def read_json_object(
     return value
 
 
+def shown_url(url: str) -> str:
+    """An RDB URL as it may be printed or logged (to MLflow too): its password hidden (a
+    journal path: as given)."""
+    if "://" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: nothing of it shown past the scheme
+        return url.partition("://")[0] + "://..."
+
+
 def check_sqlite_url(url: str, what: str, error: type[Exception] = ValueError) -> None:
     """A `sqlite:///PATH` URL (a tracking store, a study's storage) whose PATH exists must be
     a regular file: SQLite opens a FIFO and then waits on it, or fails on a directory with

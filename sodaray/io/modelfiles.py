@@ -42,9 +42,9 @@ def check_gguf_file(
     bytes left; a file that passed is not read again while its size and time stamp stay the same.
     Why: transformers' GGUF readers end a cut file in a traceback naming no file. `architecture`:
     return `general.architecture` (transformers' model type; Gemma 3's `gemma3` loads as
-    `gemma3_text`) from the first 64 keys alone, None if they lack it, refusing a key or it over
-    64 KiB and an array of strings or arrays before it: a hostile file costs little time and
-    memory."""
+    `gemma3_text`) from the first 64 keys alone, None if they lack it, refusing a key or the
+    architecture over 64 KiB and an array of strings or arrays before it: a hostile file costs
+    little time and memory."""
     import mmap
 
     p = Path(path).expanduser()
@@ -99,7 +99,8 @@ def _gguf_header(data: Any, error: type[Exception], path: object, architecture: 
         if architecture and length > _GGUF_TEXT:
             raise error(f"{path}: a GGUF header string of {length:,} bytes (at most 64 KiB)")
         skip(length, 1)
-        return bytes(data[pos - length : pos])
+        # Only a short key is compared (a hostile multi-GB one is not copied).
+        return bytes(data[pos - length : pos]) if length <= _GGUF_TEXT else b""
 
     def skip_value(kind: int, depth: int = 0) -> int | None:
         if kind in _GGUF_SIZES:  # read as unsigned: only general.alignment's value is used

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Why: a matmul over few rows (how few depends on the inner dimension and the thread count), or
 # over a row count that leaves a remainder by a kernel's block of rows, rounds differently; an
@@ -120,7 +119,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return zeros[: shape[0]]
 
 
-def cached(cache: dict[Any, T], key: Any, make: Callable[[], T]) -> T:
+def cached(cache: dict[Any, Tensor], key: Any, make: Callable[[], Tensor]) -> Tensor:
     """`cache[key]`, made on a miss by `make()` (past 256 entries the cache starts afresh)."""
     if key not in cache:
         if len(cache) > 256:

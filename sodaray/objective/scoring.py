@@ -12,7 +12,7 @@ transformer compute only; the (rows, V) state of a relaxed search holds no paddi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from sodaray.model.loaded import LoadedModel
-from sodaray.model.padding import cached, padding_items
+from sodaray.model.padding import padding_items
 from sodaray.objective.objectives import Objective
 from sodaray.objective.observations import BatchTargets, observation, screen_slack
 
@@ -58,17 +58,21 @@ class Layout:
     # steps, and each derivation is a few operations (kernels on a GPU) a step.
     _derived: dict[tuple[object, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def _once(self, key: tuple[object, ...], make: Callable[[], Any]) -> Any:
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
+
     def input_index(
         self, prefix: int, item: int | None = None, spare: int = 0
     ) -> tuple[Tensor, Tensor]:
         """(sequence, position) of each packed row after a prefix of `prefix` tokens, and of
         `spare` rows more at positions 0, 1, ... of sequence `item` (a padding item)."""
-        positions = cached(self._derived, ("input", prefix), lambda: self.row_offset + prefix)
+        positions = self._once(("input", prefix), lambda: self.row_offset + prefix)
         if not spare:
             return self.row_slot, positions
         dev = self.row_slot.device
-        return cached(
-            self._derived,
+        return self._once(
             ("input", prefix, item, spare),
             lambda: (
                 torch.cat([self.row_slot, torch.full((spare,), item, device=dev)]),
@@ -79,7 +83,7 @@ class Layout:
     def observed(self, prefix: int, m: int) -> tuple[Tensor, Tensor]:
         """`observed_positions` of this layout's slots, made once."""
         key = ("observed", prefix, m)
-        return cached(self._derived, key, lambda: observed_positions(self.lengths, prefix, m))
+        return self._once(key, lambda: observed_positions(self.lengths, prefix, m))
 
     @classmethod
     def uniform(cls, batch: int, length: int, device: torch.device) -> Layout:

@@ -63,8 +63,8 @@ def build_report(
     if bad := [f for f in formats if f not in RENDERERS]:
         raise ValueError(f"unknown report format {bad[0]!r}; choose from {', '.join(FORMATS)}")
     df, copies = drop_copies(load_frame(paths))
-    # Checked (and fitted) before anything is written.
-    found = [] if extrapolate is None else budget.groups(df, extrapolate, where=where)
+    if extrapolate is not None:  # checked before anything is written, fitted below
+        parts = budget.groups(df, extrapolate, where=where)
     report = Report(rows=len(df))
     if copies is not None:
         report.warn(copies, f"{where}: ")
@@ -72,6 +72,7 @@ def build_report(
     out = Path(out)
     make_folder(out, out)  # the folder the user gave; every file in it by the rule for writes
     report.tables, report.skipped = build_tables(df)
+    found = [] if extrapolate is None else budget.fitted(parts, extrapolate)
     if found:
         report.tables += budget.budget_tables(found, extrapolate)
     elif extrapolate is not None:

@@ -39,12 +39,13 @@ class Group:
         return f"{named(self.model, self.setting)} / length {self.length}"
 
 
-def groups(df: pd.DataFrame, target: int, *, where: str) -> list[Group]:
+def groups(df: pd.DataFrame, target: int, *, where: str) -> list[tuple]:
     """`budget_rows` by model, configuration and input length (one step budget each: `max_steps`
-    is part of a configuration), in the tables' order, each extrapolated to `target` steps.
-    Checked before any fit: a group's rows that cannot be samples of its budget (an error
-    naming `where`, the result files or folders), then `target` below the step budget the rows
-    ran (10 steps measured, `--extrapolate 1` would "extrapolate" where the share is known)."""
+    is part of a configuration), in the tables' order, for `fitted`. Cheap, so a report checks
+    them before it writes or fits anything: a group's rows that cannot be samples of its budget
+    (an error naming `where`, the result files or folders), then `target` below the step budget
+    the rows ran (10 steps measured, `--extrapolate 1` would "extrapolate" where the share is
+    known)."""
     parts = []
     base = budget_rows(df)
     for model, rows in sorted(base.groupby("model_name"), key=lambda kv: str(kv[0])):
@@ -57,6 +58,11 @@ def groups(df: pd.DataFrame, target: int, *, where: str) -> list[Group]:
             f"--extrapolate {target:,}: below the measured step budget ({budget:,} steps); "
             "give a larger number of steps (the budget table measures shares within it)"
         )
+    return parts
+
+
+def fitted(parts: list[tuple], target: int) -> list[Group]:
+    """Each of `groups`' parts extrapolated to `target` steps."""
     out = []
     for model, setting, length, sel, samples in parts:
         # One fit per group, evaluated where the table and the figure need it.

@@ -174,7 +174,7 @@ def plan_sweep(
                     loaded[identity] = None
             return loaded[identity]
 
-        def measured(cost: Workload, model: Any, job: Job = job) -> float | None:
+        def shared_rate(cost: Workload, model: Any, job: Job = job) -> float | None:
             # Jobs that cost the same per sample-step share one calibration.
             obj, lengths = job.objective, sorted(cost.samples_by_length)
             shown = [obj.kind, obj.output_tokens, bool(obj.fluency_weight), cost.batch_size]
@@ -188,7 +188,7 @@ def plan_sweep(
             return rates[key]
 
         cost = job_cost(job, memo=memo)
-        cost, time = price(cost, costs, rate, load if measure else None, measured)
+        cost, time = price(cost, costs, rate, load=load if measure else None, measure=shared_rate)
         # A model's replicas start once for all its jobs: its first priced job carries it.
         startup = 0.0
         table = tables(costs)[cost.kind]

@@ -244,7 +244,14 @@ def study_unit(
     `sweep` (the context its result rows carry)."""
     context = identity.context(spec.data.name if data is None else data, sweep, job)
     search, objective = spec.config(params), spec.objective_for(params)
-    return Unit(job, rows, search, objective, checkpoints=checkpoints, context=context)
+    return Unit(
+        key=job,
+        rows=rows,
+        search=search,
+        objective=objective,
+        checkpoints=checkpoints,
+        context=context,
+    )
 
 
 def saved_steps(unit: Unit, table: Any, spent: int, cancelled: bool) -> int:

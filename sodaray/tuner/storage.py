@@ -1,6 +1,6 @@
 """A study's storage: its URL, checked before anything runs, and opened through Optuna's public
 API (any RDB Optuna takes, or a journal file held to the rule for every file sodaray writes).
-Light: no torch, no Optuna until a storage opens (`cli.tracking` shows URLs by `shown_url`)."""
+Light: no torch, no Optuna until a storage opens."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sodaray.errors import first_line
 from sodaray.experiment.waits import CHECK_SECONDS
-from sodaray.io.files import check_sqlite_url, parse_json, what_is
+from sodaray.io.files import check_sqlite_url, parse_json, shown_url, what_is
 from sodaray.io.paths import brief
 from sodaray.io.writes import LINK, OutputFolder, UnsafeWrite
 
@@ -91,19 +91,6 @@ def unreadable_storage(url: str) -> Iterator[None]:
         if type(exc).__module__.partition(".")[0] != "sqlalchemy":
             raise
         raise ValueError(f"storage {shown_url(url)}: {first_line(exc)}") from exc
-
-
-def shown_url(url: str) -> str:
-    """An RDB URL as it may be printed or logged (to MLflow too): its password hidden (a
-    journal path: as given)."""
-    if "://" not in url:
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy reads: nothing of it shown past the scheme
-        return url.partition("://")[0] + "://..."
 
 
 # How long a journal's last line may stay cut short: a live driver appends a line in one write

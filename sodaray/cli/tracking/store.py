@@ -17,9 +17,8 @@ from urllib.parse import urlparse
 
 from sodaray.errors import first_line
 from sodaray.experiment.waits import within
-from sodaray.io.files import check_sqlite_url
+from sodaray.io.files import check_sqlite_url, shown_url
 from sodaray.io.paths import component, inside
-from sodaray.tuner.storage import shown_url
 
 log = logging.getLogger(__name__)
 

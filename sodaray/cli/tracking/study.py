@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sodaray.cli.tracking import store
+from sodaray.io.files import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class StudyTracker:
         note = self.spec.description or f"study {self.study_name} from {self.spec.path}"
         run_tags = {
             store.NOTE_TAG: note,
-            "sodaray.storage": store.shown_url(self.storage),
+            "sodaray.storage": shown_url(self.storage),
             "sodaray.folder": self.folder.absolute(),
             "sodaray.overrides": json.dumps(self.overrides),
         }
@@ -173,7 +174,7 @@ class StudyTracker:
         store.log_metrics(client, parent, metrics)
         if board.get("top"):
             store.set_tags(client, parent, {"sodaray.best_trial": board["top"][0]["trial"]})
-        shown = {**board, "storage": store.shown_url(str(board.get("storage", "")))}
+        shown = {**board, "storage": shown_url(str(board.get("storage", "")))}
         store.log_files(client, parent, "leaderboard.json", shown, self.spec.path)
         if run.preset_path is not None and Path(run.preset_path).is_file():
             client.log_artifact(parent, str(run.preset_path))
