@@ -323,3 +323,28 @@ def test_a_hub_model_whose_config_cannot_be_read_is_one_line(tmp_path, monkeypat
         tmp_path, "named.yaml", {"id": "org/not-cached", "preset": "qwen2.5-0.5b"}, {}
     )
     assert main(["sweep", "plan", str(named), "--no-calibrate"]) == 0
+
+
+def test_a_gguf_key_of_many_megabytes_is_skipped_not_copied(tmp_path):
+    """The loader's header check reads every key, but compares only short ones: a hostile key of
+    32 MiB (a sparse file here) costs no copy of it, and the file is still judged whole."""
+    import tracemalloc
+
+    from sodaray.io.modelfiles import check_gguf_file
+
+    long = 32 << 20
+    path = tmp_path / "long-key.gguf"
+    with open(path, "wb") as f:  # version 3, no tensors, one key: a uint32 after 32 MiB of name
+        f.write(b"GGUF" + (3).to_bytes(4, "little") + bytes(8) + (1).to_bytes(8, "little"))
+        f.write(long.to_bytes(8, "little"))
+        f.seek(long, os.SEEK_CUR)
+        f.write((4).to_bytes(4, "little") + bytes(4) + bytes(24))  # to the 32-byte alignment
+    tracemalloc.start()
+    try:
+        assert check_gguf_file(path) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < long // 4, f"{peak:,} bytes allocated reading the header"
+    with pytest.raises(ValueError, match="a GGUF header string of 33,554,432 bytes"):
+        model_type_of(str(path))  # the family lookup refuses such a key outright
