@@ -53,10 +53,20 @@ TEMPLATES = (
 _SLOT = re.compile(r"\{([A-Z]+)\}")
 _DATE_FORMATS = ("%B %d, %Y", "%m/%d/%Y", "%d %B %Y", "%Y-%m-%d")
 # Labels whose value is the Faker method of that name, called without arguments.
-_FAKER = dict(GIVENNAME="first_name", SURNAME="last_name", USERNAME="user_name", CITY="city")
-_FAKER |= dict(TELEPHONENUM="phone_number", SOCIALNUM="ssn", ACCOUNTNUM="bban", EMAIL="email")
-_FAKER |= dict(ZIPCODE="zipcode", STREET="street_name", BUILDINGNUM="building_number")
-_FAKER["CREDITCARDNUMBER"] = "credit_card_number"
+_FAKER = {
+    "GIVENNAME": "first_name",
+    "SURNAME": "last_name",
+    "USERNAME": "user_name",
+    "CITY": "city",
+    "TELEPHONENUM": "phone_number",
+    "SOCIALNUM": "ssn",
+    "ACCOUNTNUM": "bban",
+    "EMAIL": "email",
+    "ZIPCODE": "zipcode",
+    "STREET": "street_name",
+    "BUILDINGNUM": "building_number",
+    "CREDITCARDNUMBER": "credit_card_number",
+}
 
 
 class Span(NamedTuple):

@@ -174,9 +174,11 @@ class Price:
     def fields(self) -> dict[str, Any]:
         """Its fields in a plan's JSON (`sweep plan --json`'s rows, `tune --dry-run`'s estimate)."""
         parts = ("floor_seconds", "work_seconds", "batch_steps", "passes")
-        own = ("priced_by", "rate", "device_seconds", "wall_seconds")
         return {
-            **{k: getattr(self, k) for k in own},
+            "priced_by": self.priced_by,
+            "rate": self.rate,
+            "device_seconds": self.device_seconds,
+            "wall_seconds": self.wall_seconds,
             **{k: getattr(self.time, k, None) for k in parts},  # None: not priced by costs
             "estimate": "-" if self.wall_seconds is None else format_duration(self.wall_seconds),
         }

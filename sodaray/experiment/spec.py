@@ -122,8 +122,14 @@ class ModelSpec:
         entry's options and `options` (`device`: default CUDA when there is one, else CPU)."""
         from sodaray.model.load import load_model
 
-        own = {k: getattr(self, k) for k in ("gguf_file", "dtype", "bos", "trust_remote_code")}
-        return load_model(where or self.location, **own, **options)
+        return load_model(
+            where or self.location,
+            gguf_file=self.gguf_file,
+            dtype=self.dtype,
+            bos=self.bos,
+            trust_remote_code=self.trust_remote_code,
+            **options,
+        )
 
     def request(self) -> tuple[str, float, float]:
         """What one replica asks Ray for, as the resource checks take it: (label, CPUs, GPUs)."""

@@ -85,14 +85,24 @@ def run_inverter(
             batch = BatchTargets.from_set(targets, np.asarray(chunk), model.device, slack)
             found = hard_match(model, targets.objective, toks, batch, targets.atol, targets.rtol)
             per = (time.perf_counter() - t0) / len(chunk)
-            run = dict(steps=1, seconds=per, final_loss=float("nan"), predicted_length=n)
-            run |= dict(algorithm="inverter", seed=config.seed, params=params)
             for j, row in enumerate(chunk):
                 true = None if targets.true_tokens is None else list(targets.true_tokens[row])
-                exact = None if true is None else pred[j] == true
-                ids = dict(sample_id=targets.sample_ids[row], tokens=pred[j], true_tokens=true)
-                got = dict(text=model.decode(pred[j]), found=bool(found[j]), exact=exact)
-                res = InversionResult(**ids, **got, lengths_tried=[n], **run)
+                res = InversionResult(
+                    sample_id=targets.sample_ids[row],
+                    tokens=pred[j],
+                    true_tokens=true,
+                    text=model.decode(pred[j]),
+                    found=bool(found[j]),
+                    exact=None if true is None else pred[j] == true,
+                    lengths_tried=[n],
+                    steps=1,
+                    seconds=per,
+                    final_loss=float("nan"),
+                    predicted_length=n,
+                    algorithm="inverter",
+                    seed=config.seed,
+                    params=params,
+                )
                 results[row] = res
                 if on_result is not None:
                     on_result(res)

@@ -320,9 +320,14 @@ def _exact_rate(net: Inverter, obs: torch.Tensor, inputs: list[list[int]], batch
 def generate(net: Inverter, obs: torch.Tensor, length: int, meta: InverterMeta) -> list[list[int]]:
     """Greedy decoding of `length` tokens, eos and pad masked out (the length is given)."""
     net.eval()
-    sizes = dict(max_new_tokens=length, min_new_tokens=length, do_sample=False, num_beams=1)
-    bad = [[meta.pad_id], [meta.eos_id]]
-    out = net.t5.generate(**net.encoder_inputs(obs), **sizes, bad_words_ids=bad)
+    out = net.t5.generate(
+        **net.encoder_inputs(obs),
+        max_new_tokens=length,
+        min_new_tokens=length,
+        do_sample=False,
+        num_beams=1,
+        bad_words_ids=[[meta.pad_id], [meta.eos_id]],
+    )
     return [row[1 : length + 1] for row in out.tolist()]  # drop the decoder start token
 
 

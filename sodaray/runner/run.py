@@ -264,11 +264,15 @@ class _Shards:
         for p in plans:
             models.setdefault(json.dumps(p.job.model.identity(), sort_keys=True), []).append(p)
         self.groups = groups
-        where = dict(max_attempts=cluster.max_attempts, placement=placement)
         for same in models.values():
             spec = max((p.job.model for p in same), key=lambda m: m.replicas)
             shards = [(p, i) for p in same for i in p.pending]
-            group = ActorGroup(spec, replicas=min(spec.replicas, len(shards)), **where)
+            group = ActorGroup(
+                spec,
+                max_attempts=cluster.max_attempts,
+                replicas=min(spec.replicas, len(shards)),
+                placement=placement,
+            )
             self.groups.append(group)
             for plan, index in shards:
                 unit = shard_unit(plan, index, keep_every)

@@ -175,9 +175,16 @@ def study_replicas(spec: TuningSpec, workers: int, cluster: Cluster) -> Iterator
     """`workers` replicas of the study's model on Ray (`cluster`), each taking a batch's worth
     of trials (or arms) and the next one waiting; ended on the way out (`ray_session`)."""
     with ray_session([spec.model.request()], cluster) as (placement, groups):
-        sizes = dict(fill=1.0, min_units=1, replicas=workers, placement=placement)
-        groups.append(ActorGroup(spec.model, max_attempts=cluster.max_attempts, **sizes))
-        yield groups[0]
+        group = ActorGroup(
+            spec.model,
+            max_attempts=cluster.max_attempts,
+            fill=1.0,
+            min_units=1,
+            replicas=workers,
+            placement=placement,
+        )
+        groups.append(group)  # ended by `ray_session`, however the block ends
+        yield group
 
 
 def study_folder(out: str | Path, spec: TuningSpec) -> Path:

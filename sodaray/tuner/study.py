@@ -126,8 +126,14 @@ def open_study(
     with unreadable_storage(url):
         storage = open_storage(url) if storage is None else storage
         sampler, pruner = make_sampler(spec), make_pruner(spec)
-        how = dict(sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True)
-        study = optuna.create_study(study_name=study_name, storage=storage, **how)
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            direction="maximize",
+            load_if_exists=True,
+        )
     claim_study(study, spec, url, study_name)
     owner = RunOwner.new() if owner is None else owner
     others = owner.register(study)  # before the trials are counted: see `make_sampler`
